@@ -1,0 +1,55 @@
+# kvtier: the two commands a new user needs.
+#   make demo   installs missing Debian packages, builds, runs the main job
+#   make test   the same set-up, then every test
+# Others: make build, make asan, make tsan, make format, make lint, make ci, make clean.
+
+JOBS ?= $(shell nproc)
+CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
+
+.PHONY: demo test deps build asan tsan format format-check lint ci clean
+
+demo: build
+	./build/kvtier bench copy
+
+test: build
+	cd build && ctest $(CTEST_FLAGS)
+
+deps:
+	@./scripts/install-deps.sh
+
+build: deps
+	@cmake --preset release >/dev/null
+	cmake --build build -j $(JOBS)
+
+# Debug build with AddressSanitizer + UndefinedBehaviorSanitizer, and its tests.
+asan: deps
+	@cmake --preset asan >/dev/null
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 ctest $(CTEST_FLAGS)
+
+# ThreadSanitizer build and its tests.
+tsan: deps
+	@cmake --preset tsan >/dev/null
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest $(CTEST_FLAGS)
+
+SOURCES = $(shell git ls-files '*.h' '*.cc' '*.cu' 2>/dev/null)
+
+format:
+	clang-format -i $(SOURCES)
+
+format-check: deps
+	@bad=$$(for f in $(SOURCES); do clang-format --dry-run -Werror $$f >/dev/null 2>&1 || echo $$f; done); \
+	if [ -n "$$bad" ]; then echo "clang-format disagrees with:"; echo "$$bad"; echo "run: make format"; exit 1; fi; \
+	echo "clang-format: all $(words $(SOURCES)) files clean"
+
+# Clang's thread-safety analysis over the library sources (g++ ignores the annotations).
+lint: deps
+	./scripts/thread-safety-check.sh
+
+# What CI runs: see .ci/run.
+ci:
+	bash .ci/run
+
+clean:
+	rm -rf build build-asan build-tsan

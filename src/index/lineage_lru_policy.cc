@@ -1,0 +1,84 @@
+#include "index/lineage_lru_policy.h"
+
+#include <cassert>
+
+namespace kvtier {
+
+uint32_t LineageLruPolicy::ChildCount(const BlockKey& key) const {
+  if (auto it = nodes_.find(key); it != nodes_.end()) return it->second.children;
+  auto it = orphan_children_.find(key);
+  return it == orphan_children_.end() ? 0 : it->second;
+}
+
+void LineageLruPolicy::Reclassify(Node& node, bool was_leaf) {
+  Order& from = was_leaf ? leaves_ : inner_;
+  Order& to = was_leaf ? inner_ : leaves_;
+  auto handle = from.extract(node.pos);  // reuses the set node: no allocation
+  node.pos = to.insert(std::move(handle)).position;
+}
+
+void LineageLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
+  auto [it, inserted] = nodes_.try_emplace(key);
+  assert(inserted && "LineageLruPolicy::OnInsert: key is tracked already");
+  if (!inserted) {  // Release builds: treat a double insert as an access rather than corrupt.
+    OnAccess(key);
+    return;
+  }
+  Node& node = it->second;
+  node.parent = parent;
+  node.tick = ++tick_;
+  // Children that arrived before their parent were counted as orphans; adopt them.
+  if (auto orphans = orphan_children_.find(key); orphans != orphan_children_.end()) {
+    node.children = orphans->second;
+    orphan_children_.erase(orphans);
+  }
+  node.pos = SetOf(node).emplace_hint(SetOf(node).end(), node.tick, key);
+
+  if (parent == key) return;
+  if (auto p = nodes_.find(parent); p != nodes_.end()) {
+    if (p->second.children++ == 0) Reclassify(p->second, /*was_leaf=*/true);
+  } else {
+    ++orphan_children_[parent];
+  }
+}
+
+void LineageLruPolicy::OnAccess(const BlockKey& key) {
+  auto it = nodes_.find(key);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  Order& set = SetOf(node);
+  auto handle = set.extract(node.pos);
+  node.tick = ++tick_;
+  handle.value().first = node.tick;
+  node.pos = set.insert(set.end(), std::move(handle));
+}
+
+void LineageLruPolicy::OnRemove(const BlockKey& key) {
+  auto it = nodes_.find(key);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  SetOf(node).erase(node.pos);
+  // Children stay tracked; remember them so the key is an inner block again if it comes back.
+  if (node.children > 0) orphan_children_[key] = node.children;
+  const BlockKey parent = node.parent;
+  nodes_.erase(it);
+
+  if (parent == key) return;
+  if (auto p = nodes_.find(parent); p != nodes_.end()) {
+    assert(p->second.children > 0);
+    if (--p->second.children == 0) Reclassify(p->second, /*was_leaf=*/false);
+  } else if (auto o = orphan_children_.find(parent); o != orphan_children_.end()) {
+    if (--o->second == 0) orphan_children_.erase(o);
+  }
+}
+
+std::optional<BlockKey> LineageLruPolicy::Victim(const EvictablePredicate& evictable) {
+  for (const Order* set : {&leaves_, &inner_}) {
+    for (const auto& [tick, key] : *set) {
+      if (evictable(key)) return key;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvtier

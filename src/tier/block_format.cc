@@ -1,0 +1,217 @@
+#include "tier/block_format.h"
+
+#include <xxhash.h>
+
+#include <bit>
+#include <cstring>
+#include <string>
+
+namespace kvtier {
+
+static_assert(std::endian::native == std::endian::little,
+              "the at-rest format is little-endian; a big-endian port must byte-swap fields");
+
+namespace {
+
+uint64_t HeaderChecksum(const uint8_t* header) {
+  return XXH3_64bits(header, offsetof(BlockHeader, header_checksum));
+}
+
+uint8_t TokenWidthFor(size_t count) { return count <= kMaxWideTokens ? 4 : 3; }
+
+void SetWhy(std::string* why, std::string text) {
+  if (why != nullptr) *why = std::move(text);
+}
+
+}  // namespace
+
+const char* BlockCheckName(BlockCheck check) {
+  switch (check) {
+    case BlockCheck::kOk:
+      return "ok";
+    case BlockCheck::kEmpty:
+      return "empty";
+    case BlockCheck::kBadHeader:
+      return "bad-header";
+    case BlockCheck::kWrongSlot:
+      return "wrong-slot";
+    case BlockCheck::kWrongGeneration:
+      return "wrong-generation";
+    case BlockCheck::kWrongLayout:
+      return "wrong-layout";
+    case BlockCheck::kWrongKey:
+      return "wrong-key";
+    case BlockCheck::kWrongNamespace:
+      return "wrong-namespace";
+    case BlockCheck::kWrongTokens:
+      return "wrong-tokens";
+    case BlockCheck::kWrongPayloadLength:
+      return "wrong-payload-length";
+    case BlockCheck::kBadPayload:
+      return "bad-payload";
+  }
+  return "unknown";
+}
+
+uint64_t PayloadChecksum(const uint8_t* payload, uint64_t bytes) {
+  return XXH3_64bits(payload, bytes);
+}
+
+Status EncodeBlockHeader(const BlockHeaderFields& fields, std::span<const TokenId> tokens,
+                         uint64_t payload_bytes, uint64_t payload_checksum, uint8_t* out) {
+  if (tokens.size() > KvLayout::kMaxTokensPerBlock) {
+    return Status::InvalidArgument("block has " + std::to_string(tokens.size()) +
+                                   " tokens; at most " +
+                                   std::to_string(KvLayout::kMaxTokensPerBlock) + " are stored");
+  }
+  if (payload_bytes > KvLayout::kMaxBlockBytes) {
+    return Status::InvalidArgument("payload of " + std::to_string(payload_bytes) +
+                                   " bytes exceeds the largest block, " +
+                                   std::to_string(KvLayout::kMaxBlockBytes));
+  }
+  const uint8_t width = TokenWidthFor(tokens.size());
+  if (width == 3) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] > kMaxNarrowTokenId) {
+        return Status::InvalidArgument(
+            "token id " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+            " does not fit the 24-bit ids stored for blocks of more than " +
+            std::to_string(kMaxWideTokens) + " tokens");
+      }
+    }
+  }
+  BlockHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kBlockMagic;
+  h.format_version = kBlockFormatVersion;
+  h.header_bytes = kBlockHeaderBytes;
+  h.layout_fingerprint = fields.layout_fingerprint;
+  h.namespace_id = fields.namespace_id;
+  h.key_hi = fields.key.hi;
+  h.key_lo = fields.key.lo;
+  h.parent_hi = fields.parent.hi;
+  h.parent_lo = fields.parent.lo;
+  h.write_generation = fields.write_generation;
+  h.payload_bytes = payload_bytes;
+  h.payload_checksum = payload_checksum;
+  h.slot_index = fields.slot_index;
+  h.token_count = static_cast<uint32_t>(tokens.size());
+  h.token_width = width;
+  if (width == 4) {
+    std::memcpy(h.tokens, tokens.data(), tokens.size() * 4);
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::memcpy(h.tokens + 3 * i, &tokens[i], 3);  // low 3 bytes, little-endian
+    }
+  }
+  std::memcpy(out, &h, sizeof(h));
+  const uint64_t sum = HeaderChecksum(out);
+  std::memcpy(out + offsetof(BlockHeader, header_checksum), &sum, sizeof(sum));
+  return Status::Ok();
+}
+
+BlockCheck DecodeBlockHeader(std::span<const uint8_t> bytes, DecodedBlockHeader* out,
+                             std::string* why) {
+  if (bytes.size() < kBlockHeaderBytes) {
+    SetWhy(why, "header truncated: " + std::to_string(bytes.size()) + " of " +
+                    std::to_string(kBlockHeaderBytes) + " bytes");
+    return BlockCheck::kBadHeader;
+  }
+  BlockHeader h;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  if (h.magic != kBlockMagic) {
+    if (h.magic == 0) {
+      SetWhy(why, "no block header (zero magic)");
+      return BlockCheck::kEmpty;
+    }
+    SetWhy(why, "bad magic");
+    return BlockCheck::kBadHeader;
+  }
+  if (HeaderChecksum(bytes.data()) != h.header_checksum) {
+    SetWhy(why, "header checksum mismatch");
+    return BlockCheck::kBadHeader;
+  }
+  // Past the checksum the bytes are what some writer wrote; still check every length, since a
+  // writer of another version (or a bug) may have put anything there.
+  if (h.format_version != kBlockFormatVersion) {
+    SetWhy(why, "format version " + std::to_string(h.format_version) + "; this build reads " +
+                    std::to_string(kBlockFormatVersion));
+    return BlockCheck::kBadHeader;
+  }
+  if (h.header_bytes != kBlockHeaderBytes) {
+    SetWhy(why, "header_bytes " + std::to_string(h.header_bytes) + " != " +
+                    std::to_string(kBlockHeaderBytes));
+    return BlockCheck::kBadHeader;
+  }
+  if (h.token_count > KvLayout::kMaxTokensPerBlock) {
+    SetWhy(why, "token_count " + std::to_string(h.token_count) + " > " +
+                    std::to_string(KvLayout::kMaxTokensPerBlock));
+    return BlockCheck::kBadHeader;
+  }
+  if (h.token_width != TokenWidthFor(h.token_count)) {
+    SetWhy(why, "token_width " + std::to_string(h.token_width) + " invalid for " +
+                    std::to_string(h.token_count) + " tokens");
+    return BlockCheck::kBadHeader;
+  }
+  if (h.payload_bytes > KvLayout::kMaxBlockBytes) {
+    SetWhy(why, "payload_bytes " + std::to_string(h.payload_bytes) + " > " +
+                    std::to_string(KvLayout::kMaxBlockBytes));
+    return BlockCheck::kBadHeader;
+  }
+  if (out != nullptr) {
+    out->fields.layout_fingerprint = h.layout_fingerprint;
+    out->fields.namespace_id = h.namespace_id;
+    out->fields.key = BlockKey{h.key_hi, h.key_lo};
+    out->fields.parent = BlockKey{h.parent_hi, h.parent_lo};
+    out->fields.write_generation = h.write_generation;
+    out->fields.slot_index = h.slot_index;
+    out->payload_bytes = h.payload_bytes;
+    out->payload_checksum = h.payload_checksum;
+    out->token_count = h.token_count;
+    if (h.token_width == 4) {
+      std::memcpy(out->tokens.data(), h.tokens, size_t{h.token_count} * 4);
+    } else {
+      for (uint32_t i = 0; i < h.token_count; ++i) {
+        TokenId t = 0;
+        std::memcpy(&t, h.tokens + 3 * i, 3);
+        out->tokens[i] = t;
+      }
+    }
+  }
+  return BlockCheck::kOk;
+}
+
+BlockCheck VerifyBlock(std::span<const uint8_t> block, const ExpectedBlock& expected,
+                       DecodedBlockHeader* header_out) {
+  DecodedBlockHeader local;
+  DecodedBlockHeader* h = header_out != nullptr ? header_out : &local;
+  const BlockCheck header = DecodeBlockHeader(block, h);
+  if (header != BlockCheck::kOk) return header;
+  if (expected.check_slot && h->fields.slot_index != expected.slot_index) {
+    return BlockCheck::kWrongSlot;
+  }
+  if (expected.check_generation && h->fields.write_generation != expected.write_generation) {
+    return BlockCheck::kWrongGeneration;
+  }
+  if (h->fields.layout_fingerprint != expected.layout_fingerprint) return BlockCheck::kWrongLayout;
+  if (h->fields.key != expected.key) return BlockCheck::kWrongKey;
+  if (h->fields.namespace_id != expected.namespace_id) return BlockCheck::kWrongNamespace;
+  if (!expected.tokens.empty()) {
+    if (expected.tokens.size() != h->token_count ||
+        std::memcmp(expected.tokens.data(), h->tokens.data(),
+                    expected.tokens.size() * sizeof(TokenId)) != 0) {
+      return BlockCheck::kWrongTokens;
+    }
+  }
+  if (h->payload_bytes != expected.payload_bytes ||
+      block.size() - kBlockHeaderBytes < h->payload_bytes) {
+    return BlockCheck::kWrongPayloadLength;
+  }
+  if (PayloadChecksum(block.data() + kBlockHeaderBytes, h->payload_bytes) !=
+      h->payload_checksum) {
+    return BlockCheck::kBadPayload;
+  }
+  return BlockCheck::kOk;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,1 @@
+// placeholder: the policy helper writes this file

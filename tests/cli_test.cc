@@ -1,0 +1,71 @@
+// Runs the real `kvtier` binary as a user would and checks its output and exit codes.
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+struct CliRun {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+CliRun Kvtier(const std::string& args) {
+  const std::string cmd = std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(CliTest, HelpListsCommands) {
+  CliRun r = Kvtier("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("bench copy"), std::string::npos);
+  EXPECT_NE(r.output.find("bench index"), std::string::npos);
+}
+
+TEST(CliTest, UnknownCommandAndFlagAreUsageErrors) {
+  CliRun r = Kvtier("frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unknown command 'frobnicate'"), std::string::npos);
+  r = Kvtier("bench copy --blokcs 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("unknown flag --blokcs"), std::string::npos) << r.output;
+  r = Kvtier("bench copy --tokens-per-block 24");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("tokens_per_block"), std::string::npos) << r.output;
+  r = Kvtier("bench copy --blocks lots");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--blocks"), std::string::npos) << r.output;
+}
+
+TEST(CliTest, BenchCopyJsonHasTheKeys) {
+  CliRun r = Kvtier("bench copy --blocks 8 --layers 4 --reps 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* key : {"\"offload_gbps\"", "\"onboard_gbps\"", "\"memcpy_gbps\"",
+                          "\"threads\"", "\"block_bytes\": 262144"}) {
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+  }
+}
+
+TEST(CliTest, BenchIndexJsonHasTheKeys) {
+  CliRun r = Kvtier("bench index --tokens 4096 --reps 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* key : {"\"tokens\": 4096", "\"hash_only_us\"", "\"lookup_us\""}) {
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+  }
+}
+
+TEST(CliTest, BenchArenaJson) {
+  CliRun r = Kvtier("bench arena --bytes 16MiB --reps 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"arena_startup_ms\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"first_touch_ms\""), std::string::npos) << r.output;
+}
+
+}  // namespace

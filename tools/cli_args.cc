@@ -1,0 +1,123 @@
+#include "cli_args.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
+namespace kvtier::cli {
+
+Result<CliArgs> CliArgs::Parse(int argc, char** argv, int first,
+                               const std::vector<std::string>& boolean_flags) {
+  CliArgs args;
+  for (int i = first; i < argc; ++i) {
+    std::string word = argv[i];
+    if (word.rfind("--", 0) != 0 || word == "--") {
+      args.positional_.push_back(word);
+      continue;
+    }
+    std::string name = word.substr(2);
+    std::string value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else if (std::find(boolean_flags.begin(), boolean_flags.end(), name) != boolean_flags.end()) {
+      value = "true";
+    } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+      value = argv[++i];
+    } else {
+      return Status::InvalidArgument("flag --" + name + " needs a value (--" + name +
+                                     " VALUE or --" + name + "=VALUE)");
+    }
+    if (name.empty()) return Status::InvalidArgument("empty flag name in '" + word + "'");
+    args.flags_[name] = value;
+  }
+  return args;
+}
+
+bool CliArgs::Has(std::string_view flag) const { return flags_.find(flag) != flags_.end(); }
+
+std::string CliArgs::GetString(std::string_view flag, std::string fallback) const {
+  auto it = flags_.find(flag);
+  return it == flags_.end() ? fallback : it->second;
+}
+
+Result<uint64_t> CliArgs::GetUint(std::string_view flag, uint64_t fallback) const {
+  auto it = flags_.find(flag);
+  if (it == flags_.end()) return fallback;
+  Result<uint64_t> v = ParseSize(it->second);
+  if (!v.ok()) {
+    return Status::InvalidArgument("--" + std::string(flag) + ": " + v.status().message());
+  }
+  return v;
+}
+
+Result<double> CliArgs::GetDouble(std::string_view flag, double fallback) const {
+  auto it = flags_.find(flag);
+  if (it == flags_.end()) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(it->second.c_str(), &end);
+  if (errno != 0 || end == it->second.c_str() || *end != '\0') {
+    return Status::InvalidArgument("--" + std::string(flag) + " = '" + it->second +
+                                   "' is not a number");
+  }
+  return v;
+}
+
+Status CliArgs::CheckKnown(const std::vector<std::string>& known) const {
+  for (const auto& [name, value] : flags_) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "--" : ", --") + k;
+      return Status::InvalidArgument("unknown flag --" + name + "; this command takes " +
+                                     (list.empty() ? "no flags" : list));
+    }
+  }
+  return Status::Ok();
+}
+
+int UsageError(const Status& status) {
+  std::fprintf(stderr, "kvtier: %s\n", status.message().c_str());
+  return 2;
+}
+
+int Failure(const Status& status) {
+  std::fprintf(stderr, "kvtier: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+Result<uint64_t> ParseSize(std::string_view text) {
+  if (text.empty() || text[0] < '0' || text[0] > '9') {
+    return Status::InvalidArgument("'" + std::string(text) +
+                                   "' is not a size; write digits with an optional K, M, G, T "
+                                   "(or KiB, MiB, GiB, TiB) suffix");
+  }
+  uint64_t value = 0;
+  size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    const uint64_t digit = static_cast<uint64_t>(text[i] - '0');
+    if (value > (UINT64_MAX - digit) / 10) {
+      return Status::InvalidArgument("'" + std::string(text) + "' is too large");
+    }
+    value = value * 10 + digit;
+  }
+  std::string_view suffix = text.substr(i);
+  int shift = -1;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  else if (suffix == "K" || suffix == "KiB") shift = 10;
+  else if (suffix == "M" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "GiB") shift = 30;
+  else if (suffix == "T" || suffix == "TiB") shift = 40;
+  if (shift < 0) {
+    return Status::InvalidArgument("'" + std::string(text) + "' has an unknown suffix '" +
+                                   std::string(suffix) + "'; use K, M, G, T or KiB, MiB, GiB, TiB");
+  }
+  if (shift > 0 && value > (UINT64_MAX >> shift)) {
+    return Status::InvalidArgument("'" + std::string(text) + "' is too large");
+  }
+  return value << shift;
+}
+
+}  // namespace kvtier::cli

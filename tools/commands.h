@@ -1,0 +1,14 @@
+// The subcommands of the `kvtier` tool. Each returns the process exit code: 0 on success,
+// 1 when the work failed, 2 for a usage error (with a message on stderr saying what to fix).
+#pragma once
+
+#include "cli_args.h"
+
+namespace kvtier::cli {
+
+int RunBenchCopy(const CliArgs& args);   // kvtier bench copy
+int RunBenchIndex(const CliArgs& args);  // kvtier bench index
+int RunBenchArena(const CliArgs& args);  // kvtier bench arena
+int RunKeys(const CliArgs& args);        // kvtier keys
+
+}  // namespace kvtier::cli
