@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  libssl-dev libxxhash-dev liburing-dev
+  libssl-dev libxxhash-dev liburing-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang clang-format python3
   fio

@@ -12,8 +12,8 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-CliRun Kvtier(const std::string& args) {
-  const std::string cmd = std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
+CliRun KvtierWithEnv(const std::string& env, const std::string& args) {
+  const std::string cmd = env + " " + std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[512];
@@ -21,6 +21,8 @@ CliRun Kvtier(const std::string& args) {
   const int status = p ? pclose(p) : -1;
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+CliRun Kvtier(const std::string& args) { return KvtierWithEnv("", args); }
 
 TEST(CliTest, HelpListsCommands) {
   CliRun r = Kvtier("--help");
@@ -66,6 +68,23 @@ TEST(CliTest, BenchArenaJson) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"arena_startup_ms\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"first_touch_ms\""), std::string::npos) << r.output;
+}
+
+TEST(CliTest, ConfigShowsSourcesAndRefusesBadValues) {
+  CliRun r = Kvtier("config");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("g2.capacity_bytes"), std::string::npos);
+  r = KvtierWithEnv("KVTIER_G2_CAPACITY_BYTES=3GiB", "config --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"value\": \"3221225472\", \"source\": \"env\""), std::string::npos)
+      << r.output;
+  r = KvtierWithEnv("KVTIER_G3_QUEUE_DEPTH=lots", "config");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("g3.queue_depth = 'lots' (from KVTIER_G3_QUEUE_DEPTH)"), std::string::npos)
+      << r.output;
+  r = Kvtier("config --config /nonexistent/kvtier.toml");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("cannot be opened"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -1,5 +1,11 @@
 #include "tier/host_arena.h"
 
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <set>
@@ -70,6 +76,64 @@ TEST(HostArenaTest, ReportsStartup) {
   EXPECT_EQ(arena->startup().threads, 2u);
   EXPECT_GE(arena->startup().prefault_ms, 0.0);
   EXPECT_EQ(arena->mapped_bytes(), 8u << 20);
+}
+
+// Without permission to lock memory (a small RLIMIT_MEMLOCK and no CAP_IPC_LOCK, as for most
+// non-root users) the arena must still come up, unlocked, with a warning. Runs in a child
+// process because dropping the capability is irreversible.
+TEST(HostArenaTest, WorksUnlockedWhenMlockIsRefused) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2]{};
+    if (syscall(SYS_capget, &hdr, data) != 0) _exit(10);
+    data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    data[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+    if (syscall(SYS_capset, &hdr, data) != 0) _exit(11);
+    rlimit lim{64 << 10, 64 << 10};
+    if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0) _exit(12);
+    HostArena::Config cfg;
+    cfg.capacity_bytes = 8 << 20;
+    cfg.slot_bytes = 1 << 20;
+    auto arena = HostArena::Create(cfg);
+    if (!arena.ok()) _exit(13);
+    if ((*arena)->startup().locked) _exit(14);  // the lock should have been refused
+    auto slot = (*arena)->Allocate();
+    if (!slot) _exit(15);
+    std::memset((*arena)->SlotData(*slot), 1, (*arena)->slot_bytes());
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step that failed: " << WEXITSTATUS(status);
+}
+
+TEST(HostArenaTest, MapFailureIsNoSpaceNotACrash) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers reserve terabytes of shadow memory, so RLIMIT_AS cannot be lowered "
+                  "here; this test runs in the release build";
+#else
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit lim{1ull << 30, 1ull << 30};  // 1 GiB of address space in all
+    if (setrlimit(RLIMIT_AS, &lim) != 0) _exit(10);
+    HostArena::Config cfg;
+    cfg.capacity_bytes = 4ull << 30;
+    cfg.slot_bytes = 2 << 20;
+    auto arena = HostArena::Create(cfg);
+    if (arena.ok()) _exit(11);
+    if (arena.status().code() != StatusCode::kNoSpace) _exit(12);
+    if (arena.status().message().find("capacity_bytes") == std::string::npos) _exit(13);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step that failed: " << WEXITSTATUS(status);
+#endif
 }
 
 TEST(HostArenaTest, ConcurrentAllocateReleaseNeverDuplicates) {

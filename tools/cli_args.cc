@@ -1,5 +1,7 @@
 #include "cli_args.h"
 
+#include "kvtier/config.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -89,35 +91,13 @@ int Failure(const Status& status) {
 }
 
 Result<uint64_t> ParseSize(std::string_view text) {
-  if (text.empty() || text[0] < '0' || text[0] > '9') {
-    return Status::InvalidArgument("'" + std::string(text) +
-                                   "' is not a size; write digits with an optional K, M, G, T "
-                                   "(or KiB, MiB, GiB, TiB) suffix");
+  Result<uint64_t> v = ParseByteSize(text);
+  if (!v.ok()) {
+    return Status::InvalidArgument("'" + std::string(text) + "' is " + v.status().message() +
+                                   "; write digits with an optional K, M, G, T (or KiB, MiB, "
+                                   "GiB, TiB) suffix");
   }
-  uint64_t value = 0;
-  size_t i = 0;
-  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
-    const uint64_t digit = static_cast<uint64_t>(text[i] - '0');
-    if (value > (UINT64_MAX - digit) / 10) {
-      return Status::InvalidArgument("'" + std::string(text) + "' is too large");
-    }
-    value = value * 10 + digit;
-  }
-  std::string_view suffix = text.substr(i);
-  int shift = -1;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix == "K" || suffix == "KiB") shift = 10;
-  else if (suffix == "M" || suffix == "MiB") shift = 20;
-  else if (suffix == "G" || suffix == "GiB") shift = 30;
-  else if (suffix == "T" || suffix == "TiB") shift = 40;
-  if (shift < 0) {
-    return Status::InvalidArgument("'" + std::string(text) + "' has an unknown suffix '" +
-                                   std::string(suffix) + "'; use K, M, G, T or KiB, MiB, GiB, TiB");
-  }
-  if (shift > 0 && value > (UINT64_MAX >> shift)) {
-    return Status::InvalidArgument("'" + std::string(text) + "' is too large");
-  }
-  return value << shift;
+  return v;
 }
 
 }  // namespace kvtier::cli

@@ -10,5 +10,8 @@ int RunBenchCopy(const CliArgs& args);   // kvtier bench copy
 int RunBenchIndex(const CliArgs& args);  // kvtier bench index
 int RunBenchArena(const CliArgs& args);  // kvtier bench arena
 int RunKeys(const CliArgs& args);        // kvtier keys
+int RunConfig(const CliArgs& args);      // kvtier config
+int RunBenchDisk(const CliArgs& args);   // kvtier bench disk
+int RunInspect(const CliArgs& args);     // kvtier inspect DIR
 
 }  // namespace kvtier::cli

@@ -26,7 +26,11 @@ const std::vector<Command>& Commands() {
        RunBenchIndex},
       {{"bench", "arena"}, "G2 arena start-up vs a plain parallel first touch of the same bytes",
        RunBenchArena},
+      {{"bench", "disk"}, "G3 block writes and random reads (O_DIRECT, io_uring) vs fio",
+       RunBenchDisk},
+      {{"inspect"}, "report the blocks, bytes and corrupt blocks of a G3 directory", RunInspect},
       {{"keys"}, "print the block keys of a token sequence", RunKeys},
+      {{"config"}, "print the effective configuration and where each value came from", RunConfig},
   };
   return kCommands;
 }

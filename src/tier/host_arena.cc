@@ -56,7 +56,13 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const Config& config) {
   void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
   if (raw == MAP_FAILED) {
-    return Status::FromErrno(errno, "G2: mmap of " + std::to_string(reserve) + " bytes failed");
+    const int err = errno;
+    if (err == ENOMEM) {
+      return Status::NoSpace("G2: cannot map " + std::to_string(reserve) +
+                             " bytes: out of memory or address space; lower the G2 "
+                             "capacity_bytes or raise `ulimit -v`");
+    }
+    return Status::FromErrno(err, "G2: mmap of " + std::to_string(reserve) + " bytes failed");
   }
   auto addr = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = RoundUp(addr, kHugePage);

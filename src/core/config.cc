@@ -1,0 +1,333 @@
+#include "kvtier/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+extern char** environ;
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
+
+std::vector<ConfigFieldSpec> BuildSchema() {
+  using T = ConfigType;
+  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo"};
+  return {
+      {"hash.algorithm", T::kChoice, "sha256",
+       "block-key hash: sha256 (safe with untrusted prompts) or xxh3-128 (trusted setups only)",
+       0, 0, {"sha256", "xxh3-128"}},
+      {"index.shards", T::kUint, "64", "lock shards of the block index (a power of two)", 1, 4096,
+       {}},
+      {"g2.capacity_bytes", T::kBytes, "2GiB", "host DRAM for the G2 arena", 4 * kKiB,
+       UINT64_MAX, {}},
+      {"g2.policy", T::kChoice, "lineage-lru", "G2 eviction policy", 0, 0, policies},
+      {"g2.hugepages", T::kBool, "true", "advise transparent huge pages for the G2 arena", 0, UINT64_MAX, {}},
+      {"g2.lock_memory", T::kBool, "true", "mlock the G2 arena when permitted", 0, UINT64_MAX, {}},
+      {"g2.prefault_threads", T::kUint, "0", "threads that pre-fault G2 at start (0 = all CPUs)",
+       0, 1024, {}},
+      {"g3.enabled", T::kBool, "true", "use the local-SSD tier", 0, UINT64_MAX, {}},
+      {"g3.dir", T::kString, "./kvtier-data", "directory of the G3 slot files", 0, UINT64_MAX, {}},
+      {"g3.capacity_bytes", T::kBytes, "8GiB", "bytes of G3 slot files", 1 * kMiB, UINT64_MAX,
+       {}},
+      {"g3.files", T::kUint, "1", "slot files to spread G3 over", 1, 256, {}},
+      {"g3.queue_depth", T::kUint, "32", "G3 I/Os in flight", 1, 4096, {}},
+      {"g3.policy", T::kChoice, "lineage-lru", "G3 eviction policy", 0, 0, policies},
+      {"g3.admit_min_seen", T::kUint, "2",
+       "sightings of a block before G3 admits it (1 admits all)", 1, 15, {}},
+      {"g3.write_budget_bytes_per_s", T::kBytes, "0",
+       "cap on G3 write bandwidth to spare SSD endurance (0 = none)", 0, UINT64_MAX, {}},
+      {"g3.quarantine_after_errors", T::kUint, "8", "errors in a row that quarantine G3", 1,
+       1000000, {}},
+      {"g3.reprobe_interval_ms", T::kUint, "10000", "wait between probes of a quarantined G3", 1,
+       86400000, {}},
+      {"transfer.copy_threads", T::kUint, "2", "memcpy workers moving blocks G1 <-> G2", 1, 256,
+       {}},
+      {"transfer.max_queued_saves", T::kUint, "1024",
+       "saves waiting at most; beyond it a save is dropped and counted", 1, 1u << 24, {}},
+  };
+}
+
+std::string EnvName(std::string_view field) {
+  std::string env = "KVTIER_";
+  for (char c : field) env += c == '.' ? '_' : static_cast<char>(std::toupper(c));
+  return env;
+}
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(c));
+  return out;
+}
+
+}  // namespace
+
+Result<uint64_t> ParseByteSize(std::string_view text) {
+  if (text.empty() || text[0] < '0' || text[0] > '9') {
+    return Status::InvalidArgument("not a size");
+  }
+  uint64_t value = 0;
+  size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    const uint64_t d = static_cast<uint64_t>(text[i] - '0');
+    if (value > (UINT64_MAX - d) / 10) return Status::InvalidArgument("too large");
+    value = value * 10 + d;
+  }
+  std::string_view suffix = text.substr(i);
+  int shift = -1;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  else if (suffix == "K" || suffix == "KiB") shift = 10;
+  else if (suffix == "M" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "GiB") shift = 30;
+  else if (suffix == "T" || suffix == "TiB") shift = 40;
+  if (shift < 0) return Status::InvalidArgument("unknown suffix '" + std::string(suffix) + "'");
+  if (shift > 0 && value > (UINT64_MAX >> shift)) return Status::InvalidArgument("too large");
+  return value << shift;
+}
+
+namespace {
+
+const ConfigFieldSpec* FindSpec(std::string_view name) {
+  for (const ConfigFieldSpec& s : Config::Schema()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+std::string Allowed(const ConfigFieldSpec& spec) {
+  switch (spec.type) {
+    case ConfigType::kBytes:
+      return "a size in bytes from " + std::to_string(spec.min) +
+             (spec.max == UINT64_MAX ? "" : " to " + std::to_string(spec.max)) +
+             ", with an optional K, M, G, T suffix (e.g. 4GiB)";
+    case ConfigType::kUint:
+      return "a whole number from " + std::to_string(spec.min) + " to " + std::to_string(spec.max);
+    case ConfigType::kBool:
+      return "true or false";
+    case ConfigType::kString:
+      return "any text";
+    case ConfigType::kChoice: {
+      std::string s = "one of";
+      for (size_t i = 0; i < spec.choices.size(); ++i) s += (i ? ", " : " ") + spec.choices[i];
+      return s;
+    }
+  }
+  return "";
+}
+
+// Normalized text for `value`, or why the field refuses it.
+Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view value) {
+  switch (spec.type) {
+    case ConfigType::kBytes:
+    case ConfigType::kUint: {
+      Result<uint64_t> v = ParseByteSize(value);
+      if (!v.ok() || (spec.type == ConfigType::kUint &&
+                      value.find_first_not_of("0123456789") != std::string_view::npos)) {
+        return Status::InvalidArgument("not " + std::string(spec.type == ConfigType::kUint
+                                                                ? "a whole number"
+                                                                : "a size"));
+      }
+      if (*v < spec.min || *v > spec.max) return Status::InvalidArgument("out of range");
+      if (spec.name == "index.shards" && (*v & (*v - 1)) != 0) {
+        return Status::InvalidArgument("not a power of two");
+      }
+      return std::to_string(*v);
+    }
+    case ConfigType::kBool: {
+      const std::string l = Lower(value);
+      if (l == "true" || l == "1" || l == "yes" || l == "on") return std::string("true");
+      if (l == "false" || l == "0" || l == "no" || l == "off") return std::string("false");
+      return Status::InvalidArgument("not a boolean");
+    }
+    case ConfigType::kString:
+      if (value.empty()) return Status::InvalidArgument("empty");
+      return std::string(value);
+    case ConfigType::kChoice:
+      for (const auto& c : spec.choices) {
+        if (c == value) return c;
+      }
+      return Status::InvalidArgument("not a known choice");
+  }
+  return Status::Internal("unknown field type");
+}
+
+}  // namespace
+
+const char* ConfigSourceName(ConfigSource source) {
+  switch (source) {
+    case ConfigSource::kDefault: return "default";
+    case ConfigSource::kFile: return "file";
+    case ConfigSource::kEnvironment: return "env";
+    case ConfigSource::kOverride: return "set";
+  }
+  return "?";
+}
+
+const std::vector<ConfigFieldSpec>& Config::Schema() {
+  static const std::vector<ConfigFieldSpec> kSchema = BuildSchema();
+  return kSchema;
+}
+
+Config::Config() {
+  for (const ConfigFieldSpec& spec : Schema()) {
+    Result<std::string> v = Normalize(spec, spec.default_value);
+    if (!v.ok()) {
+      std::fprintf(stderr, "kvtier: built-in default of %s is invalid: %s\n", spec.name.c_str(),
+                   v.status().ToString().c_str());
+      std::abort();
+    }
+    values_[spec.name] = Value{*v, ConfigSource::kDefault, ""};
+  }
+}
+
+Status Config::Set(std::string_view name, std::string_view value, ConfigSource source,
+                   std::string_view origin) {
+  const std::string where = origin.empty() ? "" : " (from " + std::string(origin) + ")";
+  const ConfigFieldSpec* spec = FindSpec(name);
+  if (spec == nullptr) {
+    std::string known;
+    for (const auto& s : Schema()) known += (known.empty() ? "" : ", ") + s.name;
+    return Status::InvalidArgument("unknown setting '" + std::string(name) + "'" + where +
+                                   "; known settings: " + known);
+  }
+  Result<std::string> v = Normalize(*spec, value);
+  if (!v.ok()) {
+    return Status::InvalidArgument(spec->name + " = '" + std::string(value) + "'" + where +
+                                   " is " + v.status().message() + "; allowed: " +
+                                   Allowed(*spec));
+  }
+  values_[spec->name] = Value{*v, source, std::string(origin)};
+  return Status::Ok();
+}
+
+Status Config::LoadFile(const std::string& path) {
+  std::ifstream probe(path);
+  if (!probe.good()) {
+    return Status::NotFound("config file " + path + " cannot be opened; check the path (given "
+                            "by --config or KVTIER_CONFIG)");
+  }
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << "config file " << path << ":" << e.source().begin.line << ":"
+        << e.source().begin.column << ": " << e.description();
+    return Status::InvalidArgument(msg.str());
+  }
+  for (const auto& [table_key, node] : root) {
+    const toml::table* table = node.as_table();
+    if (table == nullptr) {
+      return Status::InvalidArgument("config file " + path + ":" +
+                                     std::to_string(node.source().begin.line) + ": '" +
+                                     std::string(table_key.str()) +
+                                     "' must be a table such as [g2] holding settings");
+    }
+    for (const auto& [key, value] : *table) {
+      const std::string name = std::string(table_key.str()) + "." + std::string(key.str());
+      const std::string origin = path + ":" + std::to_string(value.source().begin.line);
+      std::string text;
+      if (auto s = value.value<std::string>()) {
+        text = *s;
+      } else if (auto b = value.value<bool>(); b && value.is_boolean()) {
+        text = *b ? "true" : "false";
+      } else if (auto i = value.value<int64_t>(); i && value.is_integer()) {
+        if (*i < 0) {
+          return Status::InvalidArgument(name + " = " + std::to_string(*i) + " (from " + origin +
+                                         ") is negative; allowed: " +
+                                         (FindSpec(name) ? Allowed(*FindSpec(name)) : "?"));
+        }
+        text = std::to_string(*i);
+      } else {
+        return Status::InvalidArgument(name + " (from " + origin +
+                                       ") must be a string, an integer or a boolean");
+      }
+      KVTIER_RETURN_IF_ERROR(Set(name, text, ConfigSource::kFile, origin));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Config::LoadEnvironment(const std::vector<std::string>& environ_vars) {
+  for (const std::string& kv : environ_vars) {
+    if (kv.rfind("KVTIER_", 0) != 0) continue;
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string var = kv.substr(0, eq);
+    if (var == "KVTIER_CONFIG" || var == "KVTIER_LOG_LEVEL") continue;
+    const ConfigFieldSpec* match = nullptr;
+    for (const ConfigFieldSpec& s : Schema()) {
+      if (EnvName(s.name) == var) match = &s;
+    }
+    if (match == nullptr) {
+      std::string known = "KVTIER_CONFIG, KVTIER_LOG_LEVEL";
+      for (const auto& s : Schema()) known += ", " + EnvName(s.name);
+      return Status::InvalidArgument("environment variable " + var +
+                                     " names no kvtier setting; known: " + known);
+    }
+    KVTIER_RETURN_IF_ERROR(Set(match->name, kv.substr(eq + 1), ConfigSource::kEnvironment, var));
+  }
+  return Status::Ok();
+}
+
+Status Config::LoadProcessEnvironment() {
+  std::vector<std::string> vars;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) vars.emplace_back(*e);
+  return LoadEnvironment(vars);
+}
+
+const Config::Value& Config::Find(std::string_view name, ConfigType type) const {
+  const ConfigFieldSpec* spec = FindSpec(name);
+  auto it = values_.find(name);
+  const bool type_ok = spec != nullptr && (spec->type == type || (type == ConfigType::kString &&
+                                                                   spec->type == ConfigType::kChoice));
+  if (it == values_.end() || !type_ok) {
+    std::fprintf(stderr, "kvtier: internal error: config field '%.*s' read with the wrong type\n",
+                 static_cast<int>(name.size()), name.data());
+    std::abort();
+  }
+  return it->second;
+}
+
+uint64_t Config::GetBytes(std::string_view name) const {
+  return std::strtoull(Find(name, ConfigType::kBytes).text.c_str(), nullptr, 10);
+}
+
+uint64_t Config::GetUint(std::string_view name) const {
+  return std::strtoull(Find(name, ConfigType::kUint).text.c_str(), nullptr, 10);
+}
+
+bool Config::GetBool(std::string_view name) const {
+  return Find(name, ConfigType::kBool).text == "true";
+}
+
+const std::string& Config::GetString(std::string_view name) const {
+  return Find(name, ConfigType::kString).text;
+}
+
+std::vector<ConfigEntry> Config::Entries() const {
+  std::vector<ConfigEntry> out;
+  for (const ConfigFieldSpec& spec : Schema()) {
+    const Value& v = values_.at(spec.name);
+    out.push_back(ConfigEntry{&spec, v.text, v.source, v.origin});
+  }
+  return out;
+}
+
+Result<Config> LoadConfig(const std::string& file) {
+  Config config;
+  std::string path = file;
+  if (path.empty()) {
+    if (const char* env = std::getenv("KVTIER_CONFIG"); env != nullptr && *env != '\0') path = env;
+  }
+  if (!path.empty()) KVTIER_RETURN_IF_ERROR(config.LoadFile(path));
+  KVTIER_RETURN_IF_ERROR(config.LoadProcessEnvironment());
+  return config;
+}
+
+}  // namespace kvtier
