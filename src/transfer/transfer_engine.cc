@@ -1,0 +1,324 @@
+#include "transfer/transfer_engine.h"
+
+#include <string>
+
+#include "core/log.h"
+#include "tier/cond_wait.h"
+#include "transfer/block_copy.h"
+
+namespace kvtier {
+
+namespace {
+
+size_t OpIndex(BlockTransfer::Op op) { return static_cast<size_t>(op); }
+
+}  // namespace
+
+Status TransferEngine::Config::Validate() const {
+  if (copy_threads < 1 || copy_threads > 256) {
+    return Status::InvalidArgument("transfer copy_threads = " + std::to_string(copy_threads) +
+                                   " is out of range; allowed: 1..256");
+  }
+  if (max_queued_saves < 1) {
+    return Status::InvalidArgument("transfer max_queued_saves = 0; allowed: 1 or more");
+  }
+  return Status::Ok();
+}
+
+TransferEngine::TransferEngine(const Config& config) : config_(config) {}
+
+Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(const Config& config) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<TransferEngine> engine(new TransferEngine(config));
+  for (uint32_t i = 0; i < config.copy_threads; ++i) {
+    engine->workers_.emplace_back([e = engine.get()] { e->WorkerLoop(); });
+  }
+  return engine;
+}
+
+TransferEngine::~TransferEngine() {
+  {
+    // Disk completions may still queue scatters, so they finish first.
+    MutexLock lock(&disk_mu_);
+    while (!disk_ops_.empty()) CondWait(&disk_cv_, &disk_mu_);
+  }
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+Status TransferEngine::RegisterG1(const G1Memory& g1) {
+  KVTIER_RETURN_IF_ERROR(g1.Validate());
+  if (g1.on_device) {
+    return Status::Unavailable(
+        "G1 is device memory, but this build has no CUDA transfer backend; register host "
+        "memory, or build with the CUDA backend on a machine with a GPU");
+  }
+  if (arena_ != nullptr && g1.layout.Fingerprint() != layout_.Fingerprint()) {
+    return Status::InvalidArgument("G1 layout " + g1.layout.ToString() +
+                                   " differs from the G2 layout " + layout_.ToString());
+  }
+  g1_ = g1;
+  g1_registered_ = true;
+  if (arena_ == nullptr) layout_ = g1.layout;
+  return Status::Ok();
+}
+
+Status TransferEngine::RegisterHostArena(HostArena* arena, const KvLayout& layout) {
+  if (arena == nullptr) return Status::InvalidArgument("RegisterHostArena(nullptr)");
+  KVTIER_RETURN_IF_ERROR(layout.Validate());
+  if (arena->slot_bytes() < kG2PayloadOffset + layout.BlockBytes()) {
+    return Status::InvalidArgument(
+        "G2 slots of " + std::to_string(arena->slot_bytes()) + " bytes cannot hold a " +
+        std::to_string(kG2PayloadOffset) + "-byte header area and a " +
+        std::to_string(layout.BlockBytes()) + "-byte block; make slot_bytes at least " +
+        std::to_string(kG2PayloadOffset + layout.BlockBytes()));
+  }
+  if (g1_registered_ && g1_.layout.Fingerprint() != layout.Fingerprint()) {
+    return Status::InvalidArgument("G2 layout " + layout.ToString() + " differs from the G1 layout " +
+                                   g1_.layout.ToString());
+  }
+  arena_ = arena;
+  layout_ = layout;
+  return Status::Ok();
+}
+
+Status TransferEngine::RegisterDisk(DiskTier* disk) {
+  if (disk == nullptr) return Status::InvalidArgument("RegisterDisk(nullptr)");
+  if (arena_ == nullptr) {
+    return Status::FailedPrecondition("RegisterDisk needs the G2 arena registered first (G3 I/O "
+                                      "goes through G2 slots)");
+  }
+  if (disk->io_bytes() != arena_->slot_stride() || disk->payload_bytes() != layout_.BlockBytes()) {
+    return Status::InvalidArgument(
+        "G3 blocks (" + std::to_string(disk->io_bytes()) + "-byte I/Os, " +
+        std::to_string(disk->payload_bytes()) + "-byte payloads) do not match G2 slots (" +
+        std::to_string(arena_->slot_stride()) + "-byte stride, " +
+        std::to_string(layout_.BlockBytes()) + "-byte payloads)");
+  }
+  const DiskBufferRegion region{arena_->base(), arena_->mapped_bytes()};
+  Status reg = disk->RegisterBuffers(std::span<const DiskBufferRegion>(&region, 1));
+  if (!reg.ok()) {
+    KVTIER_LOG(kWarn) << "G3: the G2 arena could not be registered with io_uring ("
+                      << reg.ToString() << "); disk I/O goes on without registered buffers";
+  }
+  disk_ = disk;
+  return Status::Ok();
+}
+
+Status TransferEngine::ValidateMove(const BlockTransfer& m) const {
+  using Op = BlockTransfer::Op;
+  if (arena_ == nullptr) return Status::FailedPrecondition("no G2 arena registered");
+  if (m.g2_slot >= arena_->num_slots()) {
+    return Status::InvalidArgument(std::string(BlockTransferOpName(m.op)) + " move names G2 slot " +
+                                   std::to_string(m.g2_slot) + "; the arena has " +
+                                   std::to_string(arena_->num_slots()));
+  }
+  const bool g1 = m.op == Op::kG1ToG2 || m.op == Op::kG2ToG1 || m.op == Op::kG3ToG1;
+  const bool g3 = m.op == Op::kG2ToG3 || m.op == Op::kG3ToG2 || m.op == Op::kG3ToG1;
+  if (OpIndex(m.op) > OpIndex(Op::kG3ToG1)) return Status::InvalidArgument("unknown move op");
+  if (g1) {
+    if (!g1_registered_) return Status::FailedPrecondition("no G1 memory registered");
+    if (m.g1_block >= g1_.num_blocks) {
+      return Status::InvalidArgument(std::string(BlockTransferOpName(m.op)) +
+                                     " move names G1 block " + std::to_string(m.g1_block) +
+                                     "; G1 has " + std::to_string(g1_.num_blocks));
+    }
+  }
+  if (g3 && disk_ == nullptr) return Status::FailedPrecondition("no G3 disk tier registered");
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTransfer> moves,
+                                                            TransferPriority priority,
+                                                            TransferJob::MoveCallback on_move,
+                                                            TransferJob::DoneCallback on_done) {
+  using Op = BlockTransfer::Op;
+  for (const BlockTransfer& m : moves) KVTIER_RETURN_IF_ERROR(ValidateMove(m));
+  size_t memcpy_items = 0;
+  for (const BlockTransfer& m : moves) {
+    if (m.op == Op::kG1ToG2 || m.op == Op::kG2ToG1) ++memcpy_items;
+  }
+  const bool save = priority == TransferPriority::kSave;
+  if (save && memcpy_items > 0) {
+    // Reserve room first: concurrent submitters never overshoot the bound together.
+    uint32_t queued = queued_saves_.load(std::memory_order_relaxed);
+    do {
+      if (queued + memcpy_items > config_.max_queued_saves) {
+        saves_dropped_.fetch_add(moves.size(), std::memory_order_relaxed);
+        return Status::ResourceExhausted(
+            "save queue full (" + std::to_string(queued) + " of " +
+            std::to_string(config_.max_queued_saves) + " waiting); the save was dropped");
+      }
+    } while (!queued_saves_.compare_exchange_weak(queued, queued + static_cast<uint32_t>(memcpy_items),
+                                                  std::memory_order_relaxed));
+  }
+  auto job = std::make_shared<TransferJob>(std::move(moves), layout_.num_layers, priority,
+                                           std::move(on_move), std::move(on_done));
+  jobs_.fetch_add(1, std::memory_order_relaxed);
+
+  std::vector<WorkItem> items;
+  std::vector<uint32_t> scatters, disk_moves;
+  for (uint32_t i = 0; i < job->moves().size(); ++i) {
+    switch (job->moves()[i].op) {
+      case Op::kG1ToG2: items.push_back(WorkItem{job, i, -1}); break;
+      case Op::kG2ToG1: scatters.push_back(i); break;
+      default: disk_moves.push_back(i); break;
+    }
+  }
+  if (save) {
+    // A save's scatters (unusual, but allowed) go whole; gathers are already whole.
+    for (uint32_t i : scatters) items.push_back(WorkItem{job, i, -1});
+  } else {
+    // Layer-major, so that layer 0 of every block lands first and the engine can start on it.
+    for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+      for (uint32_t i : scatters) items.push_back(WorkItem{job, i, static_cast<int32_t>(l)});
+    }
+  }
+  if (!items.empty()) {
+    {
+      MutexLock lock(&mu_);
+      auto& q = save ? save_queue_ : load_queue_;
+      for (auto& it : items) q.push_back(std::move(it));
+    }
+    work_cv_.notify_all();
+  }
+  if (!disk_moves.empty()) StartDisk(job, disk_moves);
+  return job;
+}
+
+void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
+                               std::span<const uint32_t> moves) {
+  using Op = BlockTransfer::Op;
+  std::vector<DiskWriteRequest> writes;
+  std::vector<DiskReadRequest> reads;
+  {
+    MutexLock lock(&disk_mu_);
+    for (uint32_t i : moves) {
+      const BlockTransfer& m = job->moves()[i];
+      const uint64_t cookie = next_cookie_++;
+      disk_ops_.emplace(cookie, DiskOp{job, i});
+      if (m.op == Op::kG2ToG3) {
+        DiskWriteRequest w;
+        w.key = m.key;
+        w.parent = m.parent;
+        w.namespace_id = m.namespace_id;
+        w.tokens = m.tokens;
+        w.buffer = arena_->SlotData(m.g2_slot);
+        w.sink = this;
+        w.cookie = cookie;
+        writes.push_back(w);
+      } else {
+        DiskReadRequest r;
+        r.key = m.key;
+        r.namespace_id = m.namespace_id;
+        r.expected_tokens = m.tokens;
+        r.buffer = arena_->SlotData(m.g2_slot);
+        r.sink = this;
+        r.cookie = cookie;
+        reads.push_back(r);
+      }
+    }
+  }
+  // Outside disk_mu_: a request refused up front completes on this thread, in OnDiskOpDone.
+  if (!writes.empty()) disk_->SubmitWrites(writes);
+  if (!reads.empty()) disk_->SubmitReads(reads);
+}
+
+void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
+  DiskOp op;
+  {
+    MutexLock lock(&disk_mu_);
+    auto it = disk_ops_.find(result.cookie);
+    if (it == disk_ops_.end()) return;
+    op = it->second;  // stays in the map until handled: the destructor waits for it
+  }
+  const BlockTransfer& m = op.job->moves()[op.move];
+  if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok()) {
+    bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
+                                                                std::memory_order_relaxed);
+    {
+      // The staged half of a load into G1 is a load, whatever the job's priority.
+      MutexLock lock(&mu_);
+      load_queue_.push_back(WorkItem{op.job, op.move, -1});
+    }
+    work_cv_.notify_one();
+  } else {
+    if (result.status.ok()) {
+      bytes_by_op_[OpIndex(m.op)].fetch_add(disk_->io_bytes(), std::memory_order_relaxed);
+    }
+    EndMove(*op.job, op.move, result.status);
+  }
+  MutexLock lock(&disk_mu_);
+  disk_ops_.erase(result.cookie);
+  // Notified under the lock, so the destructor cannot destroy disk_cv_ before this returns.
+  if (disk_ops_.empty()) disk_cv_.notify_all();
+}
+
+void TransferEngine::WorkerLoop() {
+  for (;;) {
+    WorkItem item;
+    {
+      MutexLock lock(&mu_);
+      while (!stopping_ && load_queue_.empty() && save_queue_.empty()) {
+        CondWait(&work_cv_, &mu_);
+      }
+      if (!load_queue_.empty()) {
+        item = std::move(load_queue_.front());
+        load_queue_.pop_front();
+      } else if (!save_queue_.empty()) {
+        item = std::move(save_queue_.front());
+        save_queue_.pop_front();
+        queued_saves_.fetch_sub(1, std::memory_order_relaxed);
+      } else {
+        return;  // stopping, and nothing left
+      }
+    }
+    Execute(item);
+  }
+}
+
+void TransferEngine::Execute(const WorkItem& item) {
+  using Op = BlockTransfer::Op;
+  TransferJob& job = *item.job;
+  const BlockTransfer& m = job.moves()[item.move];
+  if (m.op == Op::kG1ToG2) {
+    GatherBlock(g1_, m.g1_block, Payload(m.g2_slot));
+    bytes_by_op_[OpIndex(m.op)].fetch_add(layout_.BlockBytes(), std::memory_order_relaxed);
+    EndMove(job, item.move, Status::Ok());
+    return;
+  }
+  // A scatter into G1: one layer, or all of them in order.
+  const uint32_t first = item.layer < 0 ? 0 : static_cast<uint32_t>(item.layer);
+  const uint32_t last = item.layer < 0 ? layout_.num_layers : first + 1;
+  for (uint32_t l = first; l < last; ++l) {
+    ScatterLayer(g1_, Payload(m.g2_slot), m.g1_block, l);
+    bytes_by_op_[OpIndex(Op::kG2ToG1)].fetch_add(layout_.LayerBytes(), std::memory_order_relaxed);
+    if (job.LayerLanded(item.move, l)) EndMove(job, item.move, Status::Ok());
+  }
+}
+
+void TransferEngine::EndMove(TransferJob& job, uint32_t move, const Status& status) {
+  const size_t op = OpIndex(job.moves()[move].op);
+  moves_by_op_[op].fetch_add(1, std::memory_order_relaxed);
+  (status.ok() ? moves_ok_ : moves_failed_).fetch_add(1, std::memory_order_relaxed);
+  job.MoveDone(move, status);
+}
+
+TransferEngine::Stats TransferEngine::stats() const {
+  Stats s;
+  s.jobs = jobs_.load(std::memory_order_relaxed);
+  s.moves_ok = moves_ok_.load(std::memory_order_relaxed);
+  s.moves_failed = moves_failed_.load(std::memory_order_relaxed);
+  s.saves_dropped = saves_dropped_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < s.bytes_by_op.size(); ++i) {
+    s.bytes_by_op[i] = bytes_by_op_[i].load(std::memory_order_relaxed);
+    s.moves_by_op[i] = moves_by_op_[i].load(std::memory_order_relaxed);
+  }
+  return s;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,139 @@
+// TransferEngine: moves blocks between tiers without blocking the caller.
+//
+// Memory is registered by kind before use: the engine's G1 (host memory now; device memory when
+// a CUDA backend is built), the G2 arena, the G3 disk tier (remote tiers later). A submitted
+// batch (TransferJob) completes per move through the job (poll or wait) and callbacks, and per
+// layer for moves into G1.
+//
+// Backends: a pool of memcpy workers for G1 <-> G2 (gather/scatter between the G1 arrangement and
+// contiguous slots), and the disk tier's io_uring engine for G2 <-> G3. A G3 -> G1 move reads
+// into a G2 slot and scatters from there. Two priorities: the workers always take a waiting load
+// before a save, and saves wait in a bounded queue: a save batch that does not fit is refused
+// whole (ResourceExhausted) and counted, never waited for. Loads are never refused for space.
+//
+// G2 slots hold a block as [kBlockHeaderBytes header area | payload] (the at-rest shape), so a
+// slot goes to and from G3 in one I/O; G1 copies use the payload part.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/mutex.h"
+#include "kvtier/g1_memory.h"
+#include "kvtier/status.h"
+#include "tier/block_format.h"
+#include "tier/disk_tier.h"
+#include "tier/host_arena.h"
+#include "transfer/transfer_job.h"
+
+namespace kvtier {
+
+// Offset of the payload inside a G2 slot.
+inline constexpr uint64_t kG2PayloadOffset = kBlockHeaderBytes;
+
+class TransferEngine final : private DiskCompletionSink {
+ public:
+  struct Config {
+    uint32_t copy_threads = 2;         // memcpy workers, 1..256
+    uint32_t max_queued_saves = 1024;  // save moves waiting for a worker at most, >= 1
+    // Ok, or InvalidArgument naming the field, its value and the allowed range.
+    Status Validate() const;
+  };
+
+  struct Stats {
+    uint64_t jobs = 0;
+    uint64_t moves_ok = 0;
+    uint64_t moves_failed = 0;
+    uint64_t saves_dropped = 0;  // save moves refused because the queue was full
+    std::array<uint64_t, 5> bytes_by_op{};  // indexed by BlockTransfer::Op
+    std::array<uint64_t, 5> moves_by_op{};
+  };
+
+  // Starts the workers. InvalidArgument for a bad config.
+  static Result<std::unique_ptr<TransferEngine>> Create(const Config& config);
+  // Finishes every accepted move (queued memcpy work runs; disk I/O in flight completes), then
+  // stops the workers.
+  ~TransferEngine() override;
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // Registration happens before the first Submit and is not thread-safe with it.
+  // G1: InvalidArgument when it does not validate; Unavailable for device memory (no CUDA
+  // backend in this build).
+  Status RegisterG1(const G1Memory& g1);
+  // G2: InvalidArgument when the arena's slots cannot hold header + payload of `layout`.
+  Status RegisterHostArena(HostArena* arena, const KvLayout& layout);
+  // G3: InvalidArgument when the tier's io_bytes() differ from the G2 slot stride or its
+  // payload from the layout's; registers the G2 arena with its io_uring (a refusal is logged
+  // and I/O goes on unregistered). REQUIRES: RegisterHostArena first.
+  Status RegisterDisk(DiskTier* disk);
+
+  // Starts `moves`. Validates every move first (endpoints registered, indices in range) and
+  // starts none on InvalidArgument. A kSave batch is refused whole with ResourceExhausted when
+  // the save queue cannot take it. Otherwise returns the job, which completes asynchronously;
+  // callbacks run on the engine's or the disk tier's threads.
+  Result<std::shared_ptr<TransferJob>> Submit(std::vector<BlockTransfer> moves,
+                                              TransferPriority priority,
+                                              TransferJob::MoveCallback on_move = nullptr,
+                                              TransferJob::DoneCallback on_done = nullptr)
+      EXCLUDES(mu_, disk_mu_);
+
+  Stats stats() const;
+  uint32_t queued_saves() const { return queued_saves_.load(std::memory_order_relaxed); }
+
+ private:
+  // One unit of memcpy work.
+  struct WorkItem {
+    std::shared_ptr<TransferJob> job;
+    uint32_t move = 0;
+    int32_t layer = -1;  // scatter: one layer; -1 = the whole move (gather, or staged scatter)
+  };
+  struct DiskOp {
+    std::shared_ptr<TransferJob> job;
+    uint32_t move = 0;
+  };
+
+  explicit TransferEngine(const Config& config);
+  Status ValidateMove(const BlockTransfer& m) const;
+  void WorkerLoop() EXCLUDES(mu_);
+  void Execute(const WorkItem& item);
+  void EndMove(TransferJob& job, uint32_t move, const Status& status);
+  void EnqueueLoads(std::vector<WorkItem> items) EXCLUDES(mu_);
+  void StartDisk(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves)
+      EXCLUDES(disk_mu_);
+  void OnDiskOpDone(const DiskOpResult& result) override EXCLUDES(disk_mu_, mu_);
+  uint8_t* Payload(uint32_t slot) const { return arena_->SlotData(slot) + kG2PayloadOffset; }
+
+  const Config config_;
+  G1Memory g1_;
+  bool g1_registered_ = false;
+  HostArena* arena_ = nullptr;
+  KvLayout layout_;
+  DiskTier* disk_ = nullptr;
+
+  Mutex mu_;
+  std::condition_variable work_cv_;
+  std::deque<WorkItem> load_queue_ GUARDED_BY(mu_);
+  std::deque<WorkItem> save_queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+  std::atomic<uint32_t> queued_saves_{0};
+
+  Mutex disk_mu_;
+  std::condition_variable disk_cv_;
+  std::unordered_map<uint64_t, DiskOp> disk_ops_ GUARDED_BY(disk_mu_);
+  uint64_t next_cookie_ GUARDED_BY(disk_mu_) = 1;
+
+  std::atomic<uint64_t> jobs_{0}, moves_ok_{0}, moves_failed_{0}, saves_dropped_{0};
+  std::array<std::atomic<uint64_t>, 5> bytes_by_op_{};
+  std::array<std::atomic<uint64_t>, 5> moves_by_op_{};
+};
+
+}  // namespace kvtier

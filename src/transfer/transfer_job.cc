@@ -1,0 +1,127 @@
+#include "transfer/transfer_job.h"
+
+#include <string>
+
+#include "tier/cond_wait.h"
+
+namespace kvtier {
+
+const char* BlockTransferOpName(BlockTransfer::Op op) {
+  switch (op) {
+    case BlockTransfer::Op::kG1ToG2: return "G1->G2";
+    case BlockTransfer::Op::kG2ToG1: return "G2->G1";
+    case BlockTransfer::Op::kG2ToG3: return "G2->G3";
+    case BlockTransfer::Op::kG3ToG2: return "G3->G2";
+    case BlockTransfer::Op::kG3ToG1: return "G3->G1";
+  }
+  return "?";
+}
+
+TransferJob::TransferJob(std::vector<BlockTransfer> moves, uint32_t num_layers,
+                         TransferPriority priority, MoveCallback on_move, DoneCallback on_done)
+    : moves_(std::move(moves)),
+      num_layers_(num_layers),
+      priority_(priority),
+      on_move_(std::move(on_move)),
+      on_done_(std::move(on_done)) {
+  MutexLock lock(&mu_);
+  status_.assign(moves_.size(), Status::FailedPrecondition("move still in flight"));
+  ended_.assign(moves_.size(), 0);
+  landed_.assign(moves_.size() * num_layers_, 0);
+  layers_left_.assign(moves_.size(), num_layers_);
+  uint32_t into_g1 = 0;
+  for (const BlockTransfer& m : moves_) into_g1 += m.IntoG1() ? 1 : 0;
+  layer_pending_.assign(num_layers_, into_g1);
+  layer_error_.assign(num_layers_, Status::Ok());
+  remaining_ = moves_.size();
+  finished_ = moves_.empty();
+}
+
+bool TransferJob::Done() const {
+  MutexLock lock(&mu_);
+  return finished_;
+}
+
+Status TransferJob::Wait() const {
+  MutexLock lock(&mu_);
+  while (!finished_) CondWait(&cv_, &mu_);
+  return first_error_;
+}
+
+Status TransferJob::WaitLayer(uint32_t layer) const {
+  if (layer >= num_layers_) {
+    return Status::InvalidArgument("WaitLayer(" + std::to_string(layer) + ") but the layout has " +
+                                   std::to_string(num_layers_) + " layers");
+  }
+  MutexLock lock(&mu_);
+  while (layer_pending_[layer] != 0) CondWait(&cv_, &mu_);
+  return layer_error_[layer];
+}
+
+Status TransferJob::MoveStatus(size_t index) const {
+  MutexLock lock(&mu_);
+  if (index >= status_.size()) return Status::InvalidArgument("no such move");
+  return status_[index];
+}
+
+size_t TransferJob::failed_moves() const {
+  MutexLock lock(&mu_);
+  return failed_;
+}
+
+bool TransferJob::LayerLanded(size_t index, uint32_t layer) {
+  bool wake = false, last_layer = false;
+  {
+    MutexLock lock(&mu_);
+    if (index >= moves_.size() || ended_[index] || layer >= num_layers_ ||
+        !moves_[index].IntoG1() || landed_[index * num_layers_ + layer]) {
+      return false;  // a backend bug; ignoring it keeps the counts sane
+    }
+    landed_[index * num_layers_ + layer] = 1;
+    last_layer = --layers_left_[index] == 0;
+    wake = --layer_pending_[layer] == 0;
+  }
+  if (wake) cv_.notify_all();
+  return last_layer;
+}
+
+void TransferJob::MoveDone(size_t index, const Status& status) {
+  bool last = false;
+  Status reported;
+  {
+    MutexLock lock(&mu_);
+    if (index >= moves_.size() || ended_[index]) return;
+    ended_[index] = 1;
+    Status final_status = status;
+    if (moves_[index].IntoG1() && final_status.ok() && layers_left_[index] != 0) {
+      final_status = Status::Internal("move ended before all its layers landed");
+    }
+    status_[index] = final_status;
+    reported = final_status;
+    if (moves_[index].IntoG1()) {
+      for (uint32_t l = 0; l < num_layers_; ++l) {
+        if (landed_[index * num_layers_ + l]) continue;
+        landed_[index * num_layers_ + l] = 1;
+        --layer_pending_[l];
+        if (layer_error_[l].ok()) layer_error_[l] = final_status;
+      }
+      layers_left_[index] = 0;
+    }
+    if (!final_status.ok()) {
+      ++failed_;
+      if (first_error_.ok()) first_error_ = final_status;
+    }
+    last = --remaining_ == 0;
+  }
+  if (on_move_) on_move_(index, reported);
+  if (last) {
+    if (on_done_) on_done_(*this);
+    // Done() and Wait() see the job finished only after the callbacks ran, so whatever they did
+    // (index updates, slot releases) is visible to the waiter.
+    MutexLock lock(&mu_);
+    finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace kvtier

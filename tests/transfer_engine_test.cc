@@ -1,0 +1,342 @@
+#include "transfer/transfer_engine.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "transfer/block_copy.h"
+
+namespace kvtier {
+namespace {
+
+// A small layout so tests move many blocks quickly: 4 layers x 2 planes x 2 KiB chunks.
+KvLayout SmallLayout() {
+  KvLayout l;
+  l.num_layers = 4;
+  l.num_kv_heads = 2;
+  l.head_dim = 64;
+  l.tokens_per_block = 8;
+  return l;
+}
+
+// The byte every block `b` holds at canonical offset `off`: any misplaced byte shows.
+uint8_t Pattern(uint64_t b, uint64_t off) { return static_cast<uint8_t>((b * 131 + off * 7 + off / 4096) & 0xff); }
+
+struct Rig {
+  KvLayout layout = SmallLayout();
+  uint32_t g1_blocks = 16;
+  std::vector<uint8_t> g1_mem;
+  G1Memory g1;
+  std::unique_ptr<HostArena> arena;
+  std::unique_ptr<TransferEngine> engine;
+
+  explicit Rig(TransferEngine::Config cfg = {}, uint32_t g2_slots = 32) {
+    g1_mem.assign(layout.BlockBytes() * g1_blocks, 0);
+    g1.layout = layout;
+    g1.num_blocks = g1_blocks;
+    const uint64_t chunk = layout.ChunkBytes();
+    for (uint32_t r = 0; r < layout.num_layers * layout.num_planes; ++r) {
+      g1.regions.push_back({g1_mem.data() + r * chunk * g1_blocks, chunk});
+    }
+    HostArena::Config ac;
+    ac.slot_bytes = kG2PayloadOffset + layout.BlockBytes();
+    ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * g2_slots;
+    arena = std::move(HostArena::Create(ac)).value();
+    engine = std::move(TransferEngine::Create(cfg)).value();
+    EXPECT_TRUE(engine->RegisterHostArena(arena.get(), layout).ok());
+    EXPECT_TRUE(engine->RegisterG1(g1).ok());
+  }
+  void FillG1(uint32_t block, uint64_t pattern_id) {
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+      for (uint32_t p = 0; p < layout.num_planes; ++p) {
+        uint8_t* c = g1.Chunk(block, l, p);
+        for (uint64_t i = 0; i < layout.ChunkBytes(); ++i) c[i] = Pattern(pattern_id, layout.ChunkOffset(l, p) + i);
+      }
+    }
+  }
+  // Bytes of G1 block `block` that differ from pattern `pattern_id`, in layer `layer` (or all).
+  uint64_t G1Mismatches(uint32_t block, uint64_t pattern_id, int layer = -1) {
+    uint64_t bad = 0;
+    for (uint32_t l = 0; l < layout.num_layers; ++l) {
+      if (layer >= 0 && l != static_cast<uint32_t>(layer)) continue;
+      for (uint32_t p = 0; p < layout.num_planes; ++p) {
+        const uint8_t* c = g1.Chunk(block, l, p);
+        for (uint64_t i = 0; i < layout.ChunkBytes(); ++i) bad += c[i] != Pattern(pattern_id, layout.ChunkOffset(l, p) + i);
+      }
+    }
+    return bad;
+  }
+  uint64_t SlotMismatches(uint32_t slot, uint64_t pattern_id) {
+    const uint8_t* s = arena->SlotData(slot) + kG2PayloadOffset;
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < layout.BlockBytes(); ++i) bad += s[i] != Pattern(pattern_id, i);
+    return bad;
+  }
+};
+
+BlockTransfer Move(BlockTransfer::Op op, uint32_t g1_block, uint32_t g2_slot) {
+  BlockTransfer m;
+  m.op = op;
+  m.g1_block = g1_block;
+  m.g2_slot = g2_slot;
+  return m;
+}
+
+TEST(TransferEngineTest, OffloadThenOnboardIsByteExact) {
+  Rig rig;
+  std::vector<BlockTransfer> saves;
+  for (uint32_t b = 0; b < 8; ++b) {
+    rig.FillG1(b, 100 + b);
+    saves.push_back(Move(BlockTransfer::Op::kG1ToG2, b, 20 - b));
+  }
+  auto job = rig.engine->Submit(saves, TransferPriority::kSave);
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_TRUE((*job)->Wait().ok());
+  for (uint32_t b = 0; b < 8; ++b) EXPECT_EQ(rig.SlotMismatches(20 - b, 100 + b), 0u) << b;
+
+  std::vector<BlockTransfer> loads;
+  for (uint32_t b = 0; b < 8; ++b) loads.push_back(Move(BlockTransfer::Op::kG2ToG1, 8 + b, 20 - b));
+  auto load = rig.engine->Submit(loads, TransferPriority::kLoad);
+  ASSERT_TRUE(load.ok());
+  for (uint32_t l = 0; l < rig.layout.num_layers; ++l) {
+    ASSERT_TRUE((*load)->WaitLayer(l).ok());
+    // Once WaitLayer(l) returns, layer l of every block is in place, even if later ones are not.
+    for (uint32_t b = 0; b < 8; ++b) EXPECT_EQ(rig.G1Mismatches(8 + b, 100 + b, l), 0u);
+  }
+  ASSERT_TRUE((*load)->Wait().ok());
+  for (uint32_t b = 0; b < 8; ++b) EXPECT_EQ(rig.G1Mismatches(8 + b, 100 + b), 0u);
+  const auto stats = rig.engine->stats();
+  EXPECT_EQ(stats.moves_ok, 16u);
+  EXPECT_EQ(stats.bytes_by_op[0], 8 * rig.layout.BlockBytes());
+  EXPECT_EQ(stats.bytes_by_op[1], 8 * rig.layout.BlockBytes());
+}
+
+TEST(TransferEngineTest, CallbacksRunOncePerMoveAndBeforeWaitReturns) {
+  Rig rig;
+  std::atomic<int> moves{0}, done{0};
+  std::vector<BlockTransfer> batch;
+  for (uint32_t b = 0; b < 5; ++b) batch.push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
+  auto job = rig.engine->Submit(
+      batch, TransferPriority::kSave, [&](size_t, const Status& s) { moves += s.ok() ? 1 : 100; },
+      [&](const TransferJob& j) { done += j.failed_moves() == 0 ? 1 : 100; });
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE((*job)->Wait().ok());
+  EXPECT_EQ(moves.load(), 5);
+  EXPECT_EQ(done.load(), 1);
+  EXPECT_TRUE((*job)->Done());
+}
+
+TEST(TransferEngineTest, BadMovesAreRefusedBeforeAnythingStarts) {
+  Rig rig;
+  std::vector<BlockTransfer> batch = {Move(BlockTransfer::Op::kG1ToG2, 0, 0),
+                                      Move(BlockTransfer::Op::kG1ToG2, 0, 999)};
+  auto job = rig.engine->Submit(batch, TransferPriority::kSave);
+  EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("G2 slot 999"), std::string::npos);
+  auto g1 = rig.engine->Submit({Move(BlockTransfer::Op::kG2ToG1, 77, 0)}, TransferPriority::kLoad);
+  EXPECT_NE(g1.status().message().find("G1 block 77"), std::string::npos);
+  auto g3 = rig.engine->Submit({Move(BlockTransfer::Op::kG2ToG3, 0, 0)}, TransferPriority::kSave);
+  EXPECT_EQ(g3.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rig.engine->stats().jobs, 0u);
+}
+
+TEST(TransferEngineTest, DeviceG1IsUnavailableWithoutCuda) {
+  Rig rig;
+  G1Memory dev = rig.g1;
+  dev.on_device = true;
+  Status s = rig.engine->RegisterG1(dev);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("CUDA"), std::string::npos);
+}
+
+TEST(TransferEngineTest, ArenaTooSmallForHeaderAndBlockIsRefused) {
+  KvLayout l = SmallLayout();
+  HostArena::Config ac;
+  ac.slot_bytes = l.BlockBytes();  // no room for the header area
+  ac.capacity_bytes = 8 * ((ac.slot_bytes + 4095) / 4096 * 4096);
+  auto arena = std::move(HostArena::Create(ac)).value();
+  auto engine = std::move(TransferEngine::Create({})).value();
+  Status s = engine->RegisterHostArena(arena.get(), l);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("header"), std::string::npos);
+}
+
+// A gate that holds the only worker inside a callback until the test opens it.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, open = false;
+  void Enter() {
+    std::unique_lock<std::mutex> lock(mu);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  void WaitEntered() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return entered; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+TEST(TransferEngineTest, SaveQueueIsBoundedAndOverflowIsDroppedAndCounted) {
+  TransferEngine::Config cfg;
+  cfg.copy_threads = 1;
+  cfg.max_queued_saves = 4;
+  Rig rig(cfg);
+  Gate gate;
+  auto blocker = rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
+                                    [&](size_t, const Status&) { gate.Enter(); });
+  ASSERT_TRUE(blocker.ok());
+  gate.WaitEntered();  // the worker is busy; nothing else drains the queue
+  std::vector<BlockTransfer> three;
+  for (uint32_t i = 1; i <= 3; ++i) three.push_back(Move(BlockTransfer::Op::kG1ToG2, i, i));
+  auto a = rig.engine->Submit(three, TransferPriority::kSave);
+  ASSERT_TRUE(a.ok());
+  auto b = rig.engine->Submit({three[0], three[1]}, TransferPriority::kSave);
+  EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(rig.engine->stats().saves_dropped, 2u);
+  // A load is never refused for space.
+  auto load = rig.engine->Submit({Move(BlockTransfer::Op::kG2ToG1, 9, 5)}, TransferPriority::kLoad);
+  EXPECT_TRUE(load.ok());
+  gate.Open();
+  EXPECT_TRUE((*a)->Wait().ok());
+  EXPECT_TRUE((*load)->Wait().ok());
+  EXPECT_EQ(rig.engine->queued_saves(), 0u);
+}
+
+TEST(TransferEngineTest, LoadsRunBeforeQueuedSaves) {
+  TransferEngine::Config cfg;
+  cfg.copy_threads = 1;
+  Rig rig(cfg);
+  Gate gate;
+  std::mutex order_mu;
+  std::vector<char> order;
+  auto record = [&](char c) {
+    std::lock_guard<std::mutex> lock(order_mu);
+    order.push_back(c);
+  };
+  auto blocker = rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
+                                    [&](size_t, const Status&) { gate.Enter(); });
+  ASSERT_TRUE(blocker.ok());
+  gate.WaitEntered();
+  std::vector<BlockTransfer> saves, loads;
+  for (uint32_t i = 1; i <= 3; ++i) saves.push_back(Move(BlockTransfer::Op::kG1ToG2, i, i));
+  for (uint32_t i = 1; i <= 3; ++i) loads.push_back(Move(BlockTransfer::Op::kG2ToG1, 8 + i, 10 + i));
+  auto s = rig.engine->Submit(saves, TransferPriority::kSave, [&](size_t, const Status&) { record('s'); });
+  auto l = rig.engine->Submit(loads, TransferPriority::kLoad, [&](size_t, const Status&) { record('l'); });
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(l.ok());
+  gate.Open();
+  ASSERT_TRUE((*s)->Wait().ok());
+  ASSERT_TRUE((*l)->Wait().ok());
+  EXPECT_EQ(std::string(order.begin(), order.end()), "lllsss");
+}
+
+// G3 paths, on a real disk tier in a temporary directory (O_DIRECT through io_uring).
+class TransferEngineDiskTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvtier-transfer-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    rig_ = std::make_unique<Rig>();
+    DiskTier::Config dc;
+    dc.dir = dir_;
+    dc.payload_bytes = rig_->layout.BlockBytes();
+    dc.layout_fingerprint = rig_->layout.Fingerprint();
+    dc.capacity_bytes = 64 * (kBlockHeaderBytes + dc.payload_bytes) + (1 << 20);
+    auto opened = DiskTier::Open(dc);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    disk_ = std::move(opened->tier);
+    ASSERT_TRUE(rig_->engine->RegisterDisk(disk_.get()).ok());
+  }
+  void TearDown() override {
+    rig_->engine.reset();  // finishes disk I/O before the tier closes
+    disk_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  static BlockTransfer DiskMove(BlockTransfer::Op op, uint64_t id, uint32_t g1_block, uint32_t slot) {
+    BlockTransfer m = Move(op, g1_block, slot);
+    m.key = BlockKey{id * 0x9e3779b97f4a7c15ull + 3, id};
+    m.parent = BlockKey{1, id};
+    m.namespace_id = 5;
+    for (uint32_t t = 0; t < 8; ++t) m.tokens.push_back(static_cast<TokenId>(id * 10 + t));
+    return m;
+  }
+  std::string dir_;
+  std::unique_ptr<Rig> rig_;
+  std::unique_ptr<DiskTier> disk_;
+};
+
+TEST_F(TransferEngineDiskTest, G1ToG3AndBackThroughG2IsByteExact) {
+  Rig& rig = *rig_;
+  // G1 -> G2 -> G3.
+  std::vector<BlockTransfer> gathers, writes;
+  for (uint32_t b = 0; b < 6; ++b) {
+    rig.FillG1(b, 500 + b);
+    gathers.push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
+    writes.push_back(DiskMove(BlockTransfer::Op::kG2ToG3, b, 0, b));
+  }
+  ASSERT_TRUE((*rig.engine->Submit(gathers, TransferPriority::kSave))->Wait().ok());
+  auto w = rig.engine->Submit(writes, TransferPriority::kSave);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Wait().ok()) << (*w)->Wait().ToString();
+  // Wipe the G2 copies so only G3 can supply the bytes.
+  for (uint32_t b = 0; b < 6; ++b) std::memset(rig.arena->SlotData(b), 0, rig.arena->slot_bytes());
+  // G3 -> G1 staged through fresh G2 slots, and G3 -> G2.
+  std::vector<BlockTransfer> loads;
+  for (uint32_t b = 0; b < 6; ++b) loads.push_back(DiskMove(BlockTransfer::Op::kG3ToG1, b, 10 + b, 20 + b));
+  auto l = rig.engine->Submit(loads, TransferPriority::kLoad);
+  ASSERT_TRUE(l.ok());
+  for (uint32_t layer = 0; layer < rig.layout.num_layers; ++layer) ASSERT_TRUE((*l)->WaitLayer(layer).ok());
+  ASSERT_TRUE((*l)->Wait().ok());
+  for (uint32_t b = 0; b < 6; ++b) {
+    EXPECT_EQ(rig.G1Mismatches(10 + b, 500 + b), 0u) << b;
+    EXPECT_EQ(rig.SlotMismatches(20 + b, 500 + b), 0u) << "the staging slot holds the block too";
+  }
+  auto r = rig.engine->Submit({DiskMove(BlockTransfer::Op::kG3ToG2, 2, 0, 30)}, TransferPriority::kLoad);
+  ASSERT_TRUE((*r)->Wait().ok());
+  EXPECT_EQ(rig.SlotMismatches(30, 502), 0u);
+}
+
+TEST_F(TransferEngineDiskTest, FailedG3LoadFailsItsLayersInsteadOfHanging) {
+  Rig& rig = *rig_;
+  // Key 42 was never written: the read is a miss (NotFound).
+  std::vector<BlockTransfer> loads = {DiskMove(BlockTransfer::Op::kG3ToG1, 42, 3, 7)};
+  auto l = rig.engine->Submit(loads, TransferPriority::kLoad);
+  ASSERT_TRUE(l.ok());
+  Status layer0 = (*l)->WaitLayer(0);
+  EXPECT_EQ(layer0.code(), StatusCode::kNotFound) << layer0.ToString();
+  EXPECT_EQ((*l)->WaitLayer(rig.layout.num_layers - 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ((*l)->Wait().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*l)->failed_moves(), 1u);
+  EXPECT_EQ(rig.engine->stats().moves_failed, 1u);
+  EXPECT_EQ((*l)->WaitLayer(99).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(TransferEngineDiskTest, MismatchedDiskGeometryIsRefused) {
+  KvLayout other = rig_->layout;
+  other.num_layers = 8;
+  Rig rig2;
+  HostArena::Config ac;
+  ac.slot_bytes = kG2PayloadOffset + other.BlockBytes();
+  ac.capacity_bytes = 4 * ((ac.slot_bytes + 4095) / 4096 * 4096);
+  auto arena = std::move(HostArena::Create(ac)).value();
+  auto engine = std::move(TransferEngine::Create({})).value();
+  ASSERT_TRUE(engine->RegisterHostArena(arena.get(), other).ok());
+  Status s = engine->RegisterDisk(disk_.get());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier
