@@ -235,3 +235,24 @@ TEST(BlockIndexStressTest, ConcurrentOperationsKeepInvariants) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(BlockIndexTest, InvalidateRemovesEvenWhenPinnedAndUnpinForgets) {
+  auto index = MakeIndex();
+  auto keys = InsertChain(*index, 0, 2, kTierG3, 4);
+  ASSERT_EQ(index->MatchAndPin(keys).num_blocks(), 2u);
+  EXPECT_EQ(index->Remove(keys[1], kTierG3).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*index->Invalidate(keys[1], kTierG3), 5u);
+  EXPECT_EQ(index->TierCount(kTierG3), 1u);
+  EXPECT_EQ(index->Match(keys).num_blocks(), 1u) << "an invalidated block is never matched";
+  EXPECT_EQ(index->Invalidate(keys[1], kTierG3).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(index->KeyCount(), 2u) << "the pinned key is kept until unpinned";
+  ASSERT_TRUE(index->Unpin(keys).ok());
+  EXPECT_EQ(index->KeyCount(), 1u);
+  EXPECT_EQ(index->TotalPins(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -24,12 +24,17 @@ class LogMessage {
   LogLevel level_;
   std::ostringstream stream_;
 };
+// Turns the stream expression into void, so KVTIER_LOG is one expression (safe in an unbraced if).
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
 }  // namespace internal
 
 }  // namespace kvtier
 
 // KVTIER_LOG(kWarn) << "text " << value;
-#define KVTIER_LOG(level)                                          \
-  if (!::kvtier::LogEnabled(::kvtier::LogLevel::level)) {          \
-  } else                                                           \
-    ::kvtier::internal::LogMessage(::kvtier::LogLevel::level).stream()
+#define KVTIER_LOG(level)                                    \
+  !::kvtier::LogEnabled(::kvtier::LogLevel::level)           \
+      ? (void)0                                              \
+      : ::kvtier::internal::LogVoidify() &                   \
+            ::kvtier::internal::LogMessage(::kvtier::LogLevel::level).stream()

@@ -29,10 +29,9 @@ Status AdmissionFilter::Config::Validate() const {
                                    std::to_string(expected_keys) + ": must be in 1..2^32");
   }
   if (sample_size != 0 && sample_size < expected_keys) {
-    return Status::InvalidArgument(
-        "AdmissionFilter sample_size = " + std::to_string(sample_size) +
-        ": must be 0 (10 x expected_keys) or at least expected_keys (" +
-        std::to_string(expected_keys) + ")");
+    return Status::InvalidArgument("AdmissionFilter sample_size = " + std::to_string(sample_size) +
+                                   ": must be 0 (10 x expected_keys) or at least expected_keys (" +
+                                   std::to_string(expected_keys) + ")");
   }
   return Status::Ok();
 }
@@ -91,7 +90,8 @@ bool AdmissionFilter::RecordAndCheck(const BlockKey& key) {
   if (least < kMaxCount) {
     for (int row = 0; row < kRows; ++row) {
       if (count[row] == least) {
-        table_[index[row] / kCountersPerWord] += uint64_t{1} << (4 * (index[row] % kCountersPerWord));
+        table_[index[row] / kCountersPerWord] += uint64_t{1}
+                                                 << (4 * (index[row] % kCountersPerWord));
       }
     }
     ++least;

@@ -24,11 +24,11 @@ namespace kvtier {
 class AdmissionFilter {
  public:
   struct Config {
-    uint32_t min_seen = 2;           // 1 admits everything; at most 15
+    uint32_t min_seen = 2;  // 1 admits everything; at most 15
     // Distinct keys the filter should tell apart, 1..2^32. The sketch takes 2 bytes per key,
     // rounded up to a power of two (2 MiB for the default).
     uint64_t expected_keys = 1u << 20;
-    uint64_t sample_size = 0;        // records between halvings; 0 = 10 x expected_keys
+    uint64_t sample_size = 0;  // records between halvings; 0 = 10 x expected_keys
 
     // Ok, or InvalidArgument naming the field, its value and the allowed range.
     Status Validate() const;

@@ -4,11 +4,6 @@
 
 namespace kvtier {
 
-const char* TierName(TierId tier) {
-  static const char* const kNames[] = {"G1", "G2", "G3", "G4"};
-  return tier < kNumTiers ? kNames[tier] : "G?";
-}
-
 namespace {
 
 // The fastest tier in `mask`; REQUIRES mask != 0.
@@ -118,10 +113,35 @@ Result<uint32_t> BlockIndex::Remove(const BlockKey& key, TierId tier) {
   return slot;
 }
 
+Result<uint32_t> BlockIndex::Invalidate(const BlockKey& key, TierId tier) {
+  if (tier >= kNumTiers) return BadTier(tier);
+  TierState& ts = tiers_[tier];
+  MutexLock tier_lock(&ts.mu);
+  uint32_t slot;
+  {
+    Shard& shard = ShardFor(key);
+    MutexLock lock(&shard.mu);
+    auto it = shard.map.find(key);
+    if (it == shard.map.end() || !((it->second.tier_mask >> tier) & 1u)) {
+      return Status::NotFound("block " + key.ToHex() + " is not in " + TierName(tier));
+    }
+    Entry& e = it->second;
+    slot = e.slot[tier];
+    e.tier_mask &= static_cast<uint8_t>(~(1u << tier));
+    e.slot[tier] = kNoSlot;
+    // A pinned entry outlives its last tier (invisible to Match) until its last Unpin.
+    if (e.tier_mask == 0 && e.pins == 0) shard.map.erase(it);
+  }
+  ts.policy->OnRemove(key);
+  --ts.count;
+  return slot;
+}
+
 MatchResult BlockIndex::MatchImpl(std::span<const BlockKey> keys, uint8_t tier_mask,
                                   bool pin) const {
   MatchResult result;
   result.tiers.reserve(keys.size());
+  result.slots.reserve(keys.size());
   for (const BlockKey& key : keys) {
     Shard& shard = ShardFor(key);
     MutexLock lock(&shard.mu);
@@ -130,7 +150,9 @@ MatchResult BlockIndex::MatchImpl(std::span<const BlockKey> keys, uint8_t tier_m
     const uint8_t held = it->second.tier_mask & tier_mask;
     if (held == 0) break;
     if (pin) ++it->second.pins;
-    result.tiers.push_back(FastestTier(held));
+    const TierId tier = FastestTier(held);
+    result.tiers.push_back(tier);
+    result.slots.push_back(it->second.slot[tier]);
   }
   return result;
 }
@@ -165,7 +187,7 @@ Status BlockIndex::Unpin(std::span<const BlockKey> keys) {
       }
       continue;
     }
-    --it->second.pins;
+    if (--it->second.pins == 0 && it->second.tier_mask == 0) shard.map.erase(it);
   }
   return first_error;
 }
@@ -211,6 +233,8 @@ std::optional<EvictedBlock> BlockIndex::EvictOne(TierId tier) {
     std::optional<BlockKey> victim = ts.policy->Victim(unpinned);
     if (!victim) return std::nullopt;
     uint32_t slot = kNoSlot;
+    BlockKey parent;
+    uint8_t remaining = 0;
     {
       Shard& shard = ShardFor(*victim);
       MutexLock lock(&shard.mu);
@@ -224,13 +248,15 @@ std::optional<EvictedBlock> BlockIndex::EvictOne(TierId tier) {
       Entry& e = it->second;
       if (e.pins != 0) continue;
       slot = e.slot[tier];
+      parent = e.parent;
       e.tier_mask &= static_cast<uint8_t>(~(1u << tier));
       e.slot[tier] = kNoSlot;
+      remaining = e.tier_mask;
       if (e.tier_mask == 0) shard.map.erase(it);
     }
     ts.policy->OnRemove(*victim);
     --ts.count;
-    return EvictedBlock{*victim, slot};
+    return EvictedBlock{*victim, parent, slot, remaining};
   }
   return std::nullopt;
 }

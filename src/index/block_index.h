@@ -1,8 +1,9 @@
 // BlockIndex: which tiers hold which block, in which slot, and which blocks may not move.
 //
 // Invariants (kept under the locks named below):
-//  - An entry exists for a key iff at least one tier holds it; its tier_mask says which, and
-//    slot[t] is meaningful exactly for the tiers in the mask.
+//  - An entry exists for a key iff at least one tier holds it or it is pinned (Invalidate can
+//    leave a pinned key in no tier); its tier_mask says which tiers, and slot[t] is meaningful
+//    exactly for the tiers in the mask.
 //  - A tier's eviction policy tracks exactly the keys whose mask has that tier.
 //  - A pinned entry (pins > 0) is never removed from any tier.
 //
@@ -24,20 +25,11 @@
 #include "index/eviction_policy.h"
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
+#include "kvtier/tier.h"
 
 namespace kvtier {
 
-using TierId = uint8_t;
-constexpr TierId kTierG1 = 0;  // engine memory (GPU, or host for CPU engines)
-constexpr TierId kTierG2 = 1;  // host DRAM arena
-constexpr TierId kTierG3 = 2;  // local SSD
-constexpr TierId kTierG4 = 3;  // networked storage
-constexpr TierId kNumTiers = 4;
-constexpr uint8_t kAllTiers = (1u << kNumTiers) - 1;
 constexpr uint32_t kNoSlot = 0xffffffffu;
-
-// "G1".."G4".
-const char* TierName(TierId tier);
 
 // A snapshot of one entry.
 struct BlockInfo {
@@ -56,12 +48,16 @@ struct BlockInfo {
 struct MatchResult {
   // tiers[i] is the fastest (lowest-numbered) allowed tier holding key i; size() = blocks matched.
   std::vector<TierId> tiers;
+  // slots[i] is key i's slot in tiers[i].
+  std::vector<uint32_t> slots;
   size_t num_blocks() const { return tiers.size(); }
 };
 
 struct EvictedBlock {
   BlockKey key;
+  BlockKey parent;
   uint32_t slot;
+  uint8_t remaining_tiers;  // the tiers that still hold the key after this eviction
 };
 
 class BlockIndex {
@@ -96,6 +92,11 @@ class BlockIndex {
   // hold it; FailedPrecondition when the key is pinned.
   Result<uint32_t> Remove(const BlockKey& key, TierId tier);
 
+  // Removes `key` from `tier` even when pinned, and returns its slot: for blocks found corrupt
+  // or lost. The pins stay with the key (a pinned key that is left in no tier is invisible to
+  // Match and disappears at its last Unpin). NotFound when the tier does not hold it.
+  Result<uint32_t> Invalidate(const BlockKey& key, TierId tier);
+
   // The longest run of `keys` (a prompt's keys, in order) that tiers in `tier_mask` hold.
   // Read-only: does not count hits or refresh recency, so a scheduler may ask again and again
   // for a request it cannot schedule yet. Cost: O(keys), no allocation beyond the result.
@@ -124,7 +125,7 @@ class BlockIndex {
 
   // Blocks held by `tier`.
   uint64_t TierCount(TierId tier) const;
-  // Distinct keys held by any tier.
+  // Entries: keys held by some tier, plus pinned keys that Invalidate left in none.
   uint64_t KeyCount() const;
   // Sum of pins over all entries (0 when every load finished: a leak check).
   uint64_t TotalPins() const;

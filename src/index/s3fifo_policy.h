@@ -6,10 +6,11 @@
 // 2-bit use counter, capped at 3, bumped by OnAccess; a hit never reorders anything.
 //
 //  - OnInsert: a key found in ghost goes to main (it was dropped too early), any other to small.
-//  - Victim, while small holds at least its target (or main is empty): the tail of small moves
+//  - Victim, when small holds at least its target (or main is empty): the tail of small moves
 //    to main if it was used since insertion (counter reset to 0, it must earn its stay again),
-//    otherwise it is the victim. Then from main: a tail with counter > 0 is reinserted at the
-//    head with counter - 1, one with counter 0 is the victim.
+//    otherwise it is the victim; this goes on until small yields a victim or runs out. Otherwise
+//    (or after that), from main: a tail with counter > 0 is reinserted at the head with
+//    counter - 1, one with counter 0 is the victim.
 //  - OnRemove of a block still in small records its key in ghost; ghost keeps the most recent
 //    `capacity_blocks` keys.
 //
@@ -46,10 +47,13 @@ class S3FifoPolicy final : public EvictionPolicy {
   S3FifoPolicy& operator=(const S3FifoPolicy&) = delete;
 
   PolicyKind kind() const override { return PolicyKind::kS3Fifo; }
-  // `parent` is ignored.
+  // A key remembered in ghost goes to main, any other to small. `parent` is ignored.
   void OnInsert(const BlockKey& key, const BlockKey& parent) override;
+  // Bumps the use counter (saturating at kMaxFreq); moves nothing.
   void OnAccess(const BlockKey& key) override;
+  // A key removed while in small is remembered in ghost.
   void OnRemove(const BlockKey& key) override;
+  // See the file comment; asks at most once per key.
   std::optional<BlockKey> Victim(const EvictablePredicate& evictable) override;
   size_t size() const override { return entries_.size(); }
   bool Contains(const BlockKey& key) const override { return entries_.contains(key); }

@@ -1,0 +1,172 @@
+// BlockManager: kvtier as an inference engine sees it. The connector API mirrors vLLM's KV
+// connector (v1); docs/connector.md maps each method to vLLM's, one by one.
+//
+// A request's life:
+//   scheduler  Lookup ──> (engine allocates G1 blocks) ──> PrepareLoad
+//   worker     StartLoad ──> WaitLayer(0), WaitLayer(1), ... (compute layer l once it returns)
+//   scheduler  Commit (after each step that completed full blocks)
+//   worker     StartSave
+//   scheduler  RequestFinished ──> true: keep the G1 blocks until Finished() lists the request
+//
+// Threads: scheduler-side and worker-side methods may run on different threads; each method is
+// thread-safe. Nothing here waits on I/O except WaitLayer and WaitForSaves, which exist to wait.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/config.h"
+#include "kvtier/events.h"
+#include "kvtier/g1_memory.h"
+#include "kvtier/layout.h"
+#include "kvtier/status.h"
+#include "kvtier/tier.h"
+
+namespace kvtier {
+
+struct ManagerOptions {
+  KvLayout layout;       // the engine's KV layout (G1 arrangement included)
+  std::string model_id;  // part of every key's namespace
+  Config config;         // capacities, directories, policies (see `kvtier config`)
+};
+
+// What a request is, for keying: the same tokens under another salt or adapter are other blocks.
+struct RequestSpec {
+  std::string request_id;
+  std::span<const TokenId> prompt;  // copied by Lookup
+  std::string cache_salt;           // tenant isolation; empty = shared
+  std::string adapter_id;           // LoRA adapter; empty = base model
+};
+
+struct LookupResult {
+  // Prompt tokens after `num_computed_tokens` that kvtier can load (a multiple of the block
+  // size; never the whole prompt: the last token is always left to compute).
+  uint32_t num_tokens = 0;
+  // Of those tokens' blocks, how many each tier would supply.
+  std::array<uint32_t, kNumTiers> blocks_by_tier{};
+};
+
+struct FinishedRequests {
+  // Requests that RequestFinished() kept (it returned true) whose saves are now done: the
+  // engine may free their G1 blocks.
+  std::vector<std::string> saves_done;
+  // Requests whose loads ended since the last call (successfully or not).
+  std::vector<std::string> loads_done;
+};
+
+struct ManagerStats {
+  uint64_t lookups = 0;
+  uint64_t lookup_blocks = 0;          // prompt blocks asked about (after num_computed_tokens)
+  std::array<uint64_t, kNumTiers> hit_blocks{};  // blocks loaded into G1, by source tier
+  uint64_t miss_blocks = 0;            // blocks asked about that no tier could supply
+  uint64_t load_failures = 0;          // blocks whose load failed (the engine recomputes them)
+  uint64_t saved_blocks = 0;           // blocks written to G2 by Commit/StartSave
+  uint64_t dedup_blocks = 0;           // committed blocks already stored (not saved again)
+  uint64_t dropped_saves = 0;          // saves dropped: queue full or no G2 slot free
+  uint64_t demoted_blocks = 0;         // G2 victims written to G3
+  uint64_t demotions_not_admitted = 0; // G2 victims G3's admission refused
+  uint64_t demotion_failures = 0;
+  uint64_t evicted_blocks_g2 = 0;
+  uint64_t evicted_blocks_g3 = 0;
+  uint64_t promoted_blocks = 0;        // G3 blocks staged into G2 by loads
+  uint64_t corrupt_blocks = 0;         // G3 blocks that failed verification (never served)
+  uint64_t g3_quarantines = 0;
+  bool g3_quarantined = false;
+  std::array<uint64_t, 5> bytes_by_path{};  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1(staged)
+  uint64_t g2_blocks = 0, g2_slots = 0, g2_free_slots = 0, g3_blocks = 0, g3_slots = 0;
+  uint64_t pinned_blocks = 0;          // pins held now (0 when idle: a leak check)
+  uint64_t events_emitted = 0;
+};
+
+class BlockManager {
+ public:
+  // Builds the tiers from options.config: the G2 arena (pre-faulted), G3 in g3.dir when
+  // g3.enabled (its blocks recovered from a previous run), the index and the transfer engine.
+  // InvalidArgument for a bad layout or config; the tiers' errors otherwise. A G3 that cannot
+  // open is logged and left out (kvtier runs on G2 alone) rather than failing start-up.
+  static Result<std::unique_ptr<BlockManager>> Create(const ManagerOptions& options);
+  // Finishes transfers in flight, then closes the tiers (G3 writes its restart snapshot).
+  ~BlockManager();
+  BlockManager(const BlockManager&) = delete;
+  BlockManager& operator=(const BlockManager&) = delete;
+
+  // ---- scheduler side ----
+
+  // vLLM get_num_new_matched_tokens. How many prompt tokens past `num_computed_tokens` (what
+  // the engine's own G1 prefix cache supplies; a multiple of the block size) kvtier can load.
+  // No I/O, no pins: may be asked again for a request that cannot be scheduled yet.
+  // InvalidArgument for an empty request id or a misaligned num_computed_tokens.
+  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens);
+
+  // vLLM update_state_after_alloc. The engine allocated G1 blocks for the request:
+  // `g1_block_ids[i]` holds the request's i-th block. Binds the next `num_external_tokens`
+  // (from the last Lookup) to their G1 blocks and pins their sources. Returns the tokens that
+  // will actually load, which may be fewer than asked when blocks left kvtier since the Lookup
+  // or no G2 slot was free to stage a G3 block; the engine computes the rest.
+  // NotFound for a request without a Lookup; InvalidArgument for too few G1 block ids.
+  Result<uint32_t> PrepareLoad(const std::string& request_id,
+                               std::span<const uint32_t> g1_block_ids,
+                               uint32_t num_external_tokens);
+
+  // The engine finished computing more of the request: `tokens` is everything so far (prompt
+  // and generated), `g1_block_ids` its block table. Full blocks not committed before are keyed;
+  // those kvtier already holds count as reuse, the others are queued to save to G2 (StartSave
+  // starts them). Never waits on I/O; a save that finds no free G2 slot is dropped and counted.
+  // NotFound for a request without a Lookup.
+  Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                std::span<const uint32_t> g1_block_ids);
+
+  // vLLM request_finished. True when saves still read the request's G1 blocks: the engine must
+  // keep them until Finished() lists the request in saves_done. False: free them now. Forgets
+  // the request either way (unknown ids return false).
+  bool RequestFinished(const std::string& request_id);
+
+  // ---- worker side ----
+
+  // vLLM register_kv_caches. Where G1 lives. REQUIRES: before any load or save; the layout
+  // must be the one given at Create. Unavailable for GPU memory without a CUDA backend.
+  Status RegisterDeviceMemory(const G1Memory& g1);
+
+  // vLLM start_load_kv. Starts every load that PrepareLoad bound since the last call, as one
+  // batch at load priority. Returns at once.
+  Status StartLoad();
+
+  // vLLM wait_for_layer_load. Blocks until layer `layer` of every load started by the last
+  // StartLoad has landed in G1. Ok, or the first failure: then LoadedTokens() says how much of
+  // each request arrived and the engine computes the rest.
+  Status WaitLayer(uint32_t layer);
+
+  // After the loads of the last StartLoad ended: how many tokens of the request's prompt, past
+  // its num_computed_tokens, were loaded intact (a prefix of what PrepareLoad promised).
+  uint32_t LoadedTokens(const std::string& request_id);
+
+  // vLLM save_kv_layer / wait_for_save. Starts the saves that Commit queued. Returns at once.
+  Status StartSave();
+  // Blocks until every save and every demotion to G3 started so far has ended (for tests,
+  // benchmarks and shutdown).
+  void WaitForSaves();
+
+  // vLLM get_finished.
+  FinishedRequests Finished();
+
+  // ---- observability ----
+  ManagerStats Stats();
+  // Registers a callback for every store/removal event in every tier.
+  void SubscribeEvents(KvEventCallback callback);
+  const KvLayout& layout() const;
+
+  // Internal: what Create builds (src/manager). Users cannot make an Impl; tests use it to
+  // inject faults into G3.
+  class Impl;
+  explicit BlockManager(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,875 @@
+#include <time.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/log.h"
+#include "tier/cond_wait.h"
+#include "manager/block_manager_impl.h"
+
+namespace kvtier {
+
+namespace {
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+Result<PolicyKind> PolicyFromConfig(const Config& config, const char* field) {
+  return ParsePolicyKind(config.GetString(field));
+}
+
+}  // namespace
+
+const char* KvEventKindName(KvEvent::Kind kind) {
+  return kind == KvEvent::Kind::kStored ? "stored" : "removed";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+BlockManager::Impl::Impl(const ManagerOptions& options)
+    : options_(options), layout_(options.layout), tpb_(options.layout.tokens_per_block) {}
+
+Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
+    const ManagerOptions& options, const DiskTier::OpenOptions& g3_open) {
+  KVTIER_RETURN_IF_ERROR(options.layout.Validate());
+  if (options.model_id.empty()) {
+    return Status::InvalidArgument("ManagerOptions.model_id is empty; name the model, so keys of "
+                                   "different models never collide");
+  }
+  std::unique_ptr<Impl> impl(new Impl(options));
+  KVTIER_RETURN_IF_ERROR(impl->Init(g3_open));
+  return impl;
+}
+
+Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
+  const Config& cfg = options_.config;
+  KVTIER_ASSIGN_OR_RETURN(algorithm_, ParseHashAlgorithm(cfg.GetString("hash.algorithm")));
+
+  HostArena::Config g2;
+  g2.capacity_bytes = cfg.GetBytes("g2.capacity_bytes");
+  g2.slot_bytes = kG2PayloadOffset + layout_.BlockBytes();
+  g2.hugepages = cfg.GetBool("g2.hugepages");
+  g2.lock_memory = cfg.GetBool("g2.lock_memory");
+  g2.prefault_threads = static_cast<uint32_t>(cfg.GetUint("g2.prefault_threads"));
+  if (g2.capacity_bytes < (g2.slot_bytes + 4095) / 4096 * 4096) {
+    return Status::InvalidArgument("g2.capacity_bytes = " + std::to_string(g2.capacity_bytes) +
+                                   " holds no block of this layout (" +
+                                   std::to_string(g2.slot_bytes) +
+                                   " bytes with its header area); raise it");
+  }
+  KVTIER_ASSIGN_OR_RETURN(g2_, HostArena::Create(g2));
+  {
+    MutexLock lock(&slot_mu_);
+    slot_meta_.resize(g2_->num_slots());
+    slot_tokens_.resize(size_t{g2_->num_slots()} * tpb_);
+  }
+
+  std::vector<RecoveredBlock> recovered;
+  if (cfg.GetBool("g3.enabled")) {
+    DiskTier::Config dc;
+    dc.dir = cfg.GetString("g3.dir");
+    dc.capacity_bytes = cfg.GetBytes("g3.capacity_bytes");
+    dc.payload_bytes = layout_.BlockBytes();
+    dc.layout_fingerprint = layout_.Fingerprint();
+    dc.num_files = static_cast<uint32_t>(cfg.GetUint("g3.files"));
+    dc.queue_depth = static_cast<uint32_t>(cfg.GetUint("g3.queue_depth"));
+    dc.quarantine_after_errors = static_cast<uint32_t>(cfg.GetUint("g3.quarantine_after_errors"));
+    dc.reprobe_interval_ms = static_cast<uint32_t>(cfg.GetUint("g3.reprobe_interval_ms"));
+    // Frequency admission is the manager's (it sees every use); the tier keeps only the budget.
+    dc.admission.min_seen = 1;
+    dc.admission.write_budget_bytes_per_s = cfg.GetBytes("g3.write_budget_bytes_per_s");
+    auto opened = DiskTier::Open(dc, g3_open);
+    if (opened.ok()) {
+      g3_ = std::move(opened->tier);
+      recovered = std::move(opened->recovered);
+    } else {
+      KVTIER_LOG(kWarn) << "G3 could not open in " << dc.dir << ": " << opened.status().ToString()
+                        << "; running without the SSD tier";
+    }
+  }
+
+  BlockIndex::Config ic;
+  ic.num_shards = static_cast<uint32_t>(cfg.GetUint("index.shards"));
+  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG2].policy, PolicyFromConfig(cfg, "g2.policy"));
+  ic.tiers[kTierG2].capacity_blocks = g2_->num_slots();
+  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG3].policy, PolicyFromConfig(cfg, "g3.policy"));
+  ic.tiers[kTierG3].capacity_blocks = g3_ ? g3_->num_slots() : 0;
+  KVTIER_ASSIGN_OR_RETURN(index_, BlockIndex::Create(ic));
+
+  AdmissionFilter::Config fc;
+  fc.min_seen = static_cast<uint32_t>(cfg.GetUint("g3.admit_min_seen"));
+  fc.expected_keys = std::max<uint64_t>(4096, 4ull * (g3_ ? g3_->num_slots() : 0));
+  KVTIER_ASSIGN_OR_RETURN(g3_filter_, AdmissionFilter::Create(fc));
+
+  TransferEngine::Config tc;
+  tc.copy_threads = static_cast<uint32_t>(cfg.GetUint("transfer.copy_threads"));
+  tc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("transfer.max_queued_saves"));
+  KVTIER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(tc));
+  KVTIER_RETURN_IF_ERROR(engine_->RegisterHostArena(g2_.get(), layout_));
+  if (g3_) {
+    Status s = engine_->RegisterDisk(g3_.get());
+    if (!s.ok()) {
+      KVTIER_LOG(kWarn) << "G3 left out: " << s.ToString();
+      g3_.reset();
+    }
+  }
+  if (g3_) {
+    // Warm restart: what G3 held before is servable again.
+    MutexLock lock(&events_mu_);
+    for (const RecoveredBlock& b : recovered) {
+      if (index_->Insert(b.key, b.parent, kTierG3, b.slot).ok()) {
+        recovered_events_.push_back(Event(KvEvent::Kind::kStored, b.key, b.parent, kTierG3));
+      }
+    }
+    KVTIER_LOG(kInfo) << "G3: " << recovered.size() << " blocks recovered from "
+                      << cfg.GetString("g3.dir");
+  }
+  return Status::Ok();
+}
+
+BlockManager::Impl::~Impl() {
+  // The engine drains first: its callbacks use the index, the arena and the request table.
+  engine_.reset();
+  if (g3_) {
+    Status s = g3_->Close();
+    if (!s.ok()) KVTIER_LOG(kWarn) << "G3 close: " << s.ToString();
+  }
+}
+
+Result<const BlockHasher*> BlockManager::Impl::HasherFor(const std::string& salt,
+                                                         const std::string& adapter) {
+  MutexLock lock(&hashers_mu_);
+  auto& slot = hashers_[{salt, adapter}];
+  if (!slot) {
+    KeyNamespace ns{options_.model_id, layout_.Fingerprint(), salt, adapter};
+    KVTIER_ASSIGN_OR_RETURN(BlockHasher h, BlockHasher::Create(ns, tpb_, algorithm_));
+    slot = std::make_unique<BlockHasher>(std::move(h));
+  }
+  return slot.get();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+KvEvent BlockManager::Impl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
+                                  TierId tier) const {
+  return KvEvent{kind, key, parent, tier, NowNs()};
+}
+
+void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
+  if (events.empty()) return;
+  c_.events.fetch_add(events.size(), std::memory_order_relaxed);
+  std::vector<KvEventCallback> subs;
+  {
+    MutexLock lock(&events_mu_);
+    subs = subscribers_;
+  }
+  for (const auto& cb : subs) cb(events);
+}
+
+void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
+  std::vector<KvEvent> replay;
+  {
+    MutexLock lock(&events_mu_);
+    subscribers_.push_back(callback);
+    // The first subscriber learns of the blocks G3 recovered at start-up.
+    replay.swap(recovered_events_);
+  }
+  if (!replay.empty()) callback(replay);
+}
+
+// ---------------------------------------------------------------------------------------------
+// G2 slots, demotion to G3
+
+void BlockManager::Impl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
+                                     std::span<const TokenId> tokens) {
+  MutexLock lock(&slot_mu_);
+  slot_meta_[slot] = meta;
+  std::fill_n(slot_tokens_.begin() + size_t{slot} * tpb_, tpb_, TokenId{0});
+  std::copy_n(tokens.begin(), std::min<size_t>(tokens.size(), tpb_),
+              slot_tokens_.begin() + size_t{slot} * tpb_);
+}
+
+void BlockManager::Impl::ReleaseG2Slot(uint32_t slot) {
+  Status s = g2_->Release(slot);
+  if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
+}
+
+bool BlockManager::Impl::AdmitToG3(const BlockKey& key) {
+  if (!g3_ || g3_->quarantined()) return false;
+  if (g3_filter_->Estimate(key) < g3_filter_->min_seen()) return false;
+  return g3_->Admit(key) == DiskAdmission::Decision::kAdmit;
+}
+
+void BlockManager::Impl::MakeRoomInG3() {
+  // Blocks in G3 plus demotions in flight must fit its slots.
+  while (index_->TierCount(kTierG3) + demotions_in_flight_.load() >= g3_->num_slots()) {
+    auto victim = index_->EvictOne(kTierG3);
+    if (!victim) return;
+    c_.evicted_g3.fetch_add(1, std::memory_order_relaxed);
+    Status s = g3_->Remove(victim->key);
+    if (!s.ok() && !s.Is(StatusCode::kNotFound)) {
+      KVTIER_LOG(kWarn) << "G3 remove of an evicted block: " << s.ToString();
+    }
+    Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG3)});
+  }
+}
+
+void BlockManager::Impl::Demote(const EvictedBlock& victim) {
+  BlockTransfer m;
+  m.op = BlockTransfer::Op::kG2ToG3;
+  m.key = victim.key;
+  m.parent = victim.parent;
+  m.g2_slot = victim.slot;
+  {
+    MutexLock lock(&slot_mu_);
+    m.namespace_id = slot_meta_[victim.slot].namespace_id;
+    m.tokens.assign(slot_tokens_.begin() + size_t{victim.slot} * tpb_,
+                    slot_tokens_.begin() + size_t{victim.slot + 1} * tpb_);
+  }
+  MakeRoomInG3();
+  demotions_in_flight_.fetch_add(1);
+  const uint32_t slot = victim.slot;
+  const BlockKey key = victim.key, parent = victim.parent;
+  auto job = engine_->Submit(
+      {std::move(m)}, TransferPriority::kSave,
+      [this, slot, key, parent](size_t, const Status& s) {
+        if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
+          if (index_->Insert(key, parent, kTierG3, 0).ok()) {
+            c_.demoted.fetch_add(1, std::memory_order_relaxed);
+            Emit({Event(KvEvent::Kind::kStored, key, parent, kTierG3)});
+          }
+        } else {
+          c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
+        }
+        ReleaseG2Slot(slot);
+        EndDemotion();
+      });
+  if (!job.ok()) {
+    c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
+    ReleaseG2Slot(slot);
+    EndDemotion();
+  }
+}
+
+bool BlockManager::Impl::EvictFromG2() {
+  auto victim = index_->EvictOne(kTierG2);
+  if (!victim) return false;
+  c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
+  Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
+  const bool in_g3 = (victim->remaining_tiers >> kTierG3) & 1u;
+  if (!in_g3 && AdmitToG3(victim->key)) {
+    Demote(*victim);  // the slot frees when the write ends
+  } else {
+    if (!in_g3 && g3_) c_.not_admitted.fetch_add(1, std::memory_order_relaxed);
+    ReleaseG2Slot(victim->slot);
+  }
+  return true;
+}
+
+std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
+  std::optional<uint32_t> slot = g2_->Allocate();
+  // Each round frees a slot now (a victim G3 does not take) or starts a demotion. Bounded, so
+  // a caller never spins and never waits on I/O.
+  for (int round = 0; !slot && round < 16; ++round) {
+    if (!EvictFromG2()) break;
+    slot = g2_->Allocate();
+  }
+  // Keep a reserve of free (or soon free) slots, so the next saves and staged loads find one
+  // without waiting for a demotion write.
+  const uint32_t reserve = std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
+  for (uint32_t round = 0; round < 2 * reserve; ++round) {
+    if (g2_->free_slots() + demotions_in_flight_.load() >= reserve) break;
+    if (!EvictFromG2()) break;
+  }
+  return slot;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduler side
+
+Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
+                                                uint32_t num_computed_tokens) {
+  if (spec.request_id.empty()) return Status::InvalidArgument("Lookup: empty request_id");
+  if (num_computed_tokens % tpb_ != 0) {
+    return Status::InvalidArgument("Lookup: num_computed_tokens = " +
+                                   std::to_string(num_computed_tokens) +
+                                   " is not a multiple of the block size " + std::to_string(tpb_));
+  }
+  KVTIER_ASSIGN_OR_RETURN(const BlockHasher* hasher, HasherFor(spec.cache_salt, spec.adapter_id));
+  c_.lookups.fetch_add(1, std::memory_order_relaxed);
+
+  std::vector<BlockKey> keys;
+  bool reuse_keys = false;
+  {
+    MutexLock lock(&mu_);
+    auto it = requests_.find(spec.request_id);
+    if (it != requests_.end() && it->second.hasher == hasher &&
+        it->second.tokens.size() >= spec.prompt.size() &&
+        std::equal(spec.prompt.begin(), spec.prompt.end(), it->second.tokens.begin())) {
+      keys = it->second.keys;  // asked again: no need to hash again
+      reuse_keys = true;
+    }
+  }
+  if (!reuse_keys) keys = hasher->KeysFor(spec.prompt);
+  const uint32_t prompt_blocks = static_cast<uint32_t>(spec.prompt.size() / tpb_);
+  // The last prompt token is always computed (the engine needs its logits).
+  const uint32_t max_blocks =
+      spec.prompt.empty() ? 0 : static_cast<uint32_t>((spec.prompt.size() - 1) / tpb_);
+  const uint32_t start = num_computed_tokens / tpb_;
+
+  LookupResult result;
+  uint32_t loadable = 0;
+  if (start < max_blocks) {
+    MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
+                                  static_cast<uint8_t>(kAllTiers & ~(1u << kTierG1)));
+    if (m.num_blocks() > start) {
+      loadable = static_cast<uint32_t>(m.num_blocks()) - start;
+      for (size_t i = start; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
+    }
+  }
+  result.num_tokens = loadable * tpb_;
+
+  MutexLock lock(&mu_);
+  Request& r = requests_[spec.request_id];
+  if (!reuse_keys) {
+    r.tokens.assign(spec.prompt.begin(), spec.prompt.end());
+    r.keys = std::move(keys);
+    r.committed_blocks = std::min(r.committed_blocks, prompt_blocks);
+  }
+  r.hasher = hasher;
+  r.namespace_id = hasher->root().hi;
+  r.lookup_start = start;
+  r.lookup_blocks = loadable;
+  return result;
+}
+
+Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
+                                                 std::span<const uint32_t> g1_block_ids,
+                                                 uint32_t num_external_tokens) {
+  if (num_external_tokens % tpb_ != 0) {
+    return Status::InvalidArgument("PrepareLoad: num_external_tokens = " +
+                                   std::to_string(num_external_tokens) +
+                                   " is not a multiple of the block size");
+  }
+  uint32_t start, want, asked;
+  std::vector<BlockKey> keys;
+  std::vector<TokenId> tokens;
+  uint64_t ns;
+  {
+    MutexLock lock(&mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) {
+      return Status::NotFound("PrepareLoad: request '" + request_id + "' had no Lookup");
+    }
+    Request& r = it->second;
+    want = num_external_tokens / tpb_;
+    if (want > r.lookup_blocks) {
+      return Status::InvalidArgument("PrepareLoad: " + std::to_string(num_external_tokens) +
+                                     " tokens asked, but the last Lookup offered " +
+                                     std::to_string(r.lookup_blocks * tpb_));
+    }
+    start = r.lookup_start;
+    if (g1_block_ids.size() < start + want) {
+      return Status::InvalidArgument("PrepareLoad: " + std::to_string(g1_block_ids.size()) +
+                                     " G1 block ids given; the load needs " +
+                                     std::to_string(start + want));
+    }
+    if (r.load_in_flight) {
+      return Status::FailedPrecondition("PrepareLoad: request '" + request_id +
+                                        "' already has a load in flight");
+    }
+    keys.assign(r.keys.begin() + start, r.keys.begin() + start + want);
+    tokens.assign(r.tokens.begin() + size_t{start} * tpb_,
+                  r.tokens.begin() + size_t{start + want} * tpb_);
+    ns = r.namespace_id;
+    const uint32_t prompt_blocks = static_cast<uint32_t>(r.tokens.size() / tpb_);
+    asked = prompt_blocks > start ? prompt_blocks - start : 0;
+  }
+  c_.lookup_blocks.fetch_add(asked, std::memory_order_relaxed);
+
+  MatchResult m = index_->MatchAndPin(keys, static_cast<uint8_t>((1u << kTierG2) | (1u << kTierG3)));
+  std::vector<PlannedLoad> plan;
+  size_t planned = 0;
+  for (; planned < m.num_blocks(); ++planned) {
+    PlannedLoad p;
+    p.request_id = request_id;
+    p.block_index = start + static_cast<uint32_t>(planned);
+    p.key = keys[planned];
+    p.namespace_id = ns;
+    p.source = m.tiers[planned];
+    p.g1_block = g1_block_ids[start + planned];
+    if (p.source == kTierG2) {
+      p.g2_slot = m.slots[planned];
+    } else {
+      std::optional<uint32_t> staging = AllocateG2Slot();
+      if (!staging) break;  // no room to stage: the engine computes the rest
+      p.g2_slot = *staging;
+      p.tokens.assign(tokens.begin() + planned * tpb_, tokens.begin() + (planned + 1) * tpb_);
+    }
+    plan.push_back(std::move(p));
+  }
+  if (planned < m.num_blocks()) {
+    KVTIER_RETURN_IF_ERROR(
+        index_->Unpin(std::span<const BlockKey>(keys).subspan(planned, m.num_blocks() - planned)));
+  }
+  // Lineage parents for the index: block i's parent is block i-1 (or the root for block 0).
+  {
+    MutexLock lock(&mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) {
+      // Finished while we planned: undo.
+      for (const PlannedLoad& p : plan) {
+        if (p.source == kTierG3) ReleaseG2Slot(p.g2_slot);
+      }
+      KVTIER_RETURN_IF_ERROR(index_->Unpin(std::span<const BlockKey>(keys).subspan(0, plan.size())));
+      return Status::NotFound("PrepareLoad: request '" + request_id + "' finished meanwhile");
+    }
+    Request& r = it->second;
+    for (PlannedLoad& p : plan) {
+      p.parent = p.block_index == 0 ? r.hasher->root() : r.keys[p.block_index - 1];
+    }
+    r.load_first = start;
+    r.load_planned = static_cast<uint32_t>(plan.size());
+    r.loaded_blocks = 0;
+    r.load_in_flight = !plan.empty();
+    for (auto& p : plan) pending_loads_.push_back(std::move(p));
+  }
+  c_.miss_blocks.fetch_add(asked - planned, std::memory_order_relaxed);
+  return static_cast<uint32_t>(planned) * tpb_;
+}
+
+Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                                  std::span<const uint32_t> g1_block_ids) {
+  struct Candidate {
+    BlockKey key, parent;
+    uint32_t g1_block;
+    std::vector<TokenId> tokens;
+  };
+  std::vector<Candidate> candidates;
+  std::vector<BlockKey> seen;
+  uint64_t ns;
+  {
+    MutexLock lock(&mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) {
+      return Status::NotFound("Commit: request '" + request_id + "' had no Lookup");
+    }
+    Request& r = it->second;
+    ns = r.namespace_id;
+    // Adopt the engine's view of the tokens; re-key from the first block that changed.
+    size_t same = 0;
+    while (same < r.tokens.size() && same < tokens.size() && r.tokens[same] == tokens[same]) ++same;
+    const size_t valid_blocks = same / tpb_;
+    if (r.keys.size() > valid_blocks) r.keys.resize(valid_blocks);
+    r.committed_blocks = std::min<uint32_t>(r.committed_blocks, static_cast<uint32_t>(valid_blocks));
+    r.tokens.assign(tokens.begin(), tokens.end());
+    const BlockKey parent0 = r.keys.empty() ? r.hasher->root() : r.keys.back();
+    r.hasher->AppendKeys(std::span<const TokenId>(r.tokens).subspan(r.keys.size() * tpb_), parent0,
+                         &r.keys);
+    const uint32_t full = static_cast<uint32_t>(r.keys.size());
+    if (g1_block_ids.size() < full) {
+      return Status::InvalidArgument("Commit: " + std::to_string(full) + " full blocks but " +
+                                     std::to_string(g1_block_ids.size()) + " G1 block ids");
+    }
+    for (uint32_t i = r.committed_blocks; i < full; ++i) {
+      const BlockKey& key = r.keys[i];
+      seen.push_back(key);
+      const bool loaded = i >= r.load_first && i < r.load_first + r.loaded_blocks;
+      if (loaded || saving_keys_.count(key)) continue;
+      candidates.push_back(Candidate{
+          key, i == 0 ? r.hasher->root() : r.keys[i - 1], g1_block_ids[i],
+          std::vector<TokenId>(r.tokens.begin() + size_t{i} * tpb_,
+                               r.tokens.begin() + size_t{i + 1} * tpb_)});
+    }
+    r.committed_blocks = full;
+    // Held from now on: RequestFinished must not let the engine free these G1 blocks while a
+    // save may still read them.
+    r.saves_in_flight += static_cast<uint32_t>(candidates.size());
+  }
+  for (const BlockKey& k : seen) g3_filter_->RecordAndCheck(k);
+
+  // Blocks kvtier already holds are reuse, not saves.
+  std::vector<Candidate> to_save;
+  std::vector<BlockKey> reused;
+  for (Candidate& c : candidates) {
+    if (index_->Get(c.key).has_value()) {
+      reused.push_back(c.key);
+    } else {
+      to_save.push_back(std::move(c));
+    }
+  }
+  if (!reused.empty()) {
+    index_->Touch(reused);
+    c_.dedup.fetch_add(reused.size(), std::memory_order_relaxed);
+  }
+  uint32_t released = static_cast<uint32_t>(reused.size());
+  {
+    // Claim the keys, so a concurrent commit of the same prefix does not save it twice.
+    MutexLock lock(&mu_);
+    const size_t before = to_save.size();
+    std::erase_if(to_save, [&](const Candidate& c) { return !saving_keys_.insert(c.key).second; });
+    released += static_cast<uint32_t>(before - to_save.size());
+  }
+  std::vector<PendingSave> saves;
+  std::vector<BlockKey> unclaimed;
+  for (const Candidate& c : to_save) {
+    std::optional<uint32_t> slot = AllocateG2Slot();
+    if (!slot) {
+      c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+      unclaimed.push_back(c.key);
+      continue;
+    }
+    SetSlotMeta(*slot, SlotMeta{c.key, c.parent, ns}, c.tokens);
+    saves.push_back(PendingSave{request_id, c.key, c.parent, c.g1_block, *slot});
+  }
+  released += static_cast<uint32_t>(unclaimed.size());
+  MutexLock lock(&mu_);
+  for (const BlockKey& k : unclaimed) saving_keys_.erase(k);
+  for (auto& s : saves) pending_saves_.push_back(std::move(s));
+  if (released > 0) ReleaseSaveHolds(request_id, released);
+  return Status::Ok();
+}
+
+void BlockManager::Impl::ReleaseSaveHolds(const std::string& request_id, uint32_t n) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  Request& r = it->second;
+  r.saves_in_flight -= std::min(n, r.saves_in_flight);
+  if (r.finished && r.saves_in_flight == 0 && !r.load_in_flight) {
+    saves_done_.push_back(request_id);
+    requests_.erase(it);
+  }
+}
+
+void BlockManager::Impl::EndSave(const std::string& request_id, const BlockKey& key) {
+  MutexLock lock(&mu_);
+  saving_keys_.erase(key);
+  --saves_outstanding_;
+  ReleaseSaveHolds(request_id, 1);
+  if (saves_outstanding_ == 0) saves_cv_.notify_all();
+}
+
+bool BlockManager::Impl::RequestFinished(const std::string& request_id) {
+  MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return false;
+  Request& r = it->second;
+  if (r.saves_in_flight == 0 && !r.load_in_flight) {
+    requests_.erase(it);
+    return false;
+  }
+  r.finished = true;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker side
+
+Status BlockManager::Impl::RegisterDeviceMemory(const G1Memory& g1) {
+  if (g1.layout.Fingerprint() != layout_.Fingerprint() ||
+      g1.layout.g1_arrangement != layout_.g1_arrangement) {
+    return Status::InvalidArgument("RegisterDeviceMemory: layout " + g1.layout.ToString() +
+                                   " differs from the manager's " + layout_.ToString());
+  }
+  KVTIER_RETURN_IF_ERROR(engine_->RegisterG1(g1));
+  g1_registered_ = true;
+  return Status::Ok();
+}
+
+Status BlockManager::Impl::StartSave() {
+  std::vector<PendingSave> saves;
+  {
+    MutexLock lock(&mu_);
+    saves.swap(pending_saves_);
+    saves_outstanding_ += saves.size();
+  }
+  if (saves.empty()) return Status::Ok();
+  if (!g1_registered_) {
+    for (const auto& s : saves) {
+      ReleaseG2Slot(s.g2_slot);
+      EndSave(s.request_id, s.key);
+    }
+    return Status::FailedPrecondition("StartSave before RegisterDeviceMemory");
+  }
+  std::vector<BlockTransfer> moves;
+  moves.reserve(saves.size());
+  for (const auto& s : saves) {
+    BlockTransfer m;
+    m.op = BlockTransfer::Op::kG1ToG2;
+    m.g1_block = s.g1_block;
+    m.g2_slot = s.g2_slot;
+    moves.push_back(std::move(m));
+  }
+  auto shared = std::make_shared<std::vector<PendingSave>>(std::move(saves));
+  auto job = engine_->Submit(std::move(moves), TransferPriority::kSave,
+                             [this, shared](size_t i, const Status& st) {
+                               const PendingSave& s = (*shared)[i];
+                               bool stored = false;
+                               if (st.ok()) {
+                                 stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
+                               }
+                               if (stored) {
+                                 c_.saved.fetch_add(1, std::memory_order_relaxed);
+                                 Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
+                               } else {
+                                 if (!st.ok()) c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+                                 ReleaseG2Slot(s.g2_slot);
+                               }
+                               EndSave(s.request_id, s.key);
+                             });
+  if (!job.ok()) {
+    // The queue is full: the offload is dropped, never waited for.
+    c_.dropped_saves.fetch_add(shared->size(), std::memory_order_relaxed);
+    for (const auto& s : *shared) {
+      ReleaseG2Slot(s.g2_slot);
+      EndSave(s.request_id, s.key);
+    }
+    return job.status().Is(StatusCode::kResourceExhausted) ? Status::Ok() : job.status();
+  }
+  return Status::Ok();
+}
+
+void BlockManager::Impl::WaitForSaves() {
+  MutexLock lock(&mu_);
+  while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0) CondWait(&saves_cv_, &mu_);
+}
+
+void BlockManager::Impl::EndDemotion() {
+  MutexLock lock(&mu_);
+  demotions_in_flight_.fetch_sub(1);
+  saves_cv_.notify_all();
+}
+
+Status BlockManager::Impl::StartLoad() {
+  std::vector<PlannedLoad> loads;
+  {
+    MutexLock lock(&mu_);
+    loads.swap(pending_loads_);
+  }
+  if (loads.empty()) {
+    MutexLock lock(&mu_);
+    load_job_.reset();
+    return Status::Ok();
+  }
+  if (!g1_registered_) return Status::FailedPrecondition("StartLoad before RegisterDeviceMemory");
+  std::vector<BlockTransfer> moves;
+  moves.reserve(loads.size());
+  for (const PlannedLoad& p : loads) {
+    BlockTransfer m;
+    m.op = p.source == kTierG2 ? BlockTransfer::Op::kG2ToG1 : BlockTransfer::Op::kG3ToG1;
+    m.key = p.key;
+    m.parent = p.parent;
+    m.namespace_id = p.namespace_id;
+    m.tokens = p.tokens;
+    m.g1_block = p.g1_block;
+    m.g2_slot = p.g2_slot;
+    moves.push_back(std::move(m));
+  }
+  auto shared = std::make_shared<std::vector<PlannedLoad>>(std::move(loads));
+  auto job = engine_->Submit(
+      std::move(moves), TransferPriority::kLoad,
+      [this, shared](size_t i, const Status& st) {
+        const PlannedLoad& p = (*shared)[i];
+        if (p.source != kTierG3) return;
+        if (st.ok()) {
+          // The staged copy stays: the block is promoted to G2.
+          SetSlotMeta(p.g2_slot, SlotMeta{p.key, p.parent, p.namespace_id}, p.tokens);
+          if (index_->Insert(p.key, p.parent, kTierG2, p.g2_slot).ok()) {
+            c_.promoted.fetch_add(1, std::memory_order_relaxed);
+            Emit({Event(KvEvent::Kind::kStored, p.key, p.parent, kTierG2)});
+          } else {
+            ReleaseG2Slot(p.g2_slot);
+          }
+          return;
+        }
+        ReleaseG2Slot(p.g2_slot);
+        if (st.Is(StatusCode::kCorruption) || st.Is(StatusCode::kNotFound)) {
+          // The tier dropped the block (it failed verification, or vanished): so does the index.
+          if (st.Is(StatusCode::kCorruption)) c_.corrupt.fetch_add(1, std::memory_order_relaxed);
+          if (index_->Invalidate(p.key, kTierG3).ok()) {
+            Emit({Event(KvEvent::Kind::kRemoved, p.key, p.parent, kTierG3)});
+          }
+        }
+      },
+      [this, shared](const TransferJob& j) { OnLoadBatchDone(*shared, j); });
+  if (!job.ok()) {
+    // Unreachable for loads unless a move is invalid (a bug): undo the pins and staging slots.
+    KVTIER_LOG(kError) << "internal: load batch refused: " << job.status().ToString();
+    auto dummy = std::make_shared<TransferJob>(std::vector<BlockTransfer>{}, layout_.num_layers,
+                                               TransferPriority::kLoad);
+    for (const PlannedLoad& p : *shared) {
+      if (p.source == kTierG3) ReleaseG2Slot(p.g2_slot);
+    }
+    OnLoadBatchDone(*shared, *dummy);
+    return job.status();
+  }
+  MutexLock lock(&mu_);
+  load_job_ = *job;
+  return Status::Ok();
+}
+
+void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
+                                         const TransferJob& job) {
+  std::vector<BlockKey> pinned, hits;
+  pinned.reserve(loads.size());
+  std::vector<std::pair<std::string, uint32_t>> intact;  // request -> blocks loaded intact
+  std::unordered_map<std::string, bool> broken;
+  for (size_t i = 0; i < loads.size(); ++i) {
+    const PlannedLoad& p = loads[i];
+    pinned.push_back(p.key);
+    const bool ok = i < job.moves().size() && job.MoveStatus(i).ok();
+    bool& is_broken = broken[p.request_id];
+    if (ok && !is_broken) {
+      hits.push_back(p.key);
+      c_.hit_blocks[p.source].fetch_add(1, std::memory_order_relaxed);
+      if (intact.empty() || intact.back().first != p.request_id) intact.emplace_back(p.request_id, 0);
+      ++intact.back().second;
+    } else {
+      if (!ok) c_.load_failures.fetch_add(1, std::memory_order_relaxed);
+      is_broken = true;  // blocks after a failed one are not usable either (prefix semantics)
+    }
+  }
+  Status s = index_->Unpin(pinned);
+  if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
+  index_->Touch(hits);
+  for (const BlockKey& k : hits) g3_filter_->RecordAndCheck(k);
+
+  MutexLock lock(&mu_);
+  std::unordered_set<std::string> done;
+  for (const PlannedLoad& p : loads) done.insert(p.request_id);
+  for (const std::string& id : done) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& r = it->second;
+    r.loaded_blocks = 0;
+    for (const auto& [rid, n] : intact) {
+      if (rid == id) r.loaded_blocks += n;
+    }
+    r.load_in_flight = false;
+    loads_done_.push_back(id);
+    if (r.finished && r.saves_in_flight == 0) {
+      saves_done_.push_back(id);
+      requests_.erase(it);
+    }
+  }
+}
+
+Status BlockManager::Impl::WaitLayer(uint32_t layer) {
+  std::shared_ptr<TransferJob> job;
+  {
+    MutexLock lock(&mu_);
+    job = load_job_;
+  }
+  if (!job) {
+    if (layer >= layout_.num_layers) {
+      return Status::InvalidArgument("WaitLayer(" + std::to_string(layer) + "): the layout has " +
+                                     std::to_string(layout_.num_layers) + " layers");
+    }
+    return Status::Ok();
+  }
+  return job->WaitLayer(layer);
+}
+
+uint32_t BlockManager::Impl::LoadedTokens(const std::string& request_id) {
+  std::shared_ptr<TransferJob> job;
+  {
+    MutexLock lock(&mu_);
+    job = load_job_;
+  }
+  if (job) (void)job->Wait();
+  MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return 0;
+  return it->second.loaded_blocks * tpb_;
+}
+
+FinishedRequests BlockManager::Impl::Finished() {
+  FinishedRequests f;
+  MutexLock lock(&mu_);
+  f.saves_done.swap(saves_done_);
+  f.loads_done.swap(loads_done_);
+  return f;
+}
+
+ManagerStats BlockManager::Impl::Stats() {
+  ManagerStats s;
+  s.lookups = c_.lookups.load();
+  s.lookup_blocks = c_.lookup_blocks.load();
+  for (TierId t = 0; t < kNumTiers; ++t) s.hit_blocks[t] = c_.hit_blocks[t].load();
+  s.miss_blocks = c_.miss_blocks.load();
+  s.load_failures = c_.load_failures.load();
+  s.saved_blocks = c_.saved.load();
+  s.dedup_blocks = c_.dedup.load();
+  s.dropped_saves = c_.dropped_saves.load();
+  s.demoted_blocks = c_.demoted.load();
+  s.demotions_not_admitted = c_.not_admitted.load();
+  s.demotion_failures = c_.demotion_failures.load();
+  s.evicted_blocks_g2 = c_.evicted_g2.load();
+  s.evicted_blocks_g3 = c_.evicted_g3.load();
+  s.promoted_blocks = c_.promoted.load();
+  s.corrupt_blocks = c_.corrupt.load();
+  s.events_emitted = c_.events.load();
+  const TransferEngine::Stats ts = engine_->stats();
+  s.bytes_by_path = ts.bytes_by_op;
+  s.g2_blocks = index_->TierCount(kTierG2);
+  s.g2_slots = g2_->num_slots();
+  s.g2_free_slots = g2_->free_slots();
+  if (g3_) {
+    const DiskTierStats ds = g3_->stats();
+    s.g3_blocks = index_->TierCount(kTierG3);
+    s.g3_slots = g3_->num_slots();
+    s.g3_quarantines = ds.quarantines;
+    s.g3_quarantined = ds.quarantined;
+    s.corrupt_blocks = std::max<uint64_t>(s.corrupt_blocks, ds.verify_failures);
+  }
+  s.pinned_blocks = index_->TotalPins();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The public facade
+
+BlockManager::BlockManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BlockManager::~BlockManager() = default;
+
+Result<std::unique_ptr<BlockManager>> BlockManager::Create(const ManagerOptions& options) {
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Create(options));
+  return std::unique_ptr<BlockManager>(new BlockManager(std::move(impl)));
+}
+
+Result<LookupResult> BlockManager::Lookup(const RequestSpec& request, uint32_t num_computed_tokens) {
+  return impl_->Lookup(request, num_computed_tokens);
+}
+Result<uint32_t> BlockManager::PrepareLoad(const std::string& request_id,
+                                           std::span<const uint32_t> g1_block_ids,
+                                           uint32_t num_external_tokens) {
+  return impl_->PrepareLoad(request_id, g1_block_ids, num_external_tokens);
+}
+Status BlockManager::Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                            std::span<const uint32_t> g1_block_ids) {
+  return impl_->Commit(request_id, tokens, g1_block_ids);
+}
+bool BlockManager::RequestFinished(const std::string& request_id) {
+  return impl_->RequestFinished(request_id);
+}
+Status BlockManager::RegisterDeviceMemory(const G1Memory& g1) { return impl_->RegisterDeviceMemory(g1); }
+Status BlockManager::StartLoad() { return impl_->StartLoad(); }
+Status BlockManager::WaitLayer(uint32_t layer) { return impl_->WaitLayer(layer); }
+uint32_t BlockManager::LoadedTokens(const std::string& request_id) {
+  return impl_->LoadedTokens(request_id);
+}
+Status BlockManager::StartSave() { return impl_->StartSave(); }
+void BlockManager::WaitForSaves() { impl_->WaitForSaves(); }
+FinishedRequests BlockManager::Finished() { return impl_->Finished(); }
+ManagerStats BlockManager::Stats() { return impl_->Stats(); }
+void BlockManager::SubscribeEvents(KvEventCallback callback) {
+  impl_->SubscribeEvents(std::move(callback));
+}
+const KvLayout& BlockManager::layout() const { return impl_->layout(); }
+
+}  // namespace kvtier

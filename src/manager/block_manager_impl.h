@@ -1,0 +1,181 @@
+// BlockManager::Impl: the orchestration behind the connector API (include/kvtier/connector.h).
+//
+// Ownership: the Impl owns the tiers (G2 arena, G3 disk tier), the block index and the transfer
+// engine. Transfer callbacks run on the engine's and the disk tier's threads and update the
+// index, the slot tables and the request table.
+//
+// Locks: mu_ guards requests and the pending work lists; slot_mu_ guards the G2 slot metadata;
+// events_mu_ the subscribers. None is held while calling into the transfer engine (its Submit
+// can run callbacks on the calling thread) or while delivering events. The index has its own
+// locks (always taken after ours, never before).
+//
+// Invariants:
+//  - A G2 slot is in exactly one of: the arena's free list; the index (G2 holds a block there);
+//    a save or a staging load in flight (not yet in the index); a demotion write in flight.
+//  - Every key pinned by PrepareLoad is unpinned exactly once, when its load batch ends.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/mutex.h"
+#include "index/admission_filter.h"
+#include "index/block_index.h"
+#include "kvtier/connector.h"
+#include "tier/disk_tier.h"
+#include "tier/host_arena.h"
+#include "transfer/transfer_engine.h"
+
+namespace kvtier {
+
+class BlockManager::Impl {
+ public:
+  // `g3_open` is the seam for tests: e.g. its wrap_io injects faults under G3.
+  static Result<std::unique_ptr<Impl>> Create(const ManagerOptions& options,
+                                              const DiskTier::OpenOptions& g3_open = {});
+  ~Impl();
+
+  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens)
+      EXCLUDES(mu_);
+  Result<uint32_t> PrepareLoad(const std::string& request_id,
+                               std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens)
+      EXCLUDES(mu_);
+  Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                std::span<const uint32_t> g1_block_ids) EXCLUDES(mu_);
+  bool RequestFinished(const std::string& request_id) EXCLUDES(mu_);
+  Status RegisterDeviceMemory(const G1Memory& g1);
+  Status StartLoad() EXCLUDES(mu_);
+  Status WaitLayer(uint32_t layer) EXCLUDES(mu_);
+  uint32_t LoadedTokens(const std::string& request_id) EXCLUDES(mu_);
+  Status StartSave() EXCLUDES(mu_);
+  void WaitForSaves() EXCLUDES(mu_);
+  FinishedRequests Finished() EXCLUDES(mu_);
+  ManagerStats Stats();
+  void SubscribeEvents(KvEventCallback callback) EXCLUDES(events_mu_);
+  const KvLayout& layout() const { return layout_; }
+
+ private:
+  struct Request {
+    const BlockHasher* hasher = nullptr;
+    uint64_t namespace_id = 0;
+    std::vector<TokenId> tokens;  // the prompt, then what Commit reported
+    std::vector<BlockKey> keys;   // keys of the full blocks of `tokens`
+    uint32_t lookup_start = 0;    // first block kvtier may supply (num_computed_tokens / tpb)
+    uint32_t lookup_blocks = 0;   // blocks the last Lookup offered
+    uint32_t load_first = 0;      // PrepareLoad: first block loaded
+    uint32_t load_planned = 0;    // PrepareLoad: blocks planned
+    uint32_t loaded_blocks = 0;   // intact prefix after the load ended
+    bool load_in_flight = false;
+    uint32_t committed_blocks = 0;
+    uint32_t saves_in_flight = 0;
+    bool finished = false;  // RequestFinished returned true; erased when nothing is in flight
+  };
+  // One block to move into G1.
+  struct PlannedLoad {
+    std::string request_id;
+    uint32_t block_index = 0;  // in the request
+    BlockKey key;
+    BlockKey parent;
+    uint64_t namespace_id = 0;
+    TierId source = kTierG2;
+    uint32_t g2_slot = 0;  // G2 source, or the staging slot of a G3 load
+    uint32_t g1_block = 0;
+    std::vector<TokenId> tokens;  // G3 loads: checked against the stored header
+  };
+  struct PendingSave {
+    std::string request_id;
+    BlockKey key;
+    BlockKey parent;
+    uint32_t g1_block = 0;
+    uint32_t g2_slot = 0;
+  };
+  // What a G2 slot holds, for its demotion to G3 (the header needs parent, namespace, tokens).
+  struct SlotMeta {
+    BlockKey key;
+    BlockKey parent;
+    uint64_t namespace_id = 0;
+  };
+
+  Impl(const ManagerOptions& options);
+  Status Init(const DiskTier::OpenOptions& g3_open);
+  Result<const BlockHasher*> HasherFor(const std::string& salt, const std::string& adapter)
+      EXCLUDES(hashers_mu_);
+  // A free G2 slot, evicting (and demoting to G3 when admitted) as needed; nullopt when every
+  // block is pinned or in flight.
+  std::optional<uint32_t> AllocateG2Slot();
+  // Evicts G2's policy victim: demoted to G3 when admitted (its slot frees when the write
+  // ends), else freed now. False when nothing in G2 is evictable.
+  bool EvictFromG2();
+  void ReleaseG2Slot(uint32_t slot);
+  void SetSlotMeta(uint32_t slot, const SlotMeta& meta, std::span<const TokenId> tokens)
+      EXCLUDES(slot_mu_);
+  bool AdmitToG3(const BlockKey& key);
+  void Demote(const EvictedBlock& victim);
+  void EndDemotion() EXCLUDES(mu_);
+  // Makes room in G3 for one more block (evicting its policy's victim) when it is full.
+  void MakeRoomInG3();
+  void Emit(std::vector<KvEvent> events) EXCLUDES(events_mu_);
+  KvEvent Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent, TierId tier) const;
+  // Ends one save of `request_id` (its G1 block is no longer read).
+  void EndSave(const std::string& request_id, const BlockKey& key) EXCLUDES(mu_);
+  // Drops n of the request's save holds; erases a finished request left with none.
+  void ReleaseSaveHolds(const std::string& request_id, uint32_t n) REQUIRES(mu_);
+  void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job)
+      EXCLUDES(mu_);
+
+  const ManagerOptions options_;
+  const KvLayout layout_;
+  const uint32_t tpb_;
+  HashAlgorithm algorithm_ = HashAlgorithm::kSha256;
+
+  std::unique_ptr<HostArena> g2_;
+  std::unique_ptr<DiskTier> g3_;
+  std::unique_ptr<BlockIndex> index_;
+  std::unique_ptr<AdmissionFilter> g3_filter_;
+  std::unique_ptr<TransferEngine> engine_;
+  bool g1_registered_ = false;
+
+  Mutex hashers_mu_;
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<BlockHasher>> hashers_
+      GUARDED_BY(hashers_mu_);
+
+  Mutex slot_mu_;
+  std::vector<SlotMeta> slot_meta_ GUARDED_BY(slot_mu_);
+  std::vector<TokenId> slot_tokens_ GUARDED_BY(slot_mu_);  // tpb per slot
+
+  Mutex mu_;
+  std::condition_variable saves_cv_;
+  std::unordered_map<std::string, Request> requests_ GUARDED_BY(mu_);
+  std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
+  std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
+  std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
+  std::shared_ptr<TransferJob> load_job_ GUARDED_BY(mu_);
+  uint64_t saves_outstanding_ GUARDED_BY(mu_) = 0;  // save moves submitted, not ended
+  std::vector<std::string> saves_done_ GUARDED_BY(mu_);
+  std::vector<std::string> loads_done_ GUARDED_BY(mu_);
+
+  std::atomic<uint32_t> demotions_in_flight_{0};
+
+  Mutex events_mu_;
+  std::vector<KvEventCallback> subscribers_ GUARDED_BY(events_mu_);
+  std::vector<KvEvent> recovered_events_ GUARDED_BY(events_mu_);  // for the first subscriber
+
+  struct Counters {
+    std::atomic<uint64_t> lookups{0}, lookup_blocks{0}, miss_blocks{0}, load_failures{0};
+    std::array<std::atomic<uint64_t>, kNumTiers> hit_blocks{};
+    std::atomic<uint64_t> saved{0}, dedup{0}, dropped_saves{0}, demoted{0}, not_admitted{0};
+    std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
+    std::atomic<uint64_t> corrupt{0}, events{0};
+  };
+  Counters c_;
+};
+
+}  // namespace kvtier

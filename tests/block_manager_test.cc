@@ -1,0 +1,257 @@
+#include "kvtier/connector.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include <gtest/gtest.h>
+
+#include "manager_test_util.h"
+
+namespace kvtier {
+namespace {
+
+using testing::KeyContent;
+using testing::MiniEngine;
+using testing::Prompt;
+using testing::SmallConfig;
+using testing::TempDirectory;
+using testing::TestLayout;
+
+std::unique_ptr<BlockManager> MakeManager(const Config& config) {
+  ManagerOptions o;
+  o.layout = TestLayout();
+  o.model_id = "test-model";
+  o.config = config;
+  auto m = BlockManager::Create(o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+TEST(BlockManagerTest, SecondRequestLoadsTheFirstOnesPrefixFromG2ByteExact) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(1, 16 * 5 + 3);  // 5 full blocks and a tail
+  auto first = engine.Run("a", prompt);
+  EXPECT_EQ(first.offered_tokens, 0u);
+  EXPECT_EQ(mgr->Stats().saved_blocks, 5u);
+  auto second = engine.Run("b", prompt);
+  EXPECT_EQ(second.offered_tokens, 16u * 5);
+  EXPECT_EQ(second.loaded_tokens, 16u * 5);
+  EXPECT_EQ(second.mismatched_blocks, 0u);
+  const ManagerStats s = mgr->Stats();
+  EXPECT_EQ(s.hit_blocks[kTierG2], 5u);
+  EXPECT_EQ(s.saved_blocks, 5u) << "loaded blocks are not saved again";
+  EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+TEST(BlockManagerTest, TheLastPromptTokenIsAlwaysLeftToCompute) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(2, 16 * 4);  // exactly 4 blocks
+  engine.Run("a", prompt);
+  auto again = engine.Run("b", prompt);
+  EXPECT_EQ(again.offered_tokens, 16u * 3);
+  EXPECT_EQ(again.loaded_tokens, 16u * 3);
+}
+
+TEST(BlockManagerTest, SharedPrefixIsReusedAcrossDifferentPrompts) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);
+  engine.Run("a", Prompt(10, 16 * 6, /*shared_prefix=*/16 * 3));
+  auto b = engine.Run("b", Prompt(11, 16 * 6, 16 * 3));
+  EXPECT_EQ(b.loaded_tokens, 16u * 3);
+  EXPECT_EQ(b.mismatched_blocks, 0u);
+}
+
+TEST(BlockManagerTest, TenantsNeverSeeEachOthersBlocks) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(3, 16 * 4 + 1);
+  engine.Run("a", prompt, "tenant-a");
+  EXPECT_EQ(engine.Run("b", prompt, "tenant-b").offered_tokens, 0u);
+  EXPECT_EQ(engine.Run("c", prompt, "tenant-a").offered_tokens, 16u * 4);
+}
+
+TEST(BlockManagerTest, G2VictimsAreDemotedToG3AndLoadBackExactly) {
+  TempDirectory dir;
+  auto mgr = MakeManager(SmallConfig(dir.path(), 6, 64));
+  MiniEngine engine(mgr.get(), 64);
+  const auto first = Prompt(20, 16 * 4 + 1);
+  engine.Run("p0", first);
+  for (uint32_t i = 1; i <= 4; ++i) engine.Run("p" + std::to_string(i), Prompt(20 + i, 16 * 4 + 1));
+  mgr->WaitForSaves();
+  ManagerStats s = mgr->Stats();
+  EXPECT_GT(s.demoted_blocks, 0u);
+  EXPECT_GT(s.evicted_blocks_g2, 0u);
+  EXPECT_EQ(s.g2_blocks + s.g2_free_slots, s.g2_slots) << "no G2 slot leaked";
+  auto back = engine.Run("again", first);
+  // Staging G3 blocks needs free G2 slots; in a 6-slot G2 whose victims are all being demoted,
+  // some may not be free yet, and then fewer blocks are planned (never a wrong one).
+  EXPECT_GT(back.planned_tokens, 0u);
+  EXPECT_EQ(back.loaded_tokens, back.planned_tokens);
+  EXPECT_EQ(back.mismatched_blocks, 0u);
+  s = mgr->Stats();
+  EXPECT_GT(s.hit_blocks[kTierG3], 0u);
+  EXPECT_GT(s.promoted_blocks, 0u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
+  TempDirectory dir;
+  const auto prompt = Prompt(30, 16 * 4 + 1);
+  {
+    auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+    MiniEngine engine(mgr.get(), 64);
+    engine.Run("a", prompt);
+    // Push the prompt out of G2 into G3.
+    for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(30 + i, 16 * 4 + 1));
+    mgr->WaitForSaves();
+    ASSERT_GT(mgr->Stats().g3_blocks, 0u);
+  }
+  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  std::vector<KvEvent> events;
+  mgr->SubscribeEvents([&](std::span<const KvEvent> e) { events.insert(events.end(), e.begin(), e.end()); });
+  EXPECT_GT(events.size(), 0u) << "the first subscriber hears of the recovered blocks";
+  for (const KvEvent& e : events) EXPECT_EQ(e.tier, kTierG3);
+  MiniEngine engine(mgr.get(), 64);
+  auto r = engine.Run("after-restart", prompt);
+  EXPECT_GT(r.loaded_tokens, 0u);
+  EXPECT_EQ(r.mismatched_blocks, 0u);
+}
+
+// Corrupt every G3 slot's payload on disk: loads must fail verification and never deliver
+// the bytes; the engine recomputes and the blocks leave the index.
+TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
+  TempDirectory dir;
+  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(40, 16 * 4 + 1);
+  engine.Run("a", prompt);
+  for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(40 + i, 16 * 4 + 1));
+  mgr->WaitForSaves();
+  const uint64_t stride = (4096 + TestLayout().BlockBytes() + 4095) / 4096 * 4096;
+  int corrupted = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+    if (f.path().extension() != ".kvt") continue;
+    const int fd = open(f.path().c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    for (uint64_t k = 0; k < 64; ++k) {
+      const uint8_t junk[8] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4};
+      if (pwrite(fd, junk, sizeof(junk), 8192 + k * stride + 4096 + 1000) == sizeof(junk)) ++corrupted;
+    }
+    close(fd);
+  }
+  ASSERT_GT(corrupted, 0);
+  const uint64_t g2_hits_before = mgr->Stats().hit_blocks[kTierG2];
+  auto r = engine.Run("again", prompt);
+  EXPECT_EQ(r.mismatched_blocks, 0u) << "no corrupt byte was ever delivered as a hit";
+  const ManagerStats s = mgr->Stats();
+  const uint64_t g2_hits = s.hit_blocks[kTierG2] - g2_hits_before;
+  EXPECT_LT(r.loaded_tokens / 16, r.planned_tokens / 16 + 1);
+  if (r.planned_tokens / 16 > g2_hits) {
+    EXPECT_GT(s.corrupt_blocks, 0u);
+    EXPECT_GT(s.load_failures, 0u);
+  }
+  EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+TEST(BlockManagerTest, RequestFinishedHoldsG1BlocksUntilSavesEnd) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(50, 16 * 3 + 1);
+  std::vector<uint32_t> g1 = {0, 1, 2, 3};
+  ASSERT_TRUE(mgr->Lookup({"r", prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->PrepareLoad("r", g1, 0).ok());
+  ASSERT_TRUE(mgr->StartLoad().ok());
+  ASSERT_TRUE(mgr->Commit("r", prompt, g1).ok());
+  // Saves are queued but not started: the engine must keep the blocks.
+  EXPECT_TRUE(mgr->RequestFinished("r"));
+  EXPECT_TRUE(mgr->Finished().saves_done.empty());
+  ASSERT_TRUE(mgr->StartSave().ok());
+  mgr->WaitForSaves();
+  EXPECT_EQ(mgr->Finished().saves_done, std::vector<std::string>{"r"});
+  EXPECT_FALSE(mgr->RequestFinished("r")) << "forgotten once reported";
+}
+
+TEST(BlockManagerTest, CommittingWhatIsStoredIsDeduplicated) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(60, 16 * 3 + 1);
+  engine.Run("a", prompt);
+  // A request that does not load (asks for 0 tokens) and computes everything again.
+  std::vector<uint32_t> g1 = {10, 11, 12, 13};
+  ASSERT_TRUE(mgr->Lookup({"b", prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->PrepareLoad("b", g1, 0).ok());
+  ASSERT_TRUE(mgr->Commit("b", prompt, g1).ok());
+  ASSERT_TRUE(mgr->StartSave().ok());
+  mgr->WaitForSaves();
+  EXPECT_EQ(mgr->Stats().dedup_blocks, 3u);
+  EXPECT_EQ(mgr->Stats().saved_blocks, 3u);
+}
+
+TEST(BlockManagerTest, EventsReportStoresAndRemovals) {
+  auto mgr = MakeManager(SmallConfig("", 4, 0));
+  std::vector<KvEvent> events;
+  std::mutex mu;
+  mgr->SubscribeEvents([&](std::span<const KvEvent> e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.insert(events.end(), e.begin(), e.end());
+  });
+  MiniEngine engine(mgr.get(), 64);
+  engine.Run("a", Prompt(70, 16 * 3 + 1));
+  engine.Run("b", Prompt(71, 16 * 3 + 1));  // evicts a's blocks from the 4-slot G2
+  std::lock_guard<std::mutex> lock(mu);
+  size_t stored = 0, removed = 0;
+  for (const KvEvent& e : events) {
+    EXPECT_EQ(e.tier, kTierG2);
+    EXPECT_GT(e.time_ns, 0u);
+    (e.kind == KvEvent::Kind::kStored ? stored : removed)++;
+  }
+  EXPECT_EQ(stored, 6u);
+  EXPECT_GE(removed, 2u);
+  EXPECT_EQ(removed, stored - mgr->Stats().g2_blocks) << "every block not held was announced gone";
+  EXPECT_EQ(mgr->Stats().events_emitted, events.size());
+  // The first stored block's parent is the namespace root; the next one's is the first block.
+  EXPECT_EQ(events[1].parent, events[0].key);
+}
+
+TEST(BlockManagerTest, BadCallsGetClearErrors) {
+  auto mgr = MakeManager(SmallConfig("", 8, 0));
+  const auto prompt = Prompt(80, 40);
+  EXPECT_EQ(mgr->Lookup({"", prompt, "", ""}, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mgr->Lookup({"x", prompt, "", ""}, 5).status().message().find("multiple"),
+            std::string::npos);
+  std::vector<uint32_t> g1 = {0, 1, 2};
+  EXPECT_EQ(mgr->PrepareLoad("nobody", g1, 0).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(mgr->Commit("nobody", prompt, g1).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(mgr->Lookup({"x", prompt, "", ""}, 0).ok());
+  EXPECT_EQ(mgr->PrepareLoad("x", g1, 16).status().code(), StatusCode::kInvalidArgument)
+      << "more than Lookup offered";
+  EXPECT_EQ(mgr->Commit("x", prompt, std::vector<uint32_t>{0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr->WaitLayer(99).code(), StatusCode::kInvalidArgument);
+  ManagerOptions bad;
+  bad.layout = TestLayout();
+  bad.model_id = "";
+  EXPECT_EQ(BlockManager::Create(bad).status().code(), StatusCode::kInvalidArgument);
+  bad.model_id = "m";
+  bad.layout.tokens_per_block = 3;
+  EXPECT_EQ(BlockManager::Create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(BlockManagerTest, G3ThatCannotOpenIsLeftOutNotFatal) {
+  TempDirectory dir;
+  const std::string file = dir.path() + "/not-a-dir";
+  { std::ofstream(file) << "x"; }
+  auto mgr = MakeManager(SmallConfig(file, 8, 16));
+  ASSERT_NE(mgr, nullptr);
+  EXPECT_EQ(mgr->Stats().g3_slots, 0u);
+  MiniEngine engine(mgr.get(), 16);
+  EXPECT_EQ(engine.Run("a", Prompt(90, 33)).mismatched_blocks, 0u);
+}
+
+}  // namespace
+}  // namespace kvtier
