@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -99,8 +100,7 @@ class MiniEngine {
   };
 
   // Runs one request: lookup, load, verify, compute the rest, commit, save, finish.
-  // Not thread-safe with itself (the manager's load batch is shared); the stress test
-  // serializes the load phase and overlaps the rest.
+  // Thread-safe: threads run their own requests (distinct ids) at once.
   Outcome Run(const std::string& id, const std::vector<TokenId>& prompt,
               const std::string& salt = "", bool wait_saves = true) {
     Outcome out;
@@ -134,7 +134,14 @@ class MiniEngine {
     EXPECT_TRUE(manager_->Commit(id, prompt, blocks).ok());
     EXPECT_TRUE(manager_->StartSave().ok());
     if (manager_->RequestFinished(id)) {
-      held_.push_back({id, blocks});
+      bool already_done = false;
+      {
+        // Another thread's DrainFinished may have taken this id from Finished() already.
+        std::lock_guard<std::mutex> lock(mu_);
+        already_done = done_early_.erase(id) > 0;
+        if (!already_done) held_.push_back({id, blocks});
+      }
+      if (already_done) Free(blocks);
       if (wait_saves) DrainFinished(true);
     } else {
       Free(blocks);
@@ -146,15 +153,22 @@ class MiniEngine {
   void DrainFinished(bool wait) {
     if (wait) manager_->WaitForSaves();
     FinishedRequests f = manager_->Finished();
-    for (const std::string& id : f.saves_done) {
-      for (size_t i = 0; i < held_.size(); ++i) {
-        if (held_[i].first == id) {
-          Free(held_[i].second);
-          held_.erase(held_.begin() + i);
-          break;
+    std::vector<std::vector<uint32_t>> to_free;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const std::string& id : f.saves_done) {
+        bool found = false;
+        for (size_t i = 0; i < held_.size() && !found; ++i) {
+          if (held_[i].first == id) {
+            to_free.push_back(std::move(held_[i].second));
+            held_.erase(held_.begin() + i);
+            found = true;
+          }
         }
+        if (!found) done_early_.insert(id);
       }
     }
+    for (const auto& blocks : to_free) Free(blocks);
   }
 
   std::vector<BlockKey> Keys(const std::vector<TokenId>& prompt, const std::string& salt = "") {
@@ -166,7 +180,10 @@ class MiniEngine {
     std::lock_guard<std::mutex> lock(mu_);
     return free_.size();
   }
-  size_t held_requests() const { return held_.size(); }
+  size_t held_requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
 
  private:
   std::vector<uint32_t> Alloc(uint32_t n) {
@@ -213,6 +230,7 @@ class MiniEngine {
   std::mutex mu_;
   std::vector<uint32_t> free_;
   std::vector<std::pair<std::string, std::vector<uint32_t>>> held_;
+  std::set<std::string> done_early_;  // reported done before Run recorded them as held
 };
 
 inline std::vector<TokenId> Prompt(uint32_t seed, size_t n, size_t shared_prefix = 0,

@@ -132,17 +132,19 @@ class BlockManager {
   // must be the one given at Create. Unavailable for GPU memory without a CUDA backend.
   Status RegisterDeviceMemory(const G1Memory& g1);
 
-  // vLLM start_load_kv. Starts every load that PrepareLoad bound since the last call, as one
-  // batch at load priority. Returns at once.
+  // vLLM start_load_kv. Starts every load that PrepareLoad bound since the last call (by any
+  // thread), as one batch at load priority. Returns at once.
   Status StartLoad();
 
-  // vLLM wait_for_layer_load. Blocks until layer `layer` of every load started by the last
-  // StartLoad has landed in G1. Ok, or the first failure: then LoadedTokens() says how much of
-  // each request arrived and the engine computes the rest.
+  // vLLM wait_for_layer_load. Blocks until layer `layer` of every load started so far has
+  // landed in G1. Ok, or the first failure: then LoadedTokens() says how much of each request
+  // arrived intact, and the engine computes the rest. InvalidArgument for a layer past the
+  // layout's.
   Status WaitLayer(uint32_t layer);
 
-  // After the loads of the last StartLoad ended: how many tokens of the request's prompt, past
-  // its num_computed_tokens, were loaded intact (a prefix of what PrepareLoad promised).
+  // Waits for the request's loads to end, then returns how many tokens past its
+  // num_computed_tokens arrived intact (a prefix of what PrepareLoad promised; 0 when none
+  // were planned or the request is unknown).
   uint32_t LoadedTokens(const std::string& request_id);
 
   // vLLM save_kv_layer / wait_for_save. Starts the saves that Commit queued. Returns at once.

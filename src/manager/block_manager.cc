@@ -646,16 +646,13 @@ void BlockManager::Impl::EndDemotion() {
 }
 
 Status BlockManager::Impl::StartLoad() {
+  MutexLock start_lock(&start_load_mu_);
   std::vector<PlannedLoad> loads;
   {
     MutexLock lock(&mu_);
     loads.swap(pending_loads_);
   }
-  if (loads.empty()) {
-    MutexLock lock(&mu_);
-    load_job_.reset();
-    return Status::Ok();
-  }
+  if (loads.empty()) return Status::Ok();
   if (!g1_registered_) return Status::FailedPrecondition("StartLoad before RegisterDeviceMemory");
   std::vector<BlockTransfer> moves;
   moves.reserve(loads.size());
@@ -709,7 +706,12 @@ Status BlockManager::Impl::StartLoad() {
     return job.status();
   }
   MutexLock lock(&mu_);
-  load_job_ = *job;
+  std::erase_if(load_jobs_, [](const auto& j) { return j->Done(); });
+  load_jobs_.push_back(*job);
+  for (const PlannedLoad& p : *shared) {
+    auto it = requests_.find(p.request_id);
+    if (it != requests_.end() && it->second.load_in_flight) it->second.load_job = *job;
+  }
   return Status::Ok();
 }
 
@@ -751,6 +753,7 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
       if (rid == id) r.loaded_blocks += n;
     }
     r.load_in_flight = false;
+    r.load_job.reset();
     loads_done_.push_back(id);
     if (r.finished && r.saves_in_flight == 0) {
       saves_done_.push_back(id);
@@ -760,28 +763,45 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
 }
 
 Status BlockManager::Impl::WaitLayer(uint32_t layer) {
-  std::shared_ptr<TransferJob> job;
+  if (layer >= layout_.num_layers) {
+    return Status::InvalidArgument("WaitLayer(" + std::to_string(layer) + "): the layout has " +
+                                   std::to_string(layout_.num_layers) + " layers");
+  }
+  std::vector<std::shared_ptr<TransferJob>> jobs;
   {
+    MutexLock start_lock(&start_load_mu_);  // a StartLoad in progress has registered its job
     MutexLock lock(&mu_);
-    job = load_job_;
+    jobs = load_jobs_;
   }
-  if (!job) {
-    if (layer >= layout_.num_layers) {
-      return Status::InvalidArgument("WaitLayer(" + std::to_string(layer) + "): the layout has " +
-                                     std::to_string(layout_.num_layers) + " layers");
-    }
-    return Status::Ok();
+  Status first;
+  for (const auto& job : jobs) {
+    Status s = job->WaitLayer(layer);
+    if (first.ok() && !s.ok()) first = s;
   }
-  return job->WaitLayer(layer);
+  return first;
 }
 
 uint32_t BlockManager::Impl::LoadedTokens(const std::string& request_id) {
   std::shared_ptr<TransferJob> job;
+  bool unstarted = false;
   {
+    MutexLock start_lock(&start_load_mu_);  // a StartLoad in progress has registered its job
     MutexLock lock(&mu_);
-    job = load_job_;
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return 0;
+    job = it->second.load_job;
+    unstarted = it->second.load_in_flight && !job;
   }
-  if (job) (void)job->Wait();
+  if (unstarted) {
+    // Prepared but never started: start it now rather than report a load that may still land.
+    (void)StartLoad();
+    MutexLock start_lock(&start_load_mu_);
+    MutexLock lock(&mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return 0;
+    job = it->second.load_job;
+  }
+  if (job) (void)job->Wait();  // callbacks, including OnLoadBatchDone, ran before Wait returns
   MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return 0;

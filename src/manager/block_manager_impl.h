@@ -52,7 +52,7 @@ class BlockManager::Impl {
                 std::span<const uint32_t> g1_block_ids) EXCLUDES(mu_);
   bool RequestFinished(const std::string& request_id) EXCLUDES(mu_);
   Status RegisterDeviceMemory(const G1Memory& g1);
-  Status StartLoad() EXCLUDES(mu_);
+  Status StartLoad() EXCLUDES(mu_, start_load_mu_);
   Status WaitLayer(uint32_t layer) EXCLUDES(mu_);
   uint32_t LoadedTokens(const std::string& request_id) EXCLUDES(mu_);
   Status StartSave() EXCLUDES(mu_);
@@ -74,6 +74,7 @@ class BlockManager::Impl {
     uint32_t load_planned = 0;    // PrepareLoad: blocks planned
     uint32_t loaded_blocks = 0;   // intact prefix after the load ended
     bool load_in_flight = false;
+    std::shared_ptr<TransferJob> load_job;  // the batch carrying this request's loads
     uint32_t committed_blocks = 0;
     uint32_t saves_in_flight = 0;
     bool finished = false;  // RequestFinished returned true; erased when nothing is in flight
@@ -151,13 +152,18 @@ class BlockManager::Impl {
   std::vector<SlotMeta> slot_meta_ GUARDED_BY(slot_mu_);
   std::vector<TokenId> slot_tokens_ GUARDED_BY(slot_mu_);  // tpb per slot
 
+  // Held across the whole of StartLoad (taking the pending loads, submitting them, recording
+  // the job), and briefly by WaitLayer and LoadedTokens before they look for jobs: so no one
+  // can miss a batch that another thread's StartLoad is submitting. Before mu_.
+  Mutex start_load_mu_ ACQUIRED_BEFORE(mu_);
   Mutex mu_;
   std::condition_variable saves_cv_;
   std::unordered_map<std::string, Request> requests_ GUARDED_BY(mu_);
   std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
   std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
   std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
-  std::shared_ptr<TransferJob> load_job_ GUARDED_BY(mu_);
+  // Load batches started and not yet seen finished; WaitLayer waits on all of them.
+  std::vector<std::shared_ptr<TransferJob>> load_jobs_ GUARDED_BY(mu_);
   uint64_t saves_outstanding_ GUARDED_BY(mu_) = 0;  // save moves submitted, not ended
   std::vector<std::string> saves_done_ GUARDED_BY(mu_);
   std::vector<std::string> loads_done_ GUARDED_BY(mu_);
