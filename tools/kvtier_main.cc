@@ -29,7 +29,11 @@ const std::vector<Command>& Commands() {
       {{"bench", "disk"}, "G3 block writes and random reads (O_DIRECT, io_uring) vs fio",
        RunBenchDisk},
       {{"inspect"}, "report the blocks, bytes and corrupt blocks of a G3 directory", RunInspect},
+      {{"bench", "manager"},
+       "the BlockManager end to end: lookups, saves, loads from G2/G3, Commit latency",
+       RunBenchManager},
       {{"keys"}, "print the block keys of a token sequence", RunKeys},
+      {{"sim"}, "replay a block trace through one tier per eviction policy vs Belady", RunSim},
       {{"config"}, "print the effective configuration and where each value came from", RunConfig},
   };
   return kCommands;
@@ -64,7 +68,8 @@ int main(int argc, char** argv) {
     bool match = true;
     for (size_t i = 0; i < c.words.size(); ++i) match = match && c.words[i] == argv[1 + i];
     if (!match) continue;
-    auto args = CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()), {"json", "help"});
+    auto args = CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
+                               {"json", "help", "headers-only", "no-fio", "keep"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;

@@ -1,5 +1,6 @@
 #include "transfer/transfer_engine.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/log.h"
@@ -138,9 +139,12 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
                                                             TransferJob::DoneCallback on_done) {
   using Op = BlockTransfer::Op;
   for (const BlockTransfer& m : moves) KVTIER_RETURN_IF_ERROR(ValidateMove(m));
+  // Items for the workers' queues: G1 copies, and G3 writes (a write checksums its 2 MiB
+  // payload before it is queued to the device, which must not happen on the caller's thread:
+  // a Commit that demotes would pay for it).
   size_t memcpy_items = 0;
   for (const BlockTransfer& m : moves) {
-    if (m.op == Op::kG1ToG2 || m.op == Op::kG2ToG1) ++memcpy_items;
+    if (m.op == Op::kG1ToG2 || m.op == Op::kG2ToG1 || m.op == Op::kG2ToG3) ++memcpy_items;
   }
   const bool save = priority == TransferPriority::kSave;
   if (save && memcpy_items > 0) {
@@ -164,18 +168,26 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   std::vector<uint32_t> scatters, disk_moves;
   for (uint32_t i = 0; i < job->moves().size(); ++i) {
     switch (job->moves()[i].op) {
-      case Op::kG1ToG2: items.push_back(WorkItem{job, i, -1}); break;
+      case Op::kG1ToG2: items.push_back(WorkItem{job, i, -1, {}}); break;
+      case Op::kG2ToG3: items.push_back(WorkItem{job, i, -1, {}}); break;
       case Op::kG2ToG1: scatters.push_back(i); break;
       default: disk_moves.push_back(i); break;
     }
   }
   if (save) {
     // A save's scatters (unusual, but allowed) go whole; gathers are already whole.
-    for (uint32_t i : scatters) items.push_back(WorkItem{job, i, -1});
-  } else {
-    // Layer-major, so that layer 0 of every block lands first and the engine can start on it.
+    for (uint32_t i : scatters) items.push_back(WorkItem{job, i, -1, {}});
+  } else if (!scatters.empty()) {
+    // Layer-major, so that layer 0 of every block lands first and the engine can start on it;
+    // each item copies one layer of a group of blocks, about 1 MiB.
+    const size_t per_item = std::max<uint64_t>(1, (1u << 20) / layout_.LayerBytes());
     for (uint32_t l = 0; l < layout_.num_layers; ++l) {
-      for (uint32_t i : scatters) items.push_back(WorkItem{job, i, static_cast<int32_t>(l)});
+      for (size_t b = 0; b < scatters.size(); b += per_item) {
+        WorkItem it{job, 0, static_cast<int32_t>(l), {}};
+        const size_t e = std::min(scatters.size(), b + per_item);
+        it.moves.assign(scatters.begin() + b, scatters.begin() + e);
+        items.push_back(std::move(it));
+      }
     }
   }
   if (!items.empty()) {
@@ -243,7 +255,7 @@ void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
     {
       // The staged half of a load into G1 is a load, whatever the job's priority.
       MutexLock lock(&mu_);
-      load_queue_.push_back(WorkItem{op.job, op.move, -1});
+      load_queue_.push_back(WorkItem{op.job, op.move, -1, {}});
     }
     work_cv_.notify_one();
   } else {
@@ -285,10 +297,29 @@ void TransferEngine::Execute(const WorkItem& item) {
   using Op = BlockTransfer::Op;
   TransferJob& job = *item.job;
   const BlockTransfer& m = job.moves()[item.move];
+  if (m.op == Op::kG2ToG3) {
+    const uint32_t move = item.move;
+    StartDisk(item.job, std::span<const uint32_t>(&move, 1));
+    return;
+  }
   if (m.op == Op::kG1ToG2) {
     GatherBlock(g1_, m.g1_block, Payload(m.g2_slot));
     bytes_by_op_[OpIndex(m.op)].fetch_add(layout_.BlockBytes(), std::memory_order_relaxed);
     EndMove(job, item.move, Status::Ok());
+    return;
+  }
+  if (!item.moves.empty()) {
+    // One layer of several blocks.
+    const uint32_t layer = static_cast<uint32_t>(item.layer);
+    for (uint32_t i : item.moves) {
+      const BlockTransfer& mv = job.moves()[i];
+      ScatterLayer(g1_, Payload(mv.g2_slot), mv.g1_block, layer);
+    }
+    bytes_by_op_[OpIndex(Op::kG2ToG1)].fetch_add(layout_.LayerBytes() * item.moves.size(),
+                                                 std::memory_order_relaxed);
+    std::vector<uint32_t> finished;
+    job.LayersLanded(item.moves, layer, &finished);
+    for (uint32_t i : finished) EndMove(job, i, Status::Ok());
     return;
   }
   // A scatter into G1: one layer, or all of them in order.

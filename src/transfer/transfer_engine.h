@@ -7,7 +7,8 @@
 //
 // Backends: a pool of memcpy workers for G1 <-> G2 (gather/scatter between the G1 arrangement and
 // contiguous slots), and the disk tier's io_uring engine for G2 <-> G3. A G3 -> G1 move reads
-// into a G2 slot and scatters from there. Two priorities: the workers always take a waiting load
+// into a G2 slot and scatters from there. G3 writes are handed to the disk tier by a worker (the
+// tier checksums the payload as it accepts a write: never on the submitting thread). Two priorities: the workers always take a waiting load
 // before a save, and saves wait in a bounded queue: a save batch that does not fit is refused
 // whole (ResourceExhausted) and counted, never waited for. Loads are never refused for space.
 //
@@ -92,8 +93,11 @@ class TransferEngine final : private DiskCompletionSink {
   // One unit of memcpy work.
   struct WorkItem {
     std::shared_ptr<TransferJob> job;
-    uint32_t move = 0;
+    uint32_t move = 0;   // the move, when `moves` is empty
     int32_t layer = -1;  // scatter: one layer; -1 = the whole move (gather, or staged scatter)
+    // A scatter of one layer of several moves (about 1 MiB in all): one queue operation and
+    // one job update per item rather than per block.
+    std::vector<uint32_t> moves;
   };
   struct DiskOp {
     std::shared_ptr<TransferJob> job;

@@ -70,19 +70,29 @@ size_t TransferJob::failed_moves() const {
 }
 
 bool TransferJob::LayerLanded(size_t index, uint32_t layer) {
-  bool wake = false, last_layer = false;
+  const uint32_t move = static_cast<uint32_t>(index);
+  std::vector<uint32_t> finished;
+  LayersLanded(std::span<const uint32_t>(&move, 1), layer, &finished);
+  return !finished.empty();
+}
+
+void TransferJob::LayersLanded(std::span<const uint32_t> moves, uint32_t layer,
+                               std::vector<uint32_t>* finished) {
+  bool wake = false;
   {
     MutexLock lock(&mu_);
-    if (index >= moves_.size() || ended_[index] || layer >= num_layers_ ||
-        !moves_[index].IntoG1() || landed_[index * num_layers_ + layer]) {
-      return false;  // a backend bug; ignoring it keeps the counts sane
+    if (layer >= num_layers_) return;
+    for (uint32_t index : moves) {
+      if (index >= moves_.size() || ended_[index] || !moves_[index].IntoG1() ||
+          landed_[size_t{index} * num_layers_ + layer]) {
+        continue;  // a backend bug; ignoring it keeps the counts sane
+      }
+      landed_[size_t{index} * num_layers_ + layer] = 1;
+      if (--layers_left_[index] == 0) finished->push_back(index);
+      wake = --layer_pending_[layer] == 0 || wake;
     }
-    landed_[index * num_layers_ + layer] = 1;
-    last_layer = --layers_left_[index] == 0;
-    wake = --layer_pending_[layer] == 0;
   }
   if (wake) cv_.notify_all();
-  return last_layer;
 }
 
 void TransferJob::MoveDone(size_t index, const Status& status) {

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "core/mutex.h"
@@ -81,6 +82,10 @@ class TransferJob {
   // Layer `layer` of G1-bound move `index` landed. Returns true when that was the move's last
   // layer (the caller then ends the move with MoveDone). Repeats and bad arguments are ignored.
   bool LayerLanded(size_t index, uint32_t layer) EXCLUDES(mu_);
+  // LayerLanded for several moves at once (one lock). Appends to `finished` the moves whose
+  // last layer this was.
+  void LayersLanded(std::span<const uint32_t> moves, uint32_t layer, std::vector<uint32_t>* finished)
+      EXCLUDES(mu_);
   // Move `index` ended. For G1-bound moves, an Ok end REQUIRES all layers landed; an error end
   // lands the remaining layers as failed. Ignores a second end of the same move.
   void MoveDone(size_t index, const Status& status) EXCLUDES(mu_);
