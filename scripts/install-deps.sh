@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang clang-format python3
   fio
+  libopenblas-dev
 )
 
 missing=()

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -68,6 +69,20 @@ TEST(CliTest, BenchArenaJson) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"arena_startup_ms\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"first_touch_ms\""), std::string::npos) << r.output;
+}
+
+TEST(CliTest, BenchManagerJsonHasTheKeys) {
+  char tmpl[] = "/tmp/kvtier-bench-manager-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  CliRun r = Kvtier(std::string("bench manager --prompts 1 --prompt-blocks 4 --commit-seconds 0.2 "
+                                "--json --dir ") + tmpl + "/d");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* key : {"\"lookup_per_s\"", "\"commit_per_s\"", "\"commit_p99_us\"",
+                          "\"load_gbps_g2\"", "\"load_gbps_g3\"", "\"save_gbps\"",
+                          "\"load_g3_blocks\": 4"}) {
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+  }
+  rmdir(tmpl);
 }
 
 TEST(CliTest, ConfigShowsSourcesAndRefusesBadValues) {

@@ -98,7 +98,7 @@ Status EncodeBlockHeader(const BlockHeaderFields& fields, std::span<const TokenI
   h.token_count = static_cast<uint32_t>(tokens.size());
   h.token_width = width;
   if (width == 4) {
-    std::memcpy(h.tokens, tokens.data(), tokens.size() * 4);
+    if (!tokens.empty()) std::memcpy(h.tokens, tokens.data(), tokens.size() * 4);
   } else {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::memcpy(h.tokens + 3 * i, &tokens[i], 3);  // low 3 bytes, little-endian
@@ -139,8 +139,8 @@ BlockCheck DecodeBlockHeader(std::span<const uint8_t> bytes, DecodedBlockHeader*
     return BlockCheck::kBadHeader;
   }
   if (h.header_bytes != kBlockHeaderBytes) {
-    SetWhy(why, "header_bytes " + std::to_string(h.header_bytes) + " != " +
-                    std::to_string(kBlockHeaderBytes));
+    SetWhy(why, "header_bytes " + std::to_string(h.header_bytes) +
+                    " != " + std::to_string(kBlockHeaderBytes));
     return BlockCheck::kBadHeader;
   }
   if (h.token_count > KvLayout::kMaxTokensPerBlock) {
@@ -169,7 +169,7 @@ BlockCheck DecodeBlockHeader(std::span<const uint8_t> bytes, DecodedBlockHeader*
     out->payload_checksum = h.payload_checksum;
     out->token_count = h.token_count;
     if (h.token_width == 4) {
-      std::memcpy(out->tokens.data(), h.tokens, size_t{h.token_count} * 4);
+      if (h.token_count > 0) std::memcpy(out->tokens.data(), h.tokens, size_t{h.token_count} * 4);
     } else {
       for (uint32_t i = 0; i < h.token_count; ++i) {
         TokenId t = 0;
@@ -207,8 +207,7 @@ BlockCheck VerifyBlock(std::span<const uint8_t> block, const ExpectedBlock& expe
       block.size() - kBlockHeaderBytes < h->payload_bytes) {
     return BlockCheck::kWrongPayloadLength;
   }
-  if (PayloadChecksum(block.data() + kBlockHeaderBytes, h->payload_bytes) !=
-      h->payload_checksum) {
+  if (PayloadChecksum(block.data() + kBlockHeaderBytes, h->payload_bytes) != h->payload_checksum) {
     return BlockCheck::kBadPayload;
   }
   return BlockCheck::kOk;

@@ -1,0 +1,264 @@
+#include "tier/block_format.h"
+
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <vector>
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kPayload = 8192;
+
+struct Block {
+  std::vector<uint8_t> bytes = std::vector<uint8_t>(kBlockHeaderBytes + kPayload);
+  uint8_t* payload() { return bytes.data() + kBlockHeaderBytes; }
+};
+
+BlockHeaderFields Fields() {
+  BlockHeaderFields f;
+  f.layout_fingerprint = 0x1122334455667788ull;
+  f.namespace_id = 42;
+  f.key = BlockKey{0xaaaa, 0xbbbb};
+  f.parent = BlockKey{0xcccc, 0xdddd};
+  f.write_generation = 9;
+  f.slot_index = 3;
+  return f;
+}
+
+std::vector<TokenId> Tokens(size_t n, TokenId base = 100) {
+  std::vector<TokenId> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = base + static_cast<TokenId>(i);
+  return t;
+}
+
+Block MakeBlock(const std::vector<TokenId>& tokens, const BlockHeaderFields& f = Fields()) {
+  Block b;
+  for (uint64_t i = 0; i < kPayload; ++i) b.payload()[i] = static_cast<uint8_t>(i * 31 + 7);
+  Status s = EncodeBlockHeader(f, tokens, kPayload, PayloadChecksum(b.payload(), kPayload),
+                               b.bytes.data());
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return b;
+}
+
+ExpectedBlock Expect(const std::vector<TokenId>& tokens) {
+  ExpectedBlock e;
+  const BlockHeaderFields f = Fields();
+  e.layout_fingerprint = f.layout_fingerprint;
+  e.namespace_id = f.namespace_id;
+  e.key = f.key;
+  e.tokens = tokens;
+  e.payload_bytes = kPayload;
+  e.check_generation = true;
+  e.write_generation = f.write_generation;
+  e.check_slot = true;
+  e.slot_index = f.slot_index;
+  return e;
+}
+
+// Rewrites the header checksum so that a deliberately bad field gets past it: the decoder must
+// still refuse out-of-range lengths.
+void Reseal(Block* b) {
+  const uint64_t sum = XXH3_64bits(b->bytes.data(), offsetof(BlockHeader, header_checksum));
+  std::memcpy(b->bytes.data() + offsetof(BlockHeader, header_checksum), &sum, 8);
+}
+
+TEST(BlockFormat, LayoutIsPinned) {
+  EXPECT_EQ(sizeof(BlockHeader), 4096u);
+  EXPECT_EQ(offsetof(BlockHeader, layout_fingerprint), 16u);
+  EXPECT_EQ(offsetof(BlockHeader, key_hi), 32u);
+  EXPECT_EQ(offsetof(BlockHeader, parent_hi), 48u);
+  EXPECT_EQ(offsetof(BlockHeader, write_generation), 64u);
+  EXPECT_EQ(offsetof(BlockHeader, payload_bytes), 72u);
+  EXPECT_EQ(offsetof(BlockHeader, payload_checksum), 80u);
+  EXPECT_EQ(offsetof(BlockHeader, slot_index), 88u);
+  EXPECT_EQ(offsetof(BlockHeader, token_count), 92u);
+  EXPECT_EQ(offsetof(BlockHeader, token_width), 96u);
+  EXPECT_EQ(offsetof(BlockHeader, tokens), 128u);
+  EXPECT_EQ(offsetof(BlockHeader, header_checksum), 4088u);
+  EXPECT_EQ(kBlockFormatVersion, 1u);
+}
+
+// Pins the exact bytes of version 1: if this changes, the format changed and
+// kBlockFormatVersion must be bumped (and this constant updated with it).
+TEST(BlockFormat, GoldenHeaderBytes) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  std::vector<uint8_t> header(kBlockHeaderBytes);
+  ASSERT_TRUE(
+      EncodeBlockHeader(Fields(), tokens, kPayload, 0x0123456789abcdefull, header.data()).ok());
+  EXPECT_EQ(XXH3_64bits(header.data(), header.size()), 0x3309cbc9c009253eull)
+      << std::hex << XXH3_64bits(header.data(), header.size());
+}
+
+TEST(BlockFormat, RoundTrip) {
+  const std::vector<TokenId> tokens = Tokens(16, 4000000000u);
+  Block b = MakeBlock(tokens);
+  DecodedBlockHeader h;
+  ASSERT_EQ(DecodeBlockHeader(b.bytes, &h), BlockCheck::kOk);
+  EXPECT_EQ(h.fields.key, Fields().key);
+  EXPECT_EQ(h.fields.parent, Fields().parent);
+  EXPECT_EQ(h.fields.namespace_id, 42u);
+  EXPECT_EQ(h.fields.layout_fingerprint, Fields().layout_fingerprint);
+  EXPECT_EQ(h.fields.write_generation, 9u);
+  EXPECT_EQ(h.fields.slot_index, 3u);
+  EXPECT_EQ(h.payload_bytes, kPayload);
+  ASSERT_EQ(h.token_count, 16u);
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), h.token_span().begin()));
+  EXPECT_EQ(VerifyBlock(b.bytes, Expect(tokens)), BlockCheck::kOk);
+}
+
+TEST(BlockFormat, LongBlocksStoreNarrowIds) {
+  // 512 tokens keep full 32-bit ids; 1024 tokens store 24-bit ids.
+  const std::vector<TokenId> wide = Tokens(512, 0xfffff000u);
+  Block w = MakeBlock(wide);
+  EXPECT_EQ(VerifyBlock(w.bytes, Expect(wide)), BlockCheck::kOk);
+
+  const std::vector<TokenId> narrow = Tokens(1024, kMaxNarrowTokenId - 1023);
+  Block n = MakeBlock(narrow);
+  DecodedBlockHeader h;
+  ASSERT_EQ(DecodeBlockHeader(n.bytes, &h), BlockCheck::kOk);
+  EXPECT_EQ(h.token_count, 1024u);
+  EXPECT_EQ(h.tokens[1023], kMaxNarrowTokenId);
+  EXPECT_EQ(VerifyBlock(n.bytes, Expect(narrow)), BlockCheck::kOk);
+
+  std::vector<TokenId> too_big = narrow;
+  too_big[500] = kMaxNarrowTokenId + 1;
+  std::vector<uint8_t> out(kBlockHeaderBytes, 0xee);
+  Status s = EncodeBlockHeader(Fields(), too_big, kPayload, 0, out.data());
+  EXPECT_TRUE(s.Is(StatusCode::kInvalidArgument)) << s.ToString();
+  EXPECT_NE(s.message().find("position 500"), std::string::npos) << s.message();
+  EXPECT_EQ(out[0], 0xee) << "nothing written on failure";
+}
+
+TEST(BlockFormat, RefusesWhatCannotBeStored) {
+  std::vector<uint8_t> out(kBlockHeaderBytes);
+  EXPECT_TRUE(EncodeBlockHeader(Fields(), Tokens(1025), kPayload, 0, out.data())
+                  .Is(StatusCode::kInvalidArgument));
+  EXPECT_TRUE(EncodeBlockHeader(Fields(), Tokens(1), KvLayout::kMaxBlockBytes + 1, 0, out.data())
+                  .Is(StatusCode::kInvalidArgument));
+}
+
+TEST(BlockFormat, ZeroesAreEmptyNotCorrupt) {
+  std::vector<uint8_t> zeros(kBlockHeaderBytes, 0);
+  EXPECT_EQ(DecodeBlockHeader(zeros, nullptr), BlockCheck::kEmpty);
+  std::vector<uint8_t> garbage(kBlockHeaderBytes, 0x5a);
+  EXPECT_EQ(DecodeBlockHeader(garbage, nullptr), BlockCheck::kBadHeader);
+}
+
+TEST(BlockFormat, ShortInputIsRefusedWithoutReadingPastIt) {
+  Block b = MakeBlock(Tokens(16));
+  std::string why;
+  EXPECT_EQ(DecodeBlockHeader({b.bytes.data(), 100}, nullptr, &why), BlockCheck::kBadHeader);
+  EXPECT_NE(why.find("truncated"), std::string::npos);
+  // A buffer holding the header but not the whole payload.
+  EXPECT_EQ(VerifyBlock({b.bytes.data(), kBlockHeaderBytes + 10}, Expect(Tokens(16))),
+            BlockCheck::kWrongPayloadLength);
+}
+
+TEST(BlockFormat, EveryHeaderBitFlipIsDetected) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  Block b = MakeBlock(tokens);
+  for (size_t bit = 0; bit < kBlockHeaderBytes * 8; ++bit) {
+    b.bytes[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    ASSERT_NE(VerifyBlock(b.bytes, Expect(tokens)), BlockCheck::kOk) << "bit " << bit;
+    b.bytes[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+  }
+  EXPECT_EQ(VerifyBlock(b.bytes, Expect(tokens)), BlockCheck::kOk);
+}
+
+TEST(BlockFormat, PayloadBitFlipsAreDetected) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  Block b = MakeBlock(tokens);
+  for (size_t bit = 0; bit < kPayload * 8; bit += 61) {
+    b.payload()[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    ASSERT_EQ(VerifyBlock(b.bytes, Expect(tokens)), BlockCheck::kBadPayload) << "bit " << bit;
+    b.payload()[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+  }
+}
+
+TEST(BlockFormat, ForgedLengthsAreRefused) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  struct Case {
+    const char* what;
+    size_t offset;
+    uint64_t value;
+    size_t width;
+  };
+  const Case cases[] = {
+      {"token_count", offsetof(BlockHeader, token_count), 5000, 4},
+      {"token_count", offsetof(BlockHeader, token_count), 0xffffffffu, 4},
+      {"token_width", offsetof(BlockHeader, token_width), 7, 1},
+      {"token_width", offsetof(BlockHeader, token_width), 3, 1},  // 3 is for > 990 tokens only
+      {"payload_bytes", offsetof(BlockHeader, payload_bytes), ~0ull, 8},
+      {"format_version", offsetof(BlockHeader, format_version), 2, 4},
+      {"header_bytes", offsetof(BlockHeader, header_bytes), 8192, 4},
+  };
+  for (const Case& c : cases) {
+    Block b = MakeBlock(tokens);
+    std::memcpy(b.bytes.data() + c.offset, &c.value, c.width);
+    Reseal(&b);
+    std::string why;
+    DecodedBlockHeader h;
+    EXPECT_EQ(DecodeBlockHeader(b.bytes, &h, &why), BlockCheck::kBadHeader) << c.what;
+    EXPECT_FALSE(why.empty()) << c.what;
+  }
+  // A forged payload length that is in range but larger than the buffer.
+  Block b = MakeBlock(tokens);
+  const uint64_t big = kPayload * 4;
+  std::memcpy(b.bytes.data() + offsetof(BlockHeader, payload_bytes), &big, 8);
+  Reseal(&b);
+  ExpectedBlock e = Expect(tokens);
+  e.payload_bytes = big;
+  EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kWrongPayloadLength);
+}
+
+TEST(BlockFormat, EachIdentityMismatchIsNamed) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  Block b = MakeBlock(tokens);
+  {
+    ExpectedBlock e = Expect(tokens);
+    e.key.lo ^= 1;
+    EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kWrongKey);
+  }
+  {
+    std::vector<TokenId> other = tokens;
+    other[15] += 1;
+    EXPECT_EQ(VerifyBlock(b.bytes, Expect(other)), BlockCheck::kWrongTokens);
+    EXPECT_EQ(VerifyBlock(b.bytes, Expect(Tokens(15))), BlockCheck::kWrongTokens);
+  }
+  {
+    ExpectedBlock e = Expect(tokens);
+    e.namespace_id = 43;
+    EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kWrongNamespace);
+  }
+  {
+    ExpectedBlock e = Expect(tokens);
+    e.layout_fingerprint ^= 1;
+    EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kWrongLayout);
+  }
+  {
+    ExpectedBlock e = Expect(tokens);
+    e.write_generation = 10;
+    EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kWrongGeneration);
+  }
+  {
+    ExpectedBlock e = Expect(tokens);
+    e.slot_index = 4;
+    EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kWrongSlot);
+  }
+  {
+    ExpectedBlock e = Expect(tokens);
+    e.payload_bytes = kPayload - 4096;
+    EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kWrongPayloadLength);
+  }
+  {
+    ExpectedBlock e = Expect({});
+    e.tokens = {};
+    EXPECT_EQ(VerifyBlock(b.bytes, e), BlockCheck::kOk) << "empty tokens skip the comparison";
+  }
+  EXPECT_STREQ(BlockCheckName(BlockCheck::kBadPayload), "bad-payload");
+}
+
+}  // namespace
+}  // namespace kvtier
