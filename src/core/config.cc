@@ -17,7 +17,7 @@ constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
 
 std::vector<ConfigFieldSpec> BuildSchema() {
   using T = ConfigType;
-  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo"};
+  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo", "credit-lru"};
   return {
       {"hash.algorithm", T::kChoice, "sha256",
        "block-key hash: sha256 (safe with untrusted prompts) or xxh3-128 (trusted setups only)",

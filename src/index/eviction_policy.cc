@@ -3,6 +3,7 @@
 #include <string>
 
 #include "index/belady_policy.h"
+#include "index/credit_lru_policy.h"
 #include "index/lineage_lru_policy.h"
 #include "index/lru_policy.h"
 #include "index/s3fifo_policy.h"
@@ -12,7 +13,7 @@ namespace kvtier {
 namespace {
 
 constexpr PolicyKind kAllKinds[] = {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo,
-                                    PolicyKind::kBelady};
+                                    PolicyKind::kBelady, PolicyKind::kCreditLru};
 
 }  // namespace
 
@@ -26,6 +27,8 @@ const char* PolicyKindName(PolicyKind kind) {
       return "s3fifo";
     case PolicyKind::kBelady:
       return "belady";
+    case PolicyKind::kCreditLru:
+      return "credit-lru";
   }
   return "unknown";
 }
@@ -50,6 +53,8 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind,
       return std::unique_ptr<EvictionPolicy>(std::make_unique<LineageLruPolicy>());
     case PolicyKind::kS3Fifo:
       return std::unique_ptr<EvictionPolicy>(std::make_unique<S3FifoPolicy>(capacity_blocks));
+    case PolicyKind::kCreditLru:
+      return std::unique_ptr<EvictionPolicy>(std::make_unique<CreditLruPolicy>(capacity_blocks));
     case PolicyKind::kBelady:
       return Status::InvalidArgument(
           "eviction policy 'belady' needs the future reference string: use MakeBeladyPolicy");

@@ -23,9 +23,10 @@ enum class PolicyKind : uint8_t {
   kLineageLru = 1,  // LRU over leaves only: a block whose child is cached outlives the child
   kS3Fifo = 2,      // S3-FIFO (small/main/ghost FIFOs): frequency-aware, scan-resistant
   kBelady = 3,      // offline oracle for replays: evicts the block used furthest in the future
+  kCreditLru = 4,   // lineage-aware LRU with reuse credits (use count, run shape, stale tails)
 };
 
-// "lru", "lineage-lru", "s3fifo", "belady".
+// "lru", "lineage-lru", "s3fifo", "belady", "credit-lru".
 const char* PolicyKindName(PolicyKind kind);
 // Parses PolicyKindName's output; InvalidArgument listing the accepted names otherwise.
 Result<PolicyKind> ParsePolicyKind(std::string_view name);

@@ -1,0 +1,200 @@
+#include "index/credit_lru_policy.h"
+
+#include <cassert>
+#include <cmath>
+#include <string>
+
+namespace kvtier {
+
+namespace {
+
+Status CheckCredit(const char* field, double value) {
+  if (std::isfinite(value) && std::abs(value) <= CreditLruPolicy::kMaxCredit) return Status::Ok();
+  return Status::InvalidArgument(std::string("CreditLruPolicy ") + field + " = " +
+                                 std::to_string(value) + ": must be a finite number in [-" +
+                                 std::to_string(CreditLruPolicy::kMaxCredit) + ", " +
+                                 std::to_string(CreditLruPolicy::kMaxCredit) + "]");
+}
+
+}  // namespace
+
+Status CreditLruPolicy::Config::Validate() const {
+  const std::pair<const char*, double> credits[] = {{"used_twice", used_twice},
+                                                    {"used_thrice", used_thrice},
+                                                    {"long_follow_up", long_follow_up},
+                                                    {"stale_tail", stale_tail}};
+  for (const auto& [field, value] : credits) {
+    if (Status s = CheckCredit(field, value); !s.ok()) return s;
+  }
+  if (!std::isfinite(ghost_factor) || ghost_factor < 0 || ghost_factor > kMaxGhostFactor) {
+    return Status::InvalidArgument(
+        "CreditLruPolicy ghost_factor = " + std::to_string(ghost_factor) + ": must be in [0, " +
+        std::to_string(kMaxGhostFactor) + "]");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<CreditLruPolicy>> CreditLruPolicy::Create(size_t capacity_blocks,
+                                                                 const Config& config) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  return std::unique_ptr<CreditLruPolicy>(new CreditLruPolicy(capacity_blocks, config));
+}
+
+CreditLruPolicy::CreditLruPolicy(size_t capacity_blocks)
+    : CreditLruPolicy(capacity_blocks, Config()) {}
+
+CreditLruPolicy::CreditLruPolicy(size_t capacity_blocks, const Config& config)
+    : config_(config),
+      capacity_(static_cast<double>(capacity_blocks > 0 ? capacity_blocks : 1)),
+      ghost_capacity_(static_cast<size_t>(config.ghost_factor * capacity_)) {
+  assert(config.Validate().ok() && "CreditLruPolicy: invalid config");
+}
+
+uint32_t CreditLruPolicy::Uses(const BlockKey& key) const {
+  if (auto it = nodes_.find(key); it != nodes_.end()) return it->second.uses;
+  auto it = ghost_.find(key);
+  return it == ghost_.end() ? 0 : it->second.uses;
+}
+
+double CreditLruPolicy::CreditOf(const BlockKey& key) const {
+  auto it = nodes_.find(key);
+  return it == nodes_.end() ? 0.0 : Credit(key, it->second);
+}
+
+double CreditLruPolicy::Credit(const BlockKey& key, const Node& node) const {
+  const Run& run = runs_.at(node.run);
+  if (node.uses == 1 && node.children == 0 && run.last == key) return config_.stale_tail;
+  double credit = 0;
+  if (node.uses == 2) credit += config_.used_twice;
+  if (node.uses >= 3) credit += config_.used_thrice;
+  if (run.follow_up && run.length >= kLongRun) credit += config_.long_follow_up;
+  return credit;
+}
+
+void CreditLruPolicy::Place(const BlockKey& key, Node& node) {
+  if (node.children > 0) {
+    node.pos = inner_.emplace_hint(inner_.end(), static_cast<int64_t>(node.tick), key);
+    return;
+  }
+  const int64_t score =
+      static_cast<int64_t>(node.tick) + std::llround(Credit(key, node) * capacity_);
+  node.pos = leaves_.emplace(score, key).first;
+}
+
+void CreditLruPolicy::Unplace(Node& node) {
+  (node.children > 0 ? inner_ : leaves_).erase(node.pos);
+}
+
+void CreditLruPolicy::Remember(const BlockKey& key, uint32_t uses) {
+  if (ghost_capacity_ == 0) return;
+  const uint64_t seq = ghost_seq_++;
+  if (seq < ghost_capacity_) {  // the ring grows to its capacity as keys come, then wraps
+    ghost_ring_.push_back(key);
+  } else {  // the slot holds the key remembered ghost_capacity_ ago: forget it, unless stale
+    BlockKey& slot = ghost_ring_[seq % ghost_capacity_];
+    auto old = ghost_.find(slot);
+    if (old != ghost_.end() && old->second.seq == seq - ghost_capacity_) ghost_.erase(old);
+    slot = key;
+  }
+  ghost_[key] = GhostEntry{uses, seq};
+}
+
+void CreditLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
+  auto [it, inserted] = nodes_.try_emplace(key);
+  assert(inserted && "CreditLruPolicy::OnInsert: key is tracked already");
+  if (!inserted) {  // Release builds: treat a double insert as an access rather than corrupt.
+    OnAccess(key);
+    return;
+  }
+  Node& node = it->second;
+  node.parent = parent;
+  node.tick = ++tick_;
+  if (auto ghost = ghost_.find(key); ghost != ghost_.end()) {
+    node.uses = ghost->second.uses + (ghost->second.uses < UINT32_MAX ? 1 : 0);
+    ghost_.erase(ghost);
+  }
+  if (auto orphans = orphan_children_.find(key); orphans != orphan_children_.end()) {
+    node.children = orphans->second;
+    orphan_children_.erase(orphans);
+  }
+
+  Node* parent_node = nullptr;
+  if (parent != key) {
+    if (auto p = nodes_.find(parent); p != nodes_.end()) parent_node = &p->second;
+  }
+  node.depth = parent_node != nullptr ? parent_node->depth + 1 : 0;
+  auto run = parent_node != nullptr ? runs_.find(parent_node->run) : runs_.end();
+  if (run != runs_.end() && run->second.last == parent) {
+    ++run->second.length;
+    run->second.last = key;
+  } else {
+    run = runs_.emplace(next_run_++, Run{}).first;
+    run->second.last = key;
+    run->second.length = 1;
+    run->second.follow_up = node.depth >= 2;
+  }
+  ++run->second.members;
+  node.run = run->first;
+
+  if (parent_node != nullptr) {
+    if (parent_node->children == 0) {
+      Unplace(*parent_node);
+      parent_node->children = 1;
+      Place(parent, *parent_node);
+    } else {
+      ++parent_node->children;
+    }
+  } else if (parent != key) {
+    ++orphan_children_[parent];
+  }
+  Place(key, node);
+}
+
+void CreditLruPolicy::OnAccess(const BlockKey& key) {
+  auto it = nodes_.find(key);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  Unplace(node);
+  node.tick = ++tick_;
+  if (node.uses < UINT32_MAX) ++node.uses;
+  Place(key, node);
+}
+
+void CreditLruPolicy::OnRemove(const BlockKey& key) {
+  auto it = nodes_.find(key);
+  if (it == nodes_.end()) return;
+  Node& node = it->second;
+  Unplace(node);
+  if (node.children > 0) orphan_children_[key] = node.children;
+  if (auto run = runs_.find(node.run); run != runs_.end() && --run->second.members == 0) {
+    runs_.erase(run);
+  }
+  Remember(key, node.uses);
+  const BlockKey parent = node.parent;
+  nodes_.erase(it);
+
+  if (parent == key) return;
+  if (auto p = nodes_.find(parent); p != nodes_.end()) {
+    assert(p->second.children > 0);
+    if (p->second.children == 1) {
+      Unplace(p->second);
+      p->second.children = 0;
+      Place(parent, p->second);
+    } else {
+      --p->second.children;
+    }
+  } else if (auto o = orphan_children_.find(parent); o != orphan_children_.end()) {
+    if (--o->second == 0) orphan_children_.erase(o);
+  }
+}
+
+std::optional<BlockKey> CreditLruPolicy::Victim(const EvictablePredicate& evictable) {
+  for (const Order* set : {&leaves_, &inner_}) {
+    for (const auto& [score, key] : *set) {
+      if (evictable(key)) return key;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,152 @@
+// CreditLruPolicy: lineage-aware LRU in which each block's recency is shifted by a credit that
+// says how likely a block of its kind is to be reused. Online: it learns nothing of the future.
+//
+// What a block's credit depends on (docs/policy-study.md shows the measurements behind each):
+//  - its use count, remembered across evictions by a ghost table of recently evicted keys: in
+//    conversation traces a block used twice is ~1.8x as likely to be used again as one used once,
+//    one used three times or more ~2.6x;
+//  - the run it was stored in. A run is the chain of blocks that one request stored after its
+//    last hit (each block's parent is the previous one). A long run stored behind a deep hit (a
+//    follow-up turn that pasted a lot of new text) is rarely asked about again;
+//  - whether it is a stale tail: the last block a run stored, never used since. A request's last
+//    block is usually partial, and the next turn of the conversation replaces it with a longer
+//    one, so it is almost never reused. (This holds where the trace or engine stores a prompt's
+//    partial last block, as the Mooncake traces do. Where only full blocks are stored and the
+//    next turn reuses the last one, set stale_tail to 0.)
+// Credits are in units of the tier's capacity: a credit of c ranks a block as if it had been
+// used c x capacity_blocks ticks later than it was.
+//
+// Eviction is lineage-aware: candidates are leaves (tracked keys with no tracked child), lowest
+// score = last-use tick + credit first; when no leaf may be evicted, the least recently used
+// evictable inner block goes, so the tier never jams. Recency is a logical tick (one per insert
+// or access), so replays are deterministic. A leaf's score is computed when it becomes a leaf
+// or is used; it is not recomputed when its run grows later (which only a trimmed run can see).
+//
+// Invariants:
+//  - nodes_ holds every tracked key; node.children counts the tracked keys whose parent it is;
+//    orphan_children_ counts, for each untracked key, the tracked keys whose parent it is.
+//  - every tracked key is in exactly one of leaves_ (children == 0, at (score, key)) or inner_
+//    (children > 0, at (tick, key)), and node.pos points at that entry.
+//  - runs_ holds every run that some tracked key belongs to; run.members counts those keys.
+//  - ghost_ remembers at most ghost_capacity_ untracked keys with their use counts.
+// Costs: O(log n) per operation; Victim O(log n) plus one step per block the caller refuses.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "index/eviction_policy.h"
+
+namespace kvtier {
+
+class CreditLruPolicy final : public EvictionPolicy {
+ public:
+  struct Config {
+    // Credit of a block used exactly twice, and three times or more (uses are counted across
+    // evictions while the key is remembered in the ghost table).
+    double used_twice = 0.75;
+    double used_thrice = 1.5;
+    // Credit of a block of a follow-up run of at least kLongRun blocks: stored behind a hit
+    // deeper than the request's first block.
+    double long_follow_up = -0.5;
+    // Credit of a stale tail (it replaces all the others).
+    double stale_tail = -1.0;
+    // Ghost table size, as a multiple of the capacity; 0 disables it (uses then start at 1 on
+    // every insert).
+    double ghost_factor = 4.0;
+
+    // Ok, or InvalidArgument naming the field: credits must be finite and within
+    // [-kMaxCredit, kMaxCredit], ghost_factor within [0, kMaxGhostFactor].
+    Status Validate() const;
+  };
+
+  static constexpr uint32_t kLongRun = 16;
+  static constexpr double kMaxCredit = 64.0;
+  static constexpr double kMaxGhostFactor = 64.0;
+
+  // InvalidArgument when config does not validate.
+  static Result<std::unique_ptr<CreditLruPolicy>> Create(size_t capacity_blocks,
+                                                         const Config& config);
+  // The default configuration. REQUIRES nothing: the defaults validate.
+  explicit CreditLruPolicy(size_t capacity_blocks);
+  CreditLruPolicy(const CreditLruPolicy&) = delete;
+  CreditLruPolicy& operator=(const CreditLruPolicy&) = delete;
+
+  PolicyKind kind() const override { return PolicyKind::kCreditLru; }
+  // A key remembered in the ghost table comes back with its use count + 1. The key joins its
+  // parent's run when the parent is tracked and is that run's last block; it starts a new run
+  // otherwise. A `parent` equal to `key` is ignored.
+  void OnInsert(const BlockKey& key, const BlockKey& parent) override;
+  // Counts a use and makes the key the most recently used.
+  void OnAccess(const BlockKey& key) override;
+  // Remembers the key's use count in the ghost table. Removing an inner block leaves its
+  // children tracked.
+  void OnRemove(const BlockKey& key) override;
+  // The evictable leaf with the lowest score; failing that, the least recently used evictable
+  // inner block; nullopt when nothing is evictable. Asks at most once per key.
+  std::optional<BlockKey> Victim(const EvictablePredicate& evictable) override;
+  size_t size() const override { return nodes_.size(); }
+  bool Contains(const BlockKey& key) const override { return nodes_.contains(key); }
+
+  // Introspection, for tests and statistics.
+  // Uses of `key` so far (insert included); 0 when it is neither tracked nor remembered.
+  uint32_t Uses(const BlockKey& key) const;
+  // The credit `key` is ranked with now (0 for an untracked key), in units of capacity.
+  double CreditOf(const BlockKey& key) const;
+  // Whether `key` is remembered in the ghost table.
+  bool InGhost(const BlockKey& key) const { return ghost_.contains(key); }
+  size_t ghost_size() const { return ghost_.size(); }
+  size_t ghost_capacity() const { return ghost_capacity_; }
+
+ private:
+  using Order = std::set<std::pair<int64_t, BlockKey>>;
+  struct Run {
+    BlockKey last;           // the run's most recently stored block
+    uint32_t length = 0;     // blocks stored by the run (evictions do not shorten it)
+    uint32_t members = 0;    // tracked keys that belong to the run
+    bool follow_up = false;  // stored behind a hit deeper than the first block
+  };
+  struct Node {
+    BlockKey parent;
+    uint64_t tick = 0;
+    uint64_t run = 0;
+    uint32_t children = 0;
+    uint32_t depth = 0;  // 0 when the parent is not tracked at insertion
+    uint32_t uses = 1;
+    Order::iterator pos;  // into leaves_ when children == 0, else into inner_
+  };
+
+  CreditLruPolicy(size_t capacity_blocks, const Config& config);
+
+  double Credit(const BlockKey& key, const Node& node) const;
+  // Puts `node` (not in any set) into the set its children count says, with a fresh score.
+  void Place(const BlockKey& key, Node& node);
+  void Unplace(Node& node);
+  void Remember(const BlockKey& key, uint32_t uses);
+
+  const Config config_;
+  const double capacity_;
+  const size_t ghost_capacity_;
+  uint64_t tick_ = 0;
+  uint64_t next_run_ = 1;
+  std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> orphan_children_;
+  std::unordered_map<uint64_t, Run> runs_;
+  Order leaves_;
+  Order inner_;
+  // Ghost: key -> (uses, sequence number of its slot in ghost_ring_). The ring holds the keys in
+  // the order they were remembered; a slot whose sequence number no longer matches the map is
+  // stale (the key came back, or was remembered again later).
+  struct GhostEntry {
+    uint32_t uses;
+    uint64_t seq;
+  };
+  std::unordered_map<BlockKey, GhostEntry, BlockKeyHash> ghost_;
+  std::vector<BlockKey> ghost_ring_;
+  uint64_t ghost_seq_ = 0;
+};
+
+}  // namespace kvtier
