@@ -21,7 +21,8 @@ G1Memory MakeG1(const KvLayout& l, uint32_t blocks, std::vector<uint8_t>& mem) {
     const uint64_t stride = l.ChunkBytes() + 64;
     const uint32_t regions = l.num_layers * l.num_planes;
     mem.assign(stride * blocks * regions, 0);
-    for (uint32_t r = 0; r < regions; ++r) g1.regions.push_back({mem.data() + r * stride * blocks, stride});
+    for (uint32_t r = 0; r < regions; ++r)
+      g1.regions.push_back({mem.data() + r * stride * blocks, stride});
   }
   EXPECT_TRUE(g1.Validate().ok()) << g1.Validate().ToString();
   return g1;
@@ -58,7 +59,8 @@ TEST_P(BlockCopyTest, GatherScatterRoundTripIsByteExact) {
   size_t changed_outside = 0;
   for (uint32_t layer = 0; layer < l.num_layers; ++layer) {
     for (uint32_t plane = 0; plane < l.num_planes; ++plane) {
-      ASSERT_EQ(std::memcmp(dst.Chunk(1, layer, plane), src.Chunk(3, layer, plane), l.ChunkBytes()), 0);
+      ASSERT_EQ(std::memcmp(dst.Chunk(1, layer, plane), src.Chunk(3, layer, plane), l.ChunkBytes()),
+                0);
     }
   }
   // Nothing but block 1's chunks changed.

@@ -63,7 +63,7 @@ TEST(BlockIndexTest, MatchReturnsLongestRunWithFastestTier) {
   auto index = MakeIndex();
   std::vector<BlockKey> prompt;
   for (uint64_t i = 0; i < 6; ++i) prompt.push_back(K(i));
-  InsertChain(*index, 0, 3, kTierG3, 0);          // blocks 0..2 on SSD
+  InsertChain(*index, 0, 3, kTierG3, 0);                    // blocks 0..2 on SSD
   EXPECT_TRUE(index->Insert(K(1), K(0), kTierG2, 5).ok());  // block 1 also in DRAM
   EXPECT_TRUE(index->Insert(K(4), K(3), kTierG2, 6).ok());  // block 4 cached, block 3 not
   MatchResult m = index->Match(prompt);
@@ -159,7 +159,8 @@ TEST(BlockIndexStressTest, ConcurrentOperationsKeepInvariants) {
         switch (rng() % 6) {
           case 0:
           case 1: {
-            Status s = index->Insert(K(k), k ? K(k - 1) : BlockKey{}, tier, static_cast<uint32_t>(k));
+            Status s =
+                index->Insert(K(k), k ? K(k - 1) : BlockKey{}, tier, static_cast<uint32_t>(k));
             if (s.ok()) {
               held[ti * kKeys + k].fetch_add(1);
             } else if (s.code() != StatusCode::kAlreadyExists) {
@@ -177,7 +178,8 @@ TEST(BlockIndexStressTest, ConcurrentOperationsKeepInvariants) {
             for (size_t j = 0; j < m.num_blocks(); ++j) {
               if (!index->Get(prompt[j]).has_value()) ++errors;
             }
-            if (!index->Unpin(std::span<const BlockKey>(prompt).subspan(0, m.num_blocks())).ok()) ++errors;
+            if (!index->Unpin(std::span<const BlockKey>(prompt).subspan(0, m.num_blocks())).ok())
+              ++errors;
             break;
           }
           case 3: {
@@ -210,7 +212,8 @@ TEST(BlockIndexStressTest, ConcurrentOperationsKeepInvariants) {
   EXPECT_EQ(index->TotalPins(), 0u);
   uint64_t g2 = 0, g3 = 0, keys = 0;
   for (uint64_t k = 0; k < kKeys; ++k) {
-    ASSERT_TRUE(held[k].load() == 0 || held[k].load() == 1) << "G2 key " << k << ": " << held[k].load();
+    ASSERT_TRUE(held[k].load() == 0 || held[k].load() == 1)
+        << "G2 key " << k << ": " << held[k].load();
     ASSERT_TRUE(held[kKeys + k].load() == 0 || held[kKeys + k].load() == 1) << "G3 key " << k;
     g2 += held[k].load();
     g3 += held[kKeys + k].load();

@@ -108,13 +108,15 @@ TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
     MiniEngine engine(mgr.get(), 64);
     engine.Run("a", prompt);
     // Push the prompt out of G2 into G3.
-    for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(30 + i, 16 * 4 + 1));
+    for (uint32_t i = 1; i <= 3; ++i)
+      engine.Run("f" + std::to_string(i), Prompt(30 + i, 16 * 4 + 1));
     mgr->WaitForSaves();
     ASSERT_GT(mgr->Stats().g3_blocks, 0u);
   }
   auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
   std::vector<KvEvent> events;
-  mgr->SubscribeEvents([&](std::span<const KvEvent> e) { events.insert(events.end(), e.begin(), e.end()); });
+  mgr->SubscribeEvents(
+      [&](std::span<const KvEvent> e) { events.insert(events.end(), e.begin(), e.end()); });
   EXPECT_GT(events.size(), 0u) << "the first subscriber hears of the recovered blocks";
   for (const KvEvent& e : events) EXPECT_EQ(e.tier, kTierG3);
   MiniEngine engine(mgr.get(), 64);
@@ -141,7 +143,8 @@ TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
     ASSERT_GE(fd, 0);
     for (uint64_t k = 0; k < 64; ++k) {
       const uint8_t junk[8] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4};
-      if (pwrite(fd, junk, sizeof(junk), 8192 + k * stride + 4096 + 1000) == sizeof(junk)) ++corrupted;
+      if (pwrite(fd, junk, sizeof(junk), 8192 + k * stride + 4096 + 1000) == sizeof(junk))
+        ++corrupted;
     }
     close(fd);
   }
@@ -242,7 +245,8 @@ TEST(BlockManagerTest, BadCallsGetClearErrors) {
   ASSERT_TRUE(mgr->Lookup({"x", prompt, "", ""}, 0).ok());
   EXPECT_EQ(mgr->PrepareLoad("x", g1, 16).status().code(), StatusCode::kInvalidArgument)
       << "more than Lookup offered";
-  EXPECT_EQ(mgr->Commit("x", prompt, std::vector<uint32_t>{0}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(mgr->Commit("x", prompt, std::vector<uint32_t>{0}).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(mgr->WaitLayer(99).code(), StatusCode::kInvalidArgument);
   ManagerOptions bad;
   bad.layout = TestLayout();

@@ -1,8 +1,8 @@
 // Runs the real `kvtier` binary as a user would and checks its output and exit codes.
-#include <cstdio>
-#include <string>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdio>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -50,8 +50,8 @@ TEST(CliTest, UnknownCommandAndFlagAreUsageErrors) {
 TEST(CliTest, BenchCopyJsonHasTheKeys) {
   CliRun r = Kvtier("bench copy --blocks 8 --layers 4 --reps 1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* key : {"\"offload_gbps\"", "\"onboard_gbps\"", "\"memcpy_gbps\"",
-                          "\"threads\"", "\"block_bytes\": 262144"}) {
+  for (const char* key : {"\"offload_gbps\"", "\"onboard_gbps\"", "\"memcpy_gbps\"", "\"threads\"",
+                          "\"block_bytes\": 262144"}) {
     EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
   }
 }
@@ -75,11 +75,12 @@ TEST(CliTest, BenchManagerJsonHasTheKeys) {
   char tmpl[] = "/tmp/kvtier-bench-manager-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   CliRun r = Kvtier(std::string("bench manager --prompts 1 --prompt-blocks 4 --commit-seconds 0.2 "
-                                "--json --dir ") + tmpl + "/d");
+                                "--json --dir ") +
+                    tmpl + "/d");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* key : {"\"lookup_per_s\"", "\"commit_per_s\"", "\"commit_p99_us\"",
-                          "\"load_gbps_g2\"", "\"load_gbps_g3\"", "\"save_gbps\"",
-                          "\"load_g3_blocks\": 4"}) {
+  for (const char* key :
+       {"\"lookup_per_s\"", "\"commit_per_s\"", "\"commit_p99_us\"", "\"load_gbps_g2\"",
+        "\"load_gbps_g3\"", "\"save_gbps\"", "\"load_g3_blocks\": 4"}) {
     EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
   }
   rmdir(tmpl);
@@ -95,7 +96,8 @@ TEST(CliTest, ConfigShowsSourcesAndRefusesBadValues) {
       << r.output;
   r = KvtierWithEnv("KVTIER_G3_QUEUE_DEPTH=lots", "config");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("g3.queue_depth = 'lots' (from KVTIER_G3_QUEUE_DEPTH)"), std::string::npos)
+  EXPECT_NE(r.output.find("g3.queue_depth = 'lots' (from KVTIER_G3_QUEUE_DEPTH)"),
+            std::string::npos)
       << r.output;
   r = Kvtier("config --config /nonexistent/kvtier.toml");
   EXPECT_EQ(r.exit_code, 2);

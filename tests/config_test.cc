@@ -35,7 +35,8 @@ TEST(ConfigTest, DefaultsAreValidAndTyped) {
   EXPECT_TRUE(c.GetBool("g2.hugepages"));
   EXPECT_EQ(c.GetString("g3.dir"), "./kvtier-data");
   EXPECT_EQ(c.GetString("hash.algorithm"), "sha256");
-  for (const ConfigEntry& e : c.Entries()) EXPECT_EQ(e.source, ConfigSource::kDefault) << e.spec->name;
+  for (const ConfigEntry& e : c.Entries())
+    EXPECT_EQ(e.source, ConfigSource::kDefault) << e.spec->name;
 }
 
 TEST(ConfigTest, SetValidatesAndNamesFieldValueAndRange) {

@@ -49,7 +49,8 @@ TEST(LayoutTest, InvalidValuesNameTheFieldAndRange) {
       {"tokens_per_block", [](KvLayout& l) { l.tokens_per_block = 24; }},
       {"tokens_per_block", [](KvLayout& l) { l.tokens_per_block = 2048; }},
       {"dtype", [](KvLayout& l) { l.dtype = static_cast<DType>(9); }},
-      {"block bytes", [](KvLayout& l) {
+      {"block bytes",
+       [](KvLayout& l) {
          l.num_layers = 1024;
          l.num_kv_heads = 1024;
          l.head_dim = 1024;

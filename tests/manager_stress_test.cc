@@ -96,20 +96,20 @@ TEST(ManagerStressTest, ConcurrentConversationsWithG3FaultsServeOnlyCorrectBytes
 
   const ManagerStats s = manager.Stats();
   const FaultCounts fc = faults->counts();
-  std::printf("stress: %llu requests, %llu blocks loaded (G2 %llu, G3 %llu), %llu load failures, "
-              "%llu corrupt caught, %llu faults injected (%llu silent), %llu demoted, "
-              "%llu dropped saves, %llu quarantines\n",
-              static_cast<unsigned long long>(requests.load()),
-              static_cast<unsigned long long>(loaded_blocks.load()),
-              static_cast<unsigned long long>(s.hit_blocks[kTierG2]),
-              static_cast<unsigned long long>(s.hit_blocks[kTierG3]),
-              static_cast<unsigned long long>(s.load_failures),
-              static_cast<unsigned long long>(s.corrupt_blocks),
-              static_cast<unsigned long long>(fc.total()),
-              static_cast<unsigned long long>(fc.silent()),
-              static_cast<unsigned long long>(s.demoted_blocks),
-              static_cast<unsigned long long>(s.dropped_saves),
-              static_cast<unsigned long long>(s.g3_quarantines));
+  std::printf(
+      "stress: %llu requests, %llu blocks loaded (G2 %llu, G3 %llu), %llu load failures, "
+      "%llu corrupt caught, %llu faults injected (%llu silent), %llu demoted, "
+      "%llu dropped saves, %llu quarantines\n",
+      static_cast<unsigned long long>(requests.load()),
+      static_cast<unsigned long long>(loaded_blocks.load()),
+      static_cast<unsigned long long>(s.hit_blocks[kTierG2]),
+      static_cast<unsigned long long>(s.hit_blocks[kTierG3]),
+      static_cast<unsigned long long>(s.load_failures),
+      static_cast<unsigned long long>(s.corrupt_blocks),
+      static_cast<unsigned long long>(fc.total()), static_cast<unsigned long long>(fc.silent()),
+      static_cast<unsigned long long>(s.demoted_blocks),
+      static_cast<unsigned long long>(s.dropped_saves),
+      static_cast<unsigned long long>(s.g3_quarantines));
   EXPECT_EQ(mismatches.load(), 0u) << "a load delivered bytes its key does not imply";
   EXPECT_GT(requests.load(), 20u);
   EXPECT_GT(loaded_blocks.load(), 0u);

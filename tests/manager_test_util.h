@@ -92,9 +92,9 @@ class MiniEngine {
   }
 
   struct Outcome {
-    uint32_t offered_tokens = 0;   // Lookup
-    uint32_t planned_tokens = 0;   // PrepareLoad
-    uint32_t loaded_tokens = 0;    // LoadedTokens
+    uint32_t offered_tokens = 0;     // Lookup
+    uint32_t planned_tokens = 0;     // PrepareLoad
+    uint32_t loaded_tokens = 0;      // LoadedTokens
     uint64_t mismatched_blocks = 0;  // loaded blocks whose bytes differ from their key's
     bool load_error = false;
   };
@@ -200,7 +200,8 @@ class MiniEngine {
     for (uint32_t b : blocks) {
       // Poison freed blocks: a save that read them after the free would store garbage.
       for (uint32_t l = 0; l < layout_.num_layers; ++l) {
-        for (uint32_t p = 0; p < layout_.num_planes; ++p) std::memset(g1_.Chunk(b, l, p), 0xee, layout_.ChunkBytes());
+        for (uint32_t p = 0; p < layout_.num_planes; ++p)
+          std::memset(g1_.Chunk(b, l, p), 0xee, layout_.ChunkBytes());
       }
       free_.push_back(b);
     }
@@ -210,7 +211,8 @@ class MiniEngine {
     KeyContent(key, bytes.data(), bytes.size());
     for (uint32_t l = 0; l < layout_.num_layers; ++l) {
       for (uint32_t p = 0; p < layout_.num_planes; ++p) {
-        std::memcpy(g1_.Chunk(block, l, p), bytes.data() + layout_.ChunkOffset(l, p), layout_.ChunkBytes());
+        std::memcpy(g1_.Chunk(block, l, p), bytes.data() + layout_.ChunkOffset(l, p),
+                    layout_.ChunkBytes());
       }
     }
   }

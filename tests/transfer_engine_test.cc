@@ -25,7 +25,9 @@ KvLayout SmallLayout() {
 }
 
 // The byte every block `b` holds at canonical offset `off`: any misplaced byte shows.
-uint8_t Pattern(uint64_t b, uint64_t off) { return static_cast<uint8_t>((b * 131 + off * 7 + off / 4096) & 0xff); }
+uint8_t Pattern(uint64_t b, uint64_t off) {
+  return static_cast<uint8_t>((b * 131 + off * 7 + off / 4096) & 0xff);
+}
 
 struct Rig {
   KvLayout layout = SmallLayout();
@@ -55,7 +57,8 @@ struct Rig {
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
       for (uint32_t p = 0; p < layout.num_planes; ++p) {
         uint8_t* c = g1.Chunk(block, l, p);
-        for (uint64_t i = 0; i < layout.ChunkBytes(); ++i) c[i] = Pattern(pattern_id, layout.ChunkOffset(l, p) + i);
+        for (uint64_t i = 0; i < layout.ChunkBytes(); ++i)
+          c[i] = Pattern(pattern_id, layout.ChunkOffset(l, p) + i);
       }
     }
   }
@@ -66,7 +69,8 @@ struct Rig {
       if (layer >= 0 && l != static_cast<uint32_t>(layer)) continue;
       for (uint32_t p = 0; p < layout.num_planes; ++p) {
         const uint8_t* c = g1.Chunk(block, l, p);
-        for (uint64_t i = 0; i < layout.ChunkBytes(); ++i) bad += c[i] != Pattern(pattern_id, layout.ChunkOffset(l, p) + i);
+        for (uint64_t i = 0; i < layout.ChunkBytes(); ++i)
+          bad += c[i] != Pattern(pattern_id, layout.ChunkOffset(l, p) + i);
       }
     }
     return bad;
@@ -194,8 +198,9 @@ TEST(TransferEngineTest, SaveQueueIsBoundedAndOverflowIsDroppedAndCounted) {
   cfg.max_queued_saves = 4;
   Rig rig(cfg);
   Gate gate;
-  auto blocker = rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
-                                    [&](size_t, const Status&) { gate.Enter(); });
+  auto blocker =
+      rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
+                         [&](size_t, const Status&) { gate.Enter(); });
   ASSERT_TRUE(blocker.ok());
   gate.WaitEntered();  // the worker is busy; nothing else drains the queue
   std::vector<BlockTransfer> three;
@@ -225,15 +230,19 @@ TEST(TransferEngineTest, LoadsRunBeforeQueuedSaves) {
     std::lock_guard<std::mutex> lock(order_mu);
     order.push_back(c);
   };
-  auto blocker = rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
-                                    [&](size_t, const Status&) { gate.Enter(); });
+  auto blocker =
+      rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
+                         [&](size_t, const Status&) { gate.Enter(); });
   ASSERT_TRUE(blocker.ok());
   gate.WaitEntered();
   std::vector<BlockTransfer> saves, loads;
   for (uint32_t i = 1; i <= 3; ++i) saves.push_back(Move(BlockTransfer::Op::kG1ToG2, i, i));
-  for (uint32_t i = 1; i <= 3; ++i) loads.push_back(Move(BlockTransfer::Op::kG2ToG1, 8 + i, 10 + i));
-  auto s = rig.engine->Submit(saves, TransferPriority::kSave, [&](size_t, const Status&) { record('s'); });
-  auto l = rig.engine->Submit(loads, TransferPriority::kLoad, [&](size_t, const Status&) { record('l'); });
+  for (uint32_t i = 1; i <= 3; ++i)
+    loads.push_back(Move(BlockTransfer::Op::kG2ToG1, 8 + i, 10 + i));
+  auto s = rig.engine->Submit(saves, TransferPriority::kSave,
+                              [&](size_t, const Status&) { record('s'); });
+  auto l = rig.engine->Submit(loads, TransferPriority::kLoad,
+                              [&](size_t, const Status&) { record('l'); });
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(l.ok());
   gate.Open();
@@ -265,7 +274,8 @@ class TransferEngineDiskTest : public ::testing::Test {
     disk_.reset();
     std::filesystem::remove_all(dir_);
   }
-  static BlockTransfer DiskMove(BlockTransfer::Op op, uint64_t id, uint32_t g1_block, uint32_t slot) {
+  static BlockTransfer DiskMove(BlockTransfer::Op op, uint64_t id, uint32_t g1_block,
+                                uint32_t slot) {
     BlockTransfer m = Move(op, g1_block, slot);
     m.key = BlockKey{id * 0x9e3779b97f4a7c15ull + 3, id};
     m.parent = BlockKey{1, id};
@@ -295,16 +305,19 @@ TEST_F(TransferEngineDiskTest, G1ToG3AndBackThroughG2IsByteExact) {
   for (uint32_t b = 0; b < 6; ++b) std::memset(rig.arena->SlotData(b), 0, rig.arena->slot_bytes());
   // G3 -> G1 staged through fresh G2 slots, and G3 -> G2.
   std::vector<BlockTransfer> loads;
-  for (uint32_t b = 0; b < 6; ++b) loads.push_back(DiskMove(BlockTransfer::Op::kG3ToG1, b, 10 + b, 20 + b));
+  for (uint32_t b = 0; b < 6; ++b)
+    loads.push_back(DiskMove(BlockTransfer::Op::kG3ToG1, b, 10 + b, 20 + b));
   auto l = rig.engine->Submit(loads, TransferPriority::kLoad);
   ASSERT_TRUE(l.ok());
-  for (uint32_t layer = 0; layer < rig.layout.num_layers; ++layer) ASSERT_TRUE((*l)->WaitLayer(layer).ok());
+  for (uint32_t layer = 0; layer < rig.layout.num_layers; ++layer)
+    ASSERT_TRUE((*l)->WaitLayer(layer).ok());
   ASSERT_TRUE((*l)->Wait().ok());
   for (uint32_t b = 0; b < 6; ++b) {
     EXPECT_EQ(rig.G1Mismatches(10 + b, 500 + b), 0u) << b;
     EXPECT_EQ(rig.SlotMismatches(20 + b, 500 + b), 0u) << "the staging slot holds the block too";
   }
-  auto r = rig.engine->Submit({DiskMove(BlockTransfer::Op::kG3ToG2, 2, 0, 30)}, TransferPriority::kLoad);
+  auto r =
+      rig.engine->Submit({DiskMove(BlockTransfer::Op::kG3ToG2, 2, 0, 30)}, TransferPriority::kLoad);
   ASSERT_TRUE((*r)->Wait().ok());
   EXPECT_EQ(rig.SlotMismatches(30, 502), 0u);
 }

@@ -49,8 +49,10 @@ int RunBenchArena(const CliArgs& args) {
   if (!threads.ok()) return UsageError(threads.status());
   if (!reps.ok()) return UsageError(reps.status());
   if (*bytes < (2u << 20)) return UsageError(Status::InvalidArgument("--bytes must be >= 2MiB"));
-  if (*threads < 1 || *threads > 1024) return UsageError(Status::InvalidArgument("--threads must be in 1..1024"));
-  if (*reps < 1 || *reps > 100) return UsageError(Status::InvalidArgument("--reps must be in 1..100"));
+  if (*threads < 1 || *threads > 1024)
+    return UsageError(Status::InvalidArgument("--threads must be in 1..1024"));
+  if (*reps < 1 || *reps > 100)
+    return UsageError(Status::InvalidArgument("--reps must be in 1..100"));
   const uint64_t size = *bytes / (2u << 20) * (2u << 20);
 
   double touch_ms = 1e30, arena_ms = 1e30;

@@ -54,7 +54,8 @@ int RunBenchCopy(const CliArgs& args) {
   if (*max_threads < 1 || *max_threads > 256) {
     return UsageError(Status::InvalidArgument("--max-threads must be in 1..256"));
   }
-  if (*reps < 1 || *reps > 1000) return UsageError(Status::InvalidArgument("--reps must be in 1..1000"));
+  if (*reps < 1 || *reps > 1000)
+    return UsageError(Status::InvalidArgument("--reps must be in 1..1000"));
   const bool json = args.Has("json");
   const uint32_t n = static_cast<uint32_t>(*blocks);
   const uint64_t block_bytes = layout->BlockBytes();
@@ -97,22 +98,26 @@ int RunBenchCopy(const CliArgs& args) {
       // Interleave the four measurements so that noise from other tenants hits all alike.
       Stopwatch w1;
       ParallelRanges(t, n, [&](unsigned, size_t lo, size_t hi) {
-        for (size_t i = lo; i < hi; ++i) GatherBlock(g1, static_cast<uint32_t>(i), arena->SlotData(slots[i]));
+        for (size_t i = lo; i < hi; ++i)
+          GatherBlock(g1, static_cast<uint32_t>(i), arena->SlotData(slots[i]));
       });
       b.offload_s = std::min(b.offload_s, w1.Seconds());
       Stopwatch w2;
       ParallelRanges(t, n, [&](unsigned, size_t lo, size_t hi) {
-        for (size_t i = lo; i < hi; ++i) std::memcpy(arena->SlotData(slots[i]), g1_base + i * block_bytes, block_bytes);
+        for (size_t i = lo; i < hi; ++i)
+          std::memcpy(arena->SlotData(slots[i]), g1_base + i * block_bytes, block_bytes);
       });
       b.memcpy_out_s = std::min(b.memcpy_out_s, w2.Seconds());
       Stopwatch w3;
       ParallelRanges(t, n, [&](unsigned, size_t lo, size_t hi) {
-        for (size_t i = lo; i < hi; ++i) ScatterBlock(g1, arena->SlotData(slots[i]), static_cast<uint32_t>(i));
+        for (size_t i = lo; i < hi; ++i)
+          ScatterBlock(g1, arena->SlotData(slots[i]), static_cast<uint32_t>(i));
       });
       b.onboard_s = std::min(b.onboard_s, w3.Seconds());
       Stopwatch w4;
       ParallelRanges(t, n, [&](unsigned, size_t lo, size_t hi) {
-        for (size_t i = lo; i < hi; ++i) std::memcpy(g1_base + i * block_bytes, arena->SlotData(slots[i]), block_bytes);
+        for (size_t i = lo; i < hi; ++i)
+          std::memcpy(g1_base + i * block_bytes, arena->SlotData(slots[i]), block_bytes);
       });
       b.memcpy_in_s = std::min(b.memcpy_in_s, w4.Seconds());
     }

@@ -36,7 +36,8 @@ int RunBenchIndex(const CliArgs& args) {
   if (*tokens < 1 || *tokens > (1u << 26)) {
     return UsageError(Status::InvalidArgument("--tokens must be in 1..67108864"));
   }
-  if (*reps < 1 || *reps > 10000) return UsageError(Status::InvalidArgument("--reps must be in 1..10000"));
+  if (*reps < 1 || *reps > 10000)
+    return UsageError(Status::InvalidArgument("--reps must be in 1..10000"));
 
   KeyNamespace ns{"bench-model", 0x1234, "", ""};
   auto hasher = BlockHasher::Create(ns, static_cast<uint32_t>(*tpb), *algo);
@@ -106,9 +107,10 @@ int RunBenchIndex(const CliArgs& args) {
                 static_cast<unsigned long long>(*tokens), keys.size(),
                 static_cast<unsigned long long>(*tpb), HashAlgorithmName(*algo),
                 static_cast<unsigned long long>(*reps));
-    std::printf("  hash only       %10.1f us\n  hash + match    %10.1f us  (%.3f x hash)\n"
-                "  match only      %10.1f us\n",
-                hash_us, lookup_us, lookup_us / hash_us, match_us);
+    std::printf(
+        "  hash only       %10.1f us\n  hash + match    %10.1f us  (%.3f x hash)\n"
+        "  match only      %10.1f us\n",
+        hash_us, lookup_us, lookup_us / hash_us, match_us);
   }
   return 0;
 }

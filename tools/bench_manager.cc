@@ -3,13 +3,13 @@
 // bytes on the same number of threads, loads from G3 against the disk tier's own random reads
 // of the same blocks, and Commit latency while demotions keep the disk busy.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <chrono>
 #include <numeric>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_timer.h"
@@ -48,9 +48,11 @@ Result<G1Emulation> MakeG1(const KvLayout& layout, uint32_t blocks) {
   e.g1.layout = layout;
   e.g1.num_blocks = blocks;
   for (uint32_t r = 0; r < layout.num_layers * layout.num_planes; ++r) {
-    e.g1.regions.push_back({e.mem->base() + uint64_t{r} * blocks * layout.ChunkBytes(), layout.ChunkBytes()});
+    e.g1.regions.push_back(
+        {e.mem->base() + uint64_t{r} * blocks * layout.ChunkBytes(), layout.ChunkBytes()});
   }
-  for (uint64_t i = 0; i < c.slot_bytes; i += 4096) e.mem->base()[i] = static_cast<uint8_t>(i >> 12);
+  for (uint64_t i = 0; i < c.slot_bytes; i += 4096)
+    e.mem->base()[i] = static_cast<uint8_t>(i >> 12);
   return e;
 }
 
@@ -88,8 +90,8 @@ struct LoadRun {
   std::array<uint32_t, kNumTiers> by_tier{};
 };
 
-Result<LoadRun> LoadPrompts(BlockManager& m, const std::string& tag, uint32_t first,
-                            uint32_t count, uint32_t prompt_blocks) {
+Result<LoadRun> LoadPrompts(BlockManager& m, const std::string& tag, uint32_t first, uint32_t count,
+                            uint32_t prompt_blocks) {
   const KvLayout& l = m.layout();
   const size_t tokens = size_t{prompt_blocks} * l.tokens_per_block + 1;
   LoadRun run;
@@ -109,7 +111,8 @@ Result<LoadRun> LoadPrompts(BlockManager& m, const std::string& tag, uint32_t fi
   }
   Stopwatch w;
   KVTIER_RETURN_IF_ERROR(m.StartLoad());
-  for (uint32_t layer = 0; layer < l.num_layers; ++layer) KVTIER_RETURN_IF_ERROR(m.WaitLayer(layer));
+  for (uint32_t layer = 0; layer < l.num_layers; ++layer)
+    KVTIER_RETURN_IF_ERROR(m.WaitLayer(layer));
   run.seconds = w.Seconds();
   for (const auto& id : ids) {
     (void)m.LoadedTokens(id);
@@ -204,7 +207,8 @@ void PrintUsage() {
       "  Through the connector API, with 2 MiB blocks (Llama-3-8B): saves of N prompts of B\n"
       "  blocks, lookups, loads from G2 (vs memcpy of the same bytes on T threads), loads from G3\n"
       "  staged through G2 (vs the disk tier's own random reads in D), and the latency of\n"
-      "  one-block Commits, one every I us for S seconds, while their demotions saturate the disk.\n"
+      "  one-block Commits, one every I us for S seconds, while their demotions saturate the "
+      "disk.\n"
       "  Defaults: N 8, B 32, T 2, S 2, I 200, D ./kvtier-data/bench-manager (removed after).\n");
 }
 
@@ -215,8 +219,8 @@ int RunBenchManager(const CliArgs& cli) {
     PrintUsage();
     return 0;
   }
-  if (Status s = cli.CheckKnown({"help", "json", "prompts", "prompt-blocks", "threads", "commit-seconds",
-                                "commit-interval-us", "dir"});
+  if (Status s = cli.CheckKnown({"help", "json", "prompts", "prompt-blocks", "threads",
+                                 "commit-seconds", "commit-interval-us", "dir"});
       !s.ok()) {
     return UsageError(s);
   }
@@ -262,7 +266,8 @@ int RunBenchManager(const CliArgs& cli) {
   if (Status s = m.RegisterDeviceMemory(g1e->g1); !s.ok()) return Failure(s);
 
   // 1. Saves: commit every prompt (computed from scratch), then one StartSave.
-  if (Status s = SavePrompts(m, "s", 0, a.prompts, a.prompt_blocks, nullptr); !s.ok()) return Failure(s);
+  if (Status s = SavePrompts(m, "s", 0, a.prompts, a.prompt_blocks, nullptr); !s.ok())
+    return Failure(s);
   Stopwatch save_watch;
   if (Status s = m.StartSave(); !s.ok()) return Failure(s);
   m.WaitForSaves();
@@ -336,7 +341,8 @@ int RunBenchManager(const CliArgs& cli) {
   uint64_t c = 0;
   while (phase.Seconds() < a.commit_seconds) {
     const std::string id = "c" + std::to_string(c);
-    const auto prompt = BenchPrompt(500000 + static_cast<uint32_t>(c), size_t{per_request} * layout.tokens_per_block + 1);
+    const auto prompt = BenchPrompt(500000 + static_cast<uint32_t>(c),
+                                    size_t{per_request} * layout.tokens_per_block + 1);
     std::vector<uint32_t> g1(per_request + 1);
     std::iota(g1.begin(), g1.end(), 0u);
     auto lr = (*m5)->Lookup({id, std::span<const TokenId>(prompt).subspan(0, 1), "", ""}, 0);
@@ -346,7 +352,8 @@ int RunBenchManager(const CliArgs& cli) {
       next += interval;
       std::this_thread::sleep_until(next);
       Stopwatch cw;
-      Status s = (*m5)->Commit(id, std::span<const TokenId>(prompt).subspan(0, size_t{b} * layout.tokens_per_block), g1);
+      Status s = (*m5)->Commit(
+          id, std::span<const TokenId>(prompt).subspan(0, size_t{b} * layout.tokens_per_block), g1);
       lat.push_back(cw.Micros());
       if (!s.ok()) return Failure(s);
       (void)(*m5)->StartSave();
@@ -400,16 +407,21 @@ int RunBenchManager(const CliArgs& cli) {
   } else {
     std::printf("bench manager: %u prompts x %u blocks of %s, %u copy threads\n", a.prompts,
                 a.prompt_blocks, layout.ToString().c_str(), a.threads);
-    std::printf("  lookup          %10.0f /s   (%zu-token prompts, hash + match)\n", lookup_per_s, tokens);
+    std::printf("  lookup          %10.0f /s   (%zu-token prompts, hash + match)\n", lookup_per_s,
+                tokens);
     std::printf("  save G1->G2     %10.2f GB/s\n", save_gbps);
     std::printf("  load G2->G1     %10.2f GB/s   memcpy %.2f GB/s   ratio %.3f\n", load_gbps_g2,
                 memcpy_gbps, load_gbps_g2 / memcpy_gbps);
-    std::printf("  load G3->G1     %10.2f GB/s   disk tier reads %.2f GB/s   ratio %.3f  (%u blocks from G3)\n",
-                load_gbps_g3, *raw, load_gbps_g3 / *raw, g3load->by_tier[kTierG3]);
-    std::printf("  commit          %10.0f /s   p50 %.1f us   p99 %.1f us   (%zu commits; meanwhile %llu demotions, %.2f GB/s to G3; %llu saves dropped)\n",
-                commit_per_s, commit_p50, commit_p99, lat.size(),
-                static_cast<unsigned long long>(s5.demoted_blocks), demote_gbps,
-                static_cast<unsigned long long>(s5.dropped_saves));
+    std::printf(
+        "  load G3->G1     %10.2f GB/s   disk tier reads %.2f GB/s   ratio %.3f  (%u blocks from "
+        "G3)\n",
+        load_gbps_g3, *raw, load_gbps_g3 / *raw, g3load->by_tier[kTierG3]);
+    std::printf(
+        "  commit          %10.0f /s   p50 %.1f us   p99 %.1f us   (%zu commits; meanwhile %llu "
+        "demotions, %.2f GB/s to G3; %llu saves dropped)\n",
+        commit_per_s, commit_p50, commit_p99, lat.size(),
+        static_cast<unsigned long long>(s5.demoted_blocks), demote_gbps,
+        static_cast<unsigned long long>(s5.dropped_saves));
   }
   (void)after_g3;
   return 0;

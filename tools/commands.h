@@ -6,14 +6,14 @@
 
 namespace kvtier::cli {
 
-int RunBenchCopy(const CliArgs& args);   // kvtier bench copy
-int RunBenchIndex(const CliArgs& args);  // kvtier bench index
-int RunBenchArena(const CliArgs& args);  // kvtier bench arena
-int RunKeys(const CliArgs& args);        // kvtier keys
-int RunConfig(const CliArgs& args);      // kvtier config
+int RunBenchCopy(const CliArgs& args);     // kvtier bench copy
+int RunBenchIndex(const CliArgs& args);    // kvtier bench index
+int RunBenchArena(const CliArgs& args);    // kvtier bench arena
+int RunKeys(const CliArgs& args);          // kvtier keys
+int RunConfig(const CliArgs& args);        // kvtier config
 int RunBenchManager(const CliArgs& args);  // kvtier bench manager
-int RunBenchDisk(const CliArgs& args);   // kvtier bench disk
-int RunInspect(const CliArgs& args);     // kvtier inspect DIR
-int RunSim(const CliArgs& args);         // kvtier sim --trace FILE
+int RunBenchDisk(const CliArgs& args);     // kvtier bench disk
+int RunInspect(const CliArgs& args);       // kvtier inspect DIR
+int RunSim(const CliArgs& args);           // kvtier sim --trace FILE
 
 }  // namespace kvtier::cli

@@ -56,8 +56,7 @@ int RunConfig(const CliArgs& args) {
   for (const ConfigEntry& e : config->Entries()) {
     std::string source = ConfigSourceName(e.source);
     if (!e.origin.empty()) source += " " + e.origin;
-    const std::string value =
-        e.spec->type == ConfigType::kBytes ? HumanBytes(e.value) : e.value;
+    const std::string value = e.spec->type == ConfigType::kBytes ? HumanBytes(e.value) : e.value;
     std::printf("%-28s %-14s %-30s %s\n", e.spec->name.c_str(), value.c_str(), source.c_str(),
                 e.spec->doc.c_str());
   }

@@ -39,8 +39,8 @@ int RunKeys(const CliArgs& args) {
     char* end = nullptr;
     const unsigned long long v = std::strtoull(word.c_str(), &end, 10);
     if (word.empty() || *end != '\0' || v > UINT32_MAX) {
-      return UsageError(Status::InvalidArgument("--tokens: '" + word +
-                                                "' is not a token id (0..4294967295)"));
+      return UsageError(
+          Status::InvalidArgument("--tokens: '" + word + "' is not a token id (0..4294967295)"));
     }
     tokens.push_back(static_cast<TokenId>(v));
     pos = comma + 1;

@@ -22,11 +22,14 @@ const std::vector<Command>& Commands() {
       {{"bench", "copy"},
        "G1 (emulated, layer-separate) <-> G2 block copies vs plain memcpy, 1 and 2 threads",
        RunBenchCopy},
-      {{"bench", "index"}, "hash a 131,072-token prompt, and hash + match it in the index",
+      {{"bench", "index"},
+       "hash a 131,072-token prompt, and hash + match it in the index",
        RunBenchIndex},
-      {{"bench", "arena"}, "G2 arena start-up vs a plain parallel first touch of the same bytes",
+      {{"bench", "arena"},
+       "G2 arena start-up vs a plain parallel first touch of the same bytes",
        RunBenchArena},
-      {{"bench", "disk"}, "G3 block writes and random reads (O_DIRECT, io_uring) vs fio",
+      {{"bench", "disk"},
+       "G3 block writes and random reads (O_DIRECT, io_uring) vs fio",
        RunBenchDisk},
       {{"inspect"}, "report the blocks, bytes and corrupt blocks of a G3 directory", RunInspect},
       {{"bench", "manager"},
@@ -77,7 +80,8 @@ int main(int argc, char** argv) {
     return c.run(*args);
   }
   std::string given;
-  for (int i = 1; i < argc && i < 3; ++i) given += (given.empty() ? "" : " ") + std::string(argv[i]);
+  for (int i = 1; i < argc && i < 3; ++i)
+    given += (given.empty() ? "" : " ") + std::string(argv[i]);
   std::fprintf(stderr, "kvtier: unknown command '%s'\n\n", given.c_str());
   PrintHelp(stderr);
   return 2;

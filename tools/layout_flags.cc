@@ -32,7 +32,8 @@ Result<KvLayout> LayoutFromFlags(const CliArgs& args) {
     KVTIER_ASSIGN_OR_RETURN(l.dtype, ParseDType(args.GetString("dtype", "")));
   }
   if (args.Has("arrangement")) {
-    KVTIER_ASSIGN_OR_RETURN(l.g1_arrangement, ParseG1Arrangement(args.GetString("arrangement", "")));
+    KVTIER_ASSIGN_OR_RETURN(l.g1_arrangement,
+                            ParseG1Arrangement(args.GetString("arrangement", "")));
   }
   KVTIER_RETURN_IF_ERROR(l.Validate());
   return l;

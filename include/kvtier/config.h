@@ -27,7 +27,7 @@ enum class ConfigType : uint8_t { kBytes, kUint, kBool, kString, kChoice };
 
 // The description of one field.
 struct ConfigFieldSpec {
-  std::string name;           // "g2.capacity_bytes"
+  std::string name;  // "g2.capacity_bytes"
   ConfigType type;
   std::string default_value;  // as text, e.g. "2GiB"
   std::string doc;            // one line: what it does
@@ -39,9 +39,9 @@ struct ConfigFieldSpec {
 // One field's effective value.
 struct ConfigEntry {
   const ConfigFieldSpec* spec;
-  std::string value;       // normalized text (sizes as bytes)
+  std::string value;  // normalized text (sizes as bytes)
   ConfigSource source;
-  std::string origin;      // file path, or environment variable name; empty for defaults
+  std::string origin;  // file path, or environment variable name; empty for defaults
 };
 
 class Config {

@@ -61,25 +61,25 @@ struct FinishedRequests {
 
 struct ManagerStats {
   uint64_t lookups = 0;
-  uint64_t lookup_blocks = 0;          // prompt blocks asked about (after num_computed_tokens)
+  uint64_t lookup_blocks = 0;  // prompt blocks asked about (after num_computed_tokens)
   std::array<uint64_t, kNumTiers> hit_blocks{};  // blocks loaded into G1, by source tier
-  uint64_t miss_blocks = 0;            // blocks asked about that no tier could supply
-  uint64_t load_failures = 0;          // blocks whose load failed (the engine recomputes them)
-  uint64_t saved_blocks = 0;           // blocks written to G2 by Commit/StartSave
-  uint64_t dedup_blocks = 0;           // committed blocks already stored (not saved again)
-  uint64_t dropped_saves = 0;          // saves dropped: queue full or no G2 slot free
-  uint64_t demoted_blocks = 0;         // G2 victims written to G3
-  uint64_t demotions_not_admitted = 0; // G2 victims G3's admission refused
+  uint64_t miss_blocks = 0;                      // blocks asked about that no tier could supply
+  uint64_t load_failures = 0;           // blocks whose load failed (the engine recomputes them)
+  uint64_t saved_blocks = 0;            // blocks written to G2 by Commit/StartSave
+  uint64_t dedup_blocks = 0;            // committed blocks already stored (not saved again)
+  uint64_t dropped_saves = 0;           // saves dropped: queue full or no G2 slot free
+  uint64_t demoted_blocks = 0;          // G2 victims written to G3
+  uint64_t demotions_not_admitted = 0;  // G2 victims G3's admission refused
   uint64_t demotion_failures = 0;
   uint64_t evicted_blocks_g2 = 0;
   uint64_t evicted_blocks_g3 = 0;
-  uint64_t promoted_blocks = 0;        // G3 blocks staged into G2 by loads
-  uint64_t corrupt_blocks = 0;         // G3 blocks that failed verification (never served)
+  uint64_t promoted_blocks = 0;  // G3 blocks staged into G2 by loads
+  uint64_t corrupt_blocks = 0;   // G3 blocks that failed verification (never served)
   uint64_t g3_quarantines = 0;
   bool g3_quarantined = false;
   std::array<uint64_t, 5> bytes_by_path{};  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1(staged)
   uint64_t g2_blocks = 0, g2_slots = 0, g2_free_slots = 0, g3_blocks = 0, g3_slots = 0;
-  uint64_t pinned_blocks = 0;          // pins held now (0 when idle: a leak check)
+  uint64_t pinned_blocks = 0;  // pins held now (0 when idle: a leak check)
   uint64_t events_emitted = 0;
 };
 

@@ -85,7 +85,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -111,9 +111,9 @@ class [[nodiscard]] Result {
 #define KVTIER_CONCAT_(a, b) KVTIER_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (a Status) is not ok.
-#define KVTIER_RETURN_IF_ERROR(expr)            \
-  do {                                          \
-    ::kvtier::Status kvtier_status_ = (expr);   \
+#define KVTIER_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::kvtier::Status kvtier_status_ = (expr);        \
     if (!kvtier_status_.ok()) return kvtier_status_; \
   } while (0)
 

@@ -70,8 +70,10 @@ Result<BlockKey> BlockKey::FromHex(std::string_view hex) {
 
 const char* HashAlgorithmName(HashAlgorithm algorithm) {
   switch (algorithm) {
-    case HashAlgorithm::kSha256: return "sha256";
-    case HashAlgorithm::kXxh3_128: return "xxh3-128";
+    case HashAlgorithm::kSha256:
+      return "sha256";
+    case HashAlgorithm::kXxh3_128:
+      return "xxh3-128";
   }
   return "?";
 }

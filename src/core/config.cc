@@ -19,37 +19,91 @@ std::vector<ConfigFieldSpec> BuildSchema() {
   using T = ConfigType;
   const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo", "credit-lru"};
   return {
-      {"hash.algorithm", T::kChoice, "sha256",
+      {"hash.algorithm",
+       T::kChoice,
+       "sha256",
        "block-key hash: sha256 (safe with untrusted prompts) or xxh3-128 (trusted setups only)",
-       0, 0, {"sha256", "xxh3-128"}},
-      {"index.shards", T::kUint, "64", "lock shards of the block index (a power of two)", 1, 4096,
+       0,
+       0,
+       {"sha256", "xxh3-128"}},
+      {"index.shards",
+       T::kUint,
+       "64",
+       "lock shards of the block index (a power of two)",
+       1,
+       4096,
        {}},
-      {"g2.capacity_bytes", T::kBytes, "2GiB", "host DRAM for the G2 arena", 4 * kKiB,
-       UINT64_MAX, {}},
+      {"g2.capacity_bytes",
+       T::kBytes,
+       "2GiB",
+       "host DRAM for the G2 arena",
+       4 * kKiB,
+       UINT64_MAX,
+       {}},
       {"g2.policy", T::kChoice, "lineage-lru", "G2 eviction policy", 0, 0, policies},
-      {"g2.hugepages", T::kBool, "true", "advise transparent huge pages for the G2 arena", 0, UINT64_MAX, {}},
+      {"g2.hugepages",
+       T::kBool,
+       "true",
+       "advise transparent huge pages for the G2 arena",
+       0,
+       UINT64_MAX,
+       {}},
       {"g2.lock_memory", T::kBool, "true", "mlock the G2 arena when permitted", 0, UINT64_MAX, {}},
-      {"g2.prefault_threads", T::kUint, "0", "threads that pre-fault G2 at start (0 = all CPUs)",
-       0, 1024, {}},
+      {"g2.prefault_threads",
+       T::kUint,
+       "0",
+       "threads that pre-fault G2 at start (0 = all CPUs)",
+       0,
+       1024,
+       {}},
       {"g3.enabled", T::kBool, "true", "use the local-SSD tier", 0, UINT64_MAX, {}},
       {"g3.dir", T::kString, "./kvtier-data", "directory of the G3 slot files", 0, UINT64_MAX, {}},
-      {"g3.capacity_bytes", T::kBytes, "8GiB", "bytes of G3 slot files", 1 * kMiB, UINT64_MAX,
-       {}},
+      {"g3.capacity_bytes", T::kBytes, "8GiB", "bytes of G3 slot files", 1 * kMiB, UINT64_MAX, {}},
       {"g3.files", T::kUint, "1", "slot files to spread G3 over", 1, 256, {}},
       {"g3.queue_depth", T::kUint, "32", "G3 I/Os in flight", 1, 4096, {}},
       {"g3.policy", T::kChoice, "lineage-lru", "G3 eviction policy", 0, 0, policies},
-      {"g3.admit_min_seen", T::kUint, "2",
-       "sightings of a block before G3 admits it (1 admits all)", 1, 15, {}},
-      {"g3.write_budget_bytes_per_s", T::kBytes, "0",
-       "cap on G3 write bandwidth to spare SSD endurance (0 = none)", 0, UINT64_MAX, {}},
-      {"g3.quarantine_after_errors", T::kUint, "8", "errors in a row that quarantine G3", 1,
-       1000000, {}},
-      {"g3.reprobe_interval_ms", T::kUint, "10000", "wait between probes of a quarantined G3", 1,
-       86400000, {}},
-      {"transfer.copy_threads", T::kUint, "2", "memcpy workers moving blocks G1 <-> G2", 1, 256,
+      {"g3.admit_min_seen",
+       T::kUint,
+       "2",
+       "sightings of a block before G3 admits it (1 admits all)",
+       1,
+       15,
        {}},
-      {"transfer.max_queued_saves", T::kUint, "1024",
-       "saves waiting at most; beyond it a save is dropped and counted", 1, 1u << 24, {}},
+      {"g3.write_budget_bytes_per_s",
+       T::kBytes,
+       "0",
+       "cap on G3 write bandwidth to spare SSD endurance (0 = none)",
+       0,
+       UINT64_MAX,
+       {}},
+      {"g3.quarantine_after_errors",
+       T::kUint,
+       "8",
+       "errors in a row that quarantine G3",
+       1,
+       1000000,
+       {}},
+      {"g3.reprobe_interval_ms",
+       T::kUint,
+       "10000",
+       "wait between probes of a quarantined G3",
+       1,
+       86400000,
+       {}},
+      {"transfer.copy_threads",
+       T::kUint,
+       "2",
+       "memcpy workers moving blocks G1 <-> G2",
+       1,
+       256,
+       {}},
+      {"transfer.max_queued_saves",
+       T::kUint,
+       "1024",
+       "saves waiting at most; beyond it a save is dropped and counted",
+       1,
+       1u << 24,
+       {}},
   };
 }
 
@@ -80,11 +134,16 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   }
   std::string_view suffix = text.substr(i);
   int shift = -1;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix == "K" || suffix == "KiB") shift = 10;
-  else if (suffix == "M" || suffix == "MiB") shift = 20;
-  else if (suffix == "G" || suffix == "GiB") shift = 30;
-  else if (suffix == "T" || suffix == "TiB") shift = 40;
+  if (suffix.empty() || suffix == "B")
+    shift = 0;
+  else if (suffix == "K" || suffix == "KiB")
+    shift = 10;
+  else if (suffix == "M" || suffix == "MiB")
+    shift = 20;
+  else if (suffix == "G" || suffix == "GiB")
+    shift = 30;
+  else if (suffix == "T" || suffix == "TiB")
+    shift = 40;
   if (shift < 0) return Status::InvalidArgument("unknown suffix '" + std::string(suffix) + "'");
   if (shift > 0 && value > (UINT64_MAX >> shift)) return Status::InvalidArgument("too large");
   return value << shift;
@@ -128,9 +187,8 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
       Result<uint64_t> v = ParseByteSize(value);
       if (!v.ok() || (spec.type == ConfigType::kUint &&
                       value.find_first_not_of("0123456789") != std::string_view::npos)) {
-        return Status::InvalidArgument("not " + std::string(spec.type == ConfigType::kUint
-                                                                ? "a whole number"
-                                                                : "a size"));
+        return Status::InvalidArgument(
+            "not " + std::string(spec.type == ConfigType::kUint ? "a whole number" : "a size"));
       }
       if (*v < spec.min || *v > spec.max) return Status::InvalidArgument("out of range");
       if (spec.name == "index.shards" && (*v & (*v - 1)) != 0) {
@@ -160,10 +218,14 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
 
 const char* ConfigSourceName(ConfigSource source) {
   switch (source) {
-    case ConfigSource::kDefault: return "default";
-    case ConfigSource::kFile: return "file";
-    case ConfigSource::kEnvironment: return "env";
-    case ConfigSource::kOverride: return "set";
+    case ConfigSource::kDefault:
+      return "default";
+    case ConfigSource::kFile:
+      return "file";
+    case ConfigSource::kEnvironment:
+      return "env";
+    case ConfigSource::kOverride:
+      return "set";
   }
   return "?";
 }
@@ -197,9 +259,8 @@ Status Config::Set(std::string_view name, std::string_view value, ConfigSource s
   }
   Result<std::string> v = Normalize(*spec, value);
   if (!v.ok()) {
-    return Status::InvalidArgument(spec->name + " = '" + std::string(value) + "'" + where +
-                                   " is " + v.status().message() + "; allowed: " +
-                                   Allowed(*spec));
+    return Status::InvalidArgument(spec->name + " = '" + std::string(value) + "'" + where + " is " +
+                                   v.status().message() + "; allowed: " + Allowed(*spec));
   }
   values_[spec->name] = Value{*v, source, std::string(origin)};
   return Status::Ok();
@@ -208,7 +269,8 @@ Status Config::Set(std::string_view name, std::string_view value, ConfigSource s
 Status Config::LoadFile(const std::string& path) {
   std::ifstream probe(path);
   if (!probe.good()) {
-    return Status::NotFound("config file " + path + " cannot be opened; check the path (given "
+    return Status::NotFound("config file " + path +
+                            " cannot be opened; check the path (given "
                             "by --config or KVTIER_CONFIG)");
   }
   toml::table root;
@@ -216,17 +278,16 @@ Status Config::LoadFile(const std::string& path) {
     root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     std::ostringstream msg;
-    msg << "config file " << path << ":" << e.source().begin.line << ":"
-        << e.source().begin.column << ": " << e.description();
+    msg << "config file " << path << ":" << e.source().begin.line << ":" << e.source().begin.column
+        << ": " << e.description();
     return Status::InvalidArgument(msg.str());
   }
   for (const auto& [table_key, node] : root) {
     const toml::table* table = node.as_table();
     if (table == nullptr) {
-      return Status::InvalidArgument("config file " + path + ":" +
-                                     std::to_string(node.source().begin.line) + ": '" +
-                                     std::string(table_key.str()) +
-                                     "' must be a table such as [g2] holding settings");
+      return Status::InvalidArgument(
+          "config file " + path + ":" + std::to_string(node.source().begin.line) + ": '" +
+          std::string(table_key.str()) + "' must be a table such as [g2] holding settings");
     }
     for (const auto& [key, value] : *table) {
       const std::string name = std::string(table_key.str()) + "." + std::string(key.str());
@@ -238,9 +299,9 @@ Status Config::LoadFile(const std::string& path) {
         text = *b ? "true" : "false";
       } else if (auto i = value.value<int64_t>(); i && value.is_integer()) {
         if (*i < 0) {
-          return Status::InvalidArgument(name + " = " + std::to_string(*i) + " (from " + origin +
-                                         ") is negative; allowed: " +
-                                         (FindSpec(name) ? Allowed(*FindSpec(name)) : "?"));
+          return Status::InvalidArgument(
+              name + " = " + std::to_string(*i) + " (from " + origin +
+              ") is negative; allowed: " + (FindSpec(name) ? Allowed(*FindSpec(name)) : "?"));
         }
         text = std::to_string(*i);
       } else {
@@ -284,8 +345,9 @@ Status Config::LoadProcessEnvironment() {
 const Config::Value& Config::Find(std::string_view name, ConfigType type) const {
   const ConfigFieldSpec* spec = FindSpec(name);
   auto it = values_.find(name);
-  const bool type_ok = spec != nullptr && (spec->type == type || (type == ConfigType::kString &&
-                                                                   spec->type == ConfigType::kChoice));
+  const bool type_ok =
+      spec != nullptr &&
+      (spec->type == type || (type == ConfigType::kString && spec->type == ConfigType::kChoice));
   if (it == values_.end() || !type_ok) {
     std::fprintf(stderr, "kvtier: internal error: config field '%.*s' read with the wrong type\n",
                  static_cast<int>(name.size()), name.data());

@@ -12,10 +12,10 @@ Status G1Memory::Validate() const {
   const bool contiguous = layout.g1_arrangement == G1Arrangement::kBlockContiguous;
   const size_t want = contiguous ? 1 : size_t{layout.num_layers} * layout.num_planes;
   if (regions.size() != want) {
-    return Status::InvalidArgument(
-        "G1 memory has " + std::to_string(regions.size()) + " regions; the " +
-        G1ArrangementName(layout.g1_arrangement) + " arrangement of this layout needs " +
-        std::to_string(want) + (contiguous ? "" : " (one per layer and plane)"));
+    return Status::InvalidArgument("G1 memory has " + std::to_string(regions.size()) +
+                                   " regions; the " + G1ArrangementName(layout.g1_arrangement) +
+                                   " arrangement of this layout needs " + std::to_string(want) +
+                                   (contiguous ? "" : " (one per layer and plane)"));
   }
   const uint64_t chunk = contiguous ? layout.BlockBytes() : layout.ChunkBytes();
   for (size_t i = 0; i < regions.size(); ++i) {

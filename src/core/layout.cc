@@ -9,20 +9,28 @@ namespace kvtier {
 
 uint32_t DTypeBytes(DType dtype) {
   switch (dtype) {
-    case DType::kFp32: return 4;
-    case DType::kFp16: return 2;
-    case DType::kBf16: return 2;
-    case DType::kFp8: return 1;
+    case DType::kFp32:
+      return 4;
+    case DType::kFp16:
+      return 2;
+    case DType::kBf16:
+      return 2;
+    case DType::kFp8:
+      return 1;
   }
   return 0;
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFp32: return "fp32";
-    case DType::kFp16: return "fp16";
-    case DType::kBf16: return "bf16";
-    case DType::kFp8: return "fp8";
+    case DType::kFp32:
+      return "fp32";
+    case DType::kFp16:
+      return "fp16";
+    case DType::kBf16:
+      return "bf16";
+    case DType::kFp8:
+      return "fp8";
   }
   return "?";
 }
@@ -37,8 +45,10 @@ Result<DType> ParseDType(std::string_view name) {
 
 const char* G1ArrangementName(G1Arrangement arrangement) {
   switch (arrangement) {
-    case G1Arrangement::kLayerSeparate: return "layer-separate";
-    case G1Arrangement::kBlockContiguous: return "block-contiguous";
+    case G1Arrangement::kLayerSeparate:
+      return "layer-separate";
+    case G1Arrangement::kBlockContiguous:
+      return "block-contiguous";
   }
   return "?";
 }
@@ -61,7 +71,8 @@ Status OutOfRange(const char* field, uint64_t value, const char* allowed) {
 }  // namespace
 
 Status KvLayout::Validate() const {
-  if (num_layers < 1 || num_layers > kMaxLayers) return OutOfRange("num_layers", num_layers, "1..1024");
+  if (num_layers < 1 || num_layers > kMaxLayers)
+    return OutOfRange("num_layers", num_layers, "1..1024");
   if (num_planes != 1 && num_planes != 2) {
     return OutOfRange("num_planes", num_planes, "1 (MLA latent) or 2 (K and V)");
   }
@@ -111,10 +122,9 @@ uint64_t KvLayout::Fingerprint() const {
 
 std::string KvLayout::ToString() const {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "%uL x %uP x %uH x %uD x %uT %s (%.2f MiB/block, %s)",
-                num_layers, num_planes, num_kv_heads, head_dim, tokens_per_block,
-                DTypeName(dtype), static_cast<double>(BlockBytes()) / (1 << 20),
-                G1ArrangementName(g1_arrangement));
+  std::snprintf(buf, sizeof(buf), "%uL x %uP x %uH x %uD x %uT %s (%.2f MiB/block, %s)", num_layers,
+                num_planes, num_kv_heads, head_dim, tokens_per_block, DTypeName(dtype),
+                static_cast<double>(BlockBytes()) / (1 << 20), G1ArrangementName(g1_arrangement));
   return buf;
 }
 

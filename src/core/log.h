@@ -33,8 +33,8 @@ struct LogVoidify {
 }  // namespace kvtier
 
 // KVTIER_LOG(kWarn) << "text " << value;
-#define KVTIER_LOG(level)                                    \
-  !::kvtier::LogEnabled(::kvtier::LogLevel::level)           \
-      ? (void)0                                              \
-      : ::kvtier::internal::LogVoidify() &                   \
+#define KVTIER_LOG(level)                          \
+  !::kvtier::LogEnabled(::kvtier::LogLevel::level) \
+      ? (void)0                                    \
+      : ::kvtier::internal::LogVoidify() &         \
             ::kvtier::internal::LogMessage(::kvtier::LogLevel::level).stream()

@@ -10,7 +10,8 @@ namespace {
 TierId FastestTier(uint8_t mask) { return static_cast<TierId>(__builtin_ctz(mask)); }
 
 Status BadTier(TierId tier) {
-  return Status::InvalidArgument("tier " + std::to_string(tier) + " does not exist; tiers are 0 (G1) to 3 (G4)");
+  return Status::InvalidArgument("tier " + std::to_string(tier) +
+                                 " does not exist; tiers are 0 (G1) to 3 (G4)");
 }
 
 }  // namespace
@@ -31,16 +32,14 @@ Status BlockIndex::Config::Validate() const {
 }
 
 BlockIndex::BlockIndex(const Config& config)
-    : config_(config),
-      shard_mask_(config.num_shards - 1),
-      shards_(new Shard[config.num_shards]) {}
+    : config_(config), shard_mask_(config.num_shards - 1), shards_(new Shard[config.num_shards]) {}
 
 Result<std::unique_ptr<BlockIndex>> BlockIndex::Create(const Config& config) {
   KVTIER_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<BlockIndex> index(new BlockIndex(config));
   for (TierId t = 0; t < kNumTiers; ++t) {
-    KVTIER_ASSIGN_OR_RETURN(auto policy, MakeEvictionPolicy(config.tiers[t].policy,
-                                                             config.tiers[t].capacity_blocks));
+    KVTIER_ASSIGN_OR_RETURN(
+        auto policy, MakeEvictionPolicy(config.tiers[t].policy, config.tiers[t].capacity_blocks));
     MutexLock lock(&index->tiers_[t].mu);
     index->tiers_[t].policy = std::move(policy);
   }
@@ -169,7 +168,8 @@ Status BlockIndex::Pin(const BlockKey& key) {
   Shard& shard = ShardFor(key);
   MutexLock lock(&shard.mu);
   auto it = shard.map.find(key);
-  if (it == shard.map.end()) return Status::NotFound("cannot pin " + key.ToHex() + ": no tier holds it");
+  if (it == shard.map.end())
+    return Status::NotFound("cannot pin " + key.ToHex() + ": no tier holds it");
   ++it->second.pins;
   return Status::Ok();
 }

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "core/log.h"
-#include "tier/cond_wait.h"
 #include "manager/block_manager_impl.h"
+#include "tier/cond_wait.h"
 
 namespace kvtier {
 
@@ -37,8 +37,9 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
     const ManagerOptions& options, const DiskTier::OpenOptions& g3_open) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
   if (options.model_id.empty()) {
-    return Status::InvalidArgument("ManagerOptions.model_id is empty; name the model, so keys of "
-                                   "different models never collide");
+    return Status::InvalidArgument(
+        "ManagerOptions.model_id is empty; name the model, so keys of "
+        "different models never collide");
   }
   std::unique_ptr<Impl> impl(new Impl(options));
   KVTIER_RETURN_IF_ERROR(impl->Init(g3_open));
@@ -235,20 +236,19 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
   demotions_in_flight_.fetch_add(1);
   const uint32_t slot = victim.slot;
   const BlockKey key = victim.key, parent = victim.parent;
-  auto job = engine_->Submit(
-      {std::move(m)}, TransferPriority::kSave,
-      [this, slot, key, parent](size_t, const Status& s) {
-        if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
-          if (index_->Insert(key, parent, kTierG3, 0).ok()) {
-            c_.demoted.fetch_add(1, std::memory_order_relaxed);
-            Emit({Event(KvEvent::Kind::kStored, key, parent, kTierG3)});
-          }
-        } else {
-          c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
-        }
-        ReleaseG2Slot(slot);
-        EndDemotion();
-      });
+  auto job = engine_->Submit({std::move(m)}, TransferPriority::kSave,
+                             [this, slot, key, parent](size_t, const Status& s) {
+                               if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
+                                 if (index_->Insert(key, parent, kTierG3, 0).ok()) {
+                                   c_.demoted.fetch_add(1, std::memory_order_relaxed);
+                                   Emit({Event(KvEvent::Kind::kStored, key, parent, kTierG3)});
+                                 }
+                               } else {
+                                 c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
+                               }
+                               ReleaseG2Slot(slot);
+                               EndDemotion();
+                             });
   if (!job.ok()) {
     c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
     ReleaseG2Slot(slot);
@@ -296,9 +296,9 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
                                                 uint32_t num_computed_tokens) {
   if (spec.request_id.empty()) return Status::InvalidArgument("Lookup: empty request_id");
   if (num_computed_tokens % tpb_ != 0) {
-    return Status::InvalidArgument("Lookup: num_computed_tokens = " +
-                                   std::to_string(num_computed_tokens) +
-                                   " is not a multiple of the block size " + std::to_string(tpb_));
+    return Status::InvalidArgument(
+        "Lookup: num_computed_tokens = " + std::to_string(num_computed_tokens) +
+        " is not a multiple of the block size " + std::to_string(tpb_));
   }
   KVTIER_ASSIGN_OR_RETURN(const BlockHasher* hasher, HasherFor(spec.cache_salt, spec.adapter_id));
   c_.lookups.fetch_add(1, std::memory_order_relaxed);
@@ -352,9 +352,9 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
                                                  std::span<const uint32_t> g1_block_ids,
                                                  uint32_t num_external_tokens) {
   if (num_external_tokens % tpb_ != 0) {
-    return Status::InvalidArgument("PrepareLoad: num_external_tokens = " +
-                                   std::to_string(num_external_tokens) +
-                                   " is not a multiple of the block size");
+    return Status::InvalidArgument(
+        "PrepareLoad: num_external_tokens = " + std::to_string(num_external_tokens) +
+        " is not a multiple of the block size");
   }
   uint32_t start, want, asked;
   std::vector<BlockKey> keys;
@@ -392,7 +392,8 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
   }
   c_.lookup_blocks.fetch_add(asked, std::memory_order_relaxed);
 
-  MatchResult m = index_->MatchAndPin(keys, static_cast<uint8_t>((1u << kTierG2) | (1u << kTierG3)));
+  MatchResult m =
+      index_->MatchAndPin(keys, static_cast<uint8_t>((1u << kTierG2) | (1u << kTierG3)));
   std::vector<PlannedLoad> plan;
   size_t planned = 0;
   for (; planned < m.num_blocks(); ++planned) {
@@ -426,7 +427,8 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
       for (const PlannedLoad& p : plan) {
         if (p.source == kTierG3) ReleaseG2Slot(p.g2_slot);
       }
-      KVTIER_RETURN_IF_ERROR(index_->Unpin(std::span<const BlockKey>(keys).subspan(0, plan.size())));
+      KVTIER_RETURN_IF_ERROR(
+          index_->Unpin(std::span<const BlockKey>(keys).subspan(0, plan.size())));
       return Status::NotFound("PrepareLoad: request '" + request_id + "' finished meanwhile");
     }
     Request& r = it->second;
@@ -466,7 +468,8 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     while (same < r.tokens.size() && same < tokens.size() && r.tokens[same] == tokens[same]) ++same;
     const size_t valid_blocks = same / tpb_;
     if (r.keys.size() > valid_blocks) r.keys.resize(valid_blocks);
-    r.committed_blocks = std::min<uint32_t>(r.committed_blocks, static_cast<uint32_t>(valid_blocks));
+    r.committed_blocks =
+        std::min<uint32_t>(r.committed_blocks, static_cast<uint32_t>(valid_blocks));
     r.tokens.assign(tokens.begin(), tokens.end());
     const BlockKey parent0 = r.keys.empty() ? r.hasher->root() : r.keys.back();
     r.hasher->AppendKeys(std::span<const TokenId>(r.tokens).subspan(r.keys.size() * tpb_), parent0,
@@ -481,10 +484,10 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
       seen.push_back(key);
       const bool loaded = i >= r.load_first && i < r.load_first + r.loaded_blocks;
       if (loaded || saving_keys_.count(key)) continue;
-      candidates.push_back(Candidate{
-          key, i == 0 ? r.hasher->root() : r.keys[i - 1], g1_block_ids[i],
-          std::vector<TokenId>(r.tokens.begin() + size_t{i} * tpb_,
-                               r.tokens.begin() + size_t{i + 1} * tpb_)});
+      candidates.push_back(
+          Candidate{key, i == 0 ? r.hasher->root() : r.keys[i - 1], g1_block_ids[i],
+                    std::vector<TokenId>(r.tokens.begin() + size_t{i} * tpb_,
+                                         r.tokens.begin() + size_t{i + 1} * tpb_)});
     }
     r.committed_blocks = full;
     // Held from now on: RequestFinished must not let the engine free these G1 blocks while a
@@ -617,7 +620,8 @@ Status BlockManager::Impl::StartSave() {
                                  c_.saved.fetch_add(1, std::memory_order_relaxed);
                                  Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
                                } else {
-                                 if (!st.ok()) c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+                                 if (!st.ok())
+                                   c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
                                  ReleaseG2Slot(s.g2_slot);
                                }
                                EndSave(s.request_id, s.key);
@@ -729,7 +733,8 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     if (ok && !is_broken) {
       hits.push_back(p.key);
       c_.hit_blocks[p.source].fetch_add(1, std::memory_order_relaxed);
-      if (intact.empty() || intact.back().first != p.request_id) intact.emplace_back(p.request_id, 0);
+      if (intact.empty() || intact.back().first != p.request_id)
+        intact.emplace_back(p.request_id, 0);
       ++intact.back().second;
     } else {
       if (!ok) c_.load_failures.fetch_add(1, std::memory_order_relaxed);
@@ -862,7 +867,8 @@ Result<std::unique_ptr<BlockManager>> BlockManager::Create(const ManagerOptions&
   return std::unique_ptr<BlockManager>(new BlockManager(std::move(impl)));
 }
 
-Result<LookupResult> BlockManager::Lookup(const RequestSpec& request, uint32_t num_computed_tokens) {
+Result<LookupResult> BlockManager::Lookup(const RequestSpec& request,
+                                          uint32_t num_computed_tokens) {
   return impl_->Lookup(request, num_computed_tokens);
 }
 Result<uint32_t> BlockManager::PrepareLoad(const std::string& request_id,
@@ -877,7 +883,9 @@ Status BlockManager::Commit(const std::string& request_id, std::span<const Token
 bool BlockManager::RequestFinished(const std::string& request_id) {
   return impl_->RequestFinished(request_id);
 }
-Status BlockManager::RegisterDeviceMemory(const G1Memory& g1) { return impl_->RegisterDeviceMemory(g1); }
+Status BlockManager::RegisterDeviceMemory(const G1Memory& g1) {
+  return impl_->RegisterDeviceMemory(g1);
+}
 Status BlockManager::StartLoad() { return impl_->StartLoad(); }
 Status BlockManager::WaitLayer(uint32_t layer) { return impl_->WaitLayer(layer); }
 uint32_t BlockManager::LoadedTokens(const std::string& request_id) {

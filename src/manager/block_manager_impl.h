@@ -129,8 +129,7 @@ class BlockManager::Impl {
   void EndSave(const std::string& request_id, const BlockKey& key) EXCLUDES(mu_);
   // Drops n of the request's save holds; erases a finished request left with none.
   void ReleaseSaveHolds(const std::string& request_id, uint32_t n) REQUIRES(mu_);
-  void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job)
-      EXCLUDES(mu_);
+  void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job) EXCLUDES(mu_);
 
   const ManagerOptions options_;
   const KvLayout layout_;

@@ -53,8 +53,8 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const Config& config) {
   auto t0 = std::chrono::steady_clock::now();
   // Over-map by one huge page so the arena can start on a 2 MiB boundary (THP needs it).
   const uint64_t reserve = arena->mapped_bytes_ + kHugePage;
-  void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) {
     const int err = errno;
     if (err == ENOMEM) {
@@ -72,7 +72,8 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const Config& config) {
   if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
   arena->base_ = reinterpret_cast<uint8_t*>(aligned);
   if (config.hugepages) {
-    arena->startup_.hugepages_advised = madvise(arena->base_, arena->mapped_bytes_, MADV_HUGEPAGE) == 0;
+    arena->startup_.hugepages_advised =
+        madvise(arena->base_, arena->mapped_bytes_, MADV_HUGEPAGE) == 0;
   }
   arena->startup_.map_ms = MsSince(t0);
 

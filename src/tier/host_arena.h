@@ -25,11 +25,11 @@ class HostArena {
   static constexpr uint64_t kSlotAlignment = 4096;
 
   struct Config {
-    uint64_t capacity_bytes = 0;   // upper bound on the mapping; slots = capacity / stride
-    uint64_t slot_bytes = 0;       // usable bytes per slot; the stride rounds this up to 4 KiB
-    uint32_t prefault_threads = 0; // 0 = one per online CPU
-    bool hugepages = true;         // madvise(MADV_HUGEPAGE) before pre-faulting
-    bool lock_memory = true;       // mlock after pre-faulting, when permitted
+    uint64_t capacity_bytes = 0;    // upper bound on the mapping; slots = capacity / stride
+    uint64_t slot_bytes = 0;        // usable bytes per slot; the stride rounds this up to 4 KiB
+    uint32_t prefault_threads = 0;  // 0 = one per online CPU
+    bool hugepages = true;          // madvise(MADV_HUGEPAGE) before pre-faulting
+    bool lock_memory = true;        // mlock after pre-faulting, when permitted
 
     // Ok, or InvalidArgument naming the field: slot_bytes >= 1; capacity holds >= 1 slot and
     // < 2^32 slots.
@@ -82,8 +82,8 @@ class HostArena {
   StartupStats startup_;
 
   mutable Mutex mu_;
-  std::vector<uint32_t> free_ GUARDED_BY(mu_);       // stack of free slots
-  std::vector<uint8_t> allocated_ GUARDED_BY(mu_);   // 1 while a slot is allocated
+  std::vector<uint32_t> free_ GUARDED_BY(mu_);      // stack of free slots
+  std::vector<uint8_t> allocated_ GUARDED_BY(mu_);  // 1 while a slot is allocated
 };
 
 }  // namespace kvtier

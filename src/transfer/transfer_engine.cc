@@ -79,8 +79,8 @@ Status TransferEngine::RegisterHostArena(HostArena* arena, const KvLayout& layou
         std::to_string(kG2PayloadOffset + layout.BlockBytes()));
   }
   if (g1_registered_ && g1_.layout.Fingerprint() != layout.Fingerprint()) {
-    return Status::InvalidArgument("G2 layout " + layout.ToString() + " differs from the G1 layout " +
-                                   g1_.layout.ToString());
+    return Status::InvalidArgument("G2 layout " + layout.ToString() +
+                                   " differs from the G1 layout " + g1_.layout.ToString());
   }
   arena_ = arena;
   layout_ = layout;
@@ -90,15 +90,16 @@ Status TransferEngine::RegisterHostArena(HostArena* arena, const KvLayout& layou
 Status TransferEngine::RegisterDisk(DiskTier* disk) {
   if (disk == nullptr) return Status::InvalidArgument("RegisterDisk(nullptr)");
   if (arena_ == nullptr) {
-    return Status::FailedPrecondition("RegisterDisk needs the G2 arena registered first (G3 I/O "
-                                      "goes through G2 slots)");
+    return Status::FailedPrecondition(
+        "RegisterDisk needs the G2 arena registered first (G3 I/O "
+        "goes through G2 slots)");
   }
   if (disk->io_bytes() != arena_->slot_stride() || disk->payload_bytes() != layout_.BlockBytes()) {
-    return Status::InvalidArgument(
-        "G3 blocks (" + std::to_string(disk->io_bytes()) + "-byte I/Os, " +
-        std::to_string(disk->payload_bytes()) + "-byte payloads) do not match G2 slots (" +
-        std::to_string(arena_->slot_stride()) + "-byte stride, " +
-        std::to_string(layout_.BlockBytes()) + "-byte payloads)");
+    return Status::InvalidArgument("G3 blocks (" + std::to_string(disk->io_bytes()) +
+                                   "-byte I/Os, " + std::to_string(disk->payload_bytes()) +
+                                   "-byte payloads) do not match G2 slots (" +
+                                   std::to_string(arena_->slot_stride()) + "-byte stride, " +
+                                   std::to_string(layout_.BlockBytes()) + "-byte payloads)");
   }
   const DiskBufferRegion region{arena_->base(), arena_->mapped_bytes()};
   Status reg = disk->RegisterBuffers(std::span<const DiskBufferRegion>(&region, 1));
@@ -153,12 +154,12 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
     do {
       if (queued + memcpy_items > config_.max_queued_saves) {
         saves_dropped_.fetch_add(moves.size(), std::memory_order_relaxed);
-        return Status::ResourceExhausted(
-            "save queue full (" + std::to_string(queued) + " of " +
-            std::to_string(config_.max_queued_saves) + " waiting); the save was dropped");
+        return Status::ResourceExhausted("save queue full (" + std::to_string(queued) + " of " +
+                                         std::to_string(config_.max_queued_saves) +
+                                         " waiting); the save was dropped");
       }
-    } while (!queued_saves_.compare_exchange_weak(queued, queued + static_cast<uint32_t>(memcpy_items),
-                                                  std::memory_order_relaxed));
+    } while (!queued_saves_.compare_exchange_weak(
+        queued, queued + static_cast<uint32_t>(memcpy_items), std::memory_order_relaxed));
   }
   auto job = std::make_shared<TransferJob>(std::move(moves), layout_.num_layers, priority,
                                            std::move(on_move), std::move(on_done));
@@ -168,10 +169,18 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   std::vector<uint32_t> scatters, disk_moves;
   for (uint32_t i = 0; i < job->moves().size(); ++i) {
     switch (job->moves()[i].op) {
-      case Op::kG1ToG2: items.push_back(WorkItem{job, i, -1, {}}); break;
-      case Op::kG2ToG3: items.push_back(WorkItem{job, i, -1, {}}); break;
-      case Op::kG2ToG1: scatters.push_back(i); break;
-      default: disk_moves.push_back(i); break;
+      case Op::kG1ToG2:
+        items.push_back(WorkItem{job, i, -1, {}});
+        break;
+      case Op::kG2ToG3:
+        items.push_back(WorkItem{job, i, -1, {}});
+        break;
+      case Op::kG2ToG1:
+        scatters.push_back(i);
+        break;
+      default:
+        disk_moves.push_back(i);
+        break;
     }
   }
   if (save) {

@@ -8,9 +8,10 @@
 // Backends: a pool of memcpy workers for G1 <-> G2 (gather/scatter between the G1 arrangement and
 // contiguous slots), and the disk tier's io_uring engine for G2 <-> G3. A G3 -> G1 move reads
 // into a G2 slot and scatters from there. G3 writes are handed to the disk tier by a worker (the
-// tier checksums the payload as it accepts a write: never on the submitting thread). Two priorities: the workers always take a waiting load
-// before a save, and saves wait in a bounded queue: a save batch that does not fit is refused
-// whole (ResourceExhausted) and counted, never waited for. Loads are never refused for space.
+// tier checksums the payload as it accepts a write: never on the submitting thread). Two
+// priorities: the workers always take a waiting load before a save, and saves wait in a bounded
+// queue: a save batch that does not fit is refused whole (ResourceExhausted) and counted, never
+// waited for. Loads are never refused for space.
 //
 // G2 slots hold a block as [kBlockHeaderBytes header area | payload] (the at-rest shape), so a
 // slot goes to and from G3 in one I/O; G1 copies use the payload part.
@@ -52,7 +53,7 @@ class TransferEngine final : private DiskCompletionSink {
     uint64_t jobs = 0;
     uint64_t moves_ok = 0;
     uint64_t moves_failed = 0;
-    uint64_t saves_dropped = 0;  // save moves refused because the queue was full
+    uint64_t saves_dropped = 0;             // save moves refused because the queue was full
     std::array<uint64_t, 5> bytes_by_op{};  // indexed by BlockTransfer::Op
     std::array<uint64_t, 5> moves_by_op{};
   };

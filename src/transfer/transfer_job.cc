@@ -8,11 +8,16 @@ namespace kvtier {
 
 const char* BlockTransferOpName(BlockTransfer::Op op) {
   switch (op) {
-    case BlockTransfer::Op::kG1ToG2: return "G1->G2";
-    case BlockTransfer::Op::kG2ToG1: return "G2->G1";
-    case BlockTransfer::Op::kG2ToG3: return "G2->G3";
-    case BlockTransfer::Op::kG3ToG2: return "G3->G2";
-    case BlockTransfer::Op::kG3ToG1: return "G3->G1";
+    case BlockTransfer::Op::kG1ToG2:
+      return "G1->G2";
+    case BlockTransfer::Op::kG2ToG1:
+      return "G2->G1";
+    case BlockTransfer::Op::kG2ToG3:
+      return "G2->G3";
+    case BlockTransfer::Op::kG3ToG2:
+      return "G3->G2";
+    case BlockTransfer::Op::kG3ToG1:
+      return "G3->G1";
   }
   return "?";
 }

@@ -84,8 +84,8 @@ class TransferJob {
   bool LayerLanded(size_t index, uint32_t layer) EXCLUDES(mu_);
   // LayerLanded for several moves at once (one lock). Appends to `finished` the moves whose
   // last layer this was.
-  void LayersLanded(std::span<const uint32_t> moves, uint32_t layer, std::vector<uint32_t>* finished)
-      EXCLUDES(mu_);
+  void LayersLanded(std::span<const uint32_t> moves, uint32_t layer,
+                    std::vector<uint32_t>* finished) EXCLUDES(mu_);
   // Move `index` ended. For G1-bound moves, an Ok end REQUIRES all layers landed; an error end
   // lands the remaining layers as failed. Ignores a second end of the same move.
   void MoveDone(size_t index, const Status& status) EXCLUDES(mu_);
@@ -105,8 +105,8 @@ class TransferJob {
   std::vector<uint32_t> layers_left_ GUARDED_BY(mu_);    // per move: layers not landed yet
   std::vector<uint32_t> layer_pending_ GUARDED_BY(mu_);  // per layer: G1 moves not landed yet
   std::vector<Status> layer_error_ GUARDED_BY(mu_);      // per layer: first failure
-  size_t remaining_ GUARDED_BY(mu_);  // moves not ended yet
-  bool finished_ GUARDED_BY(mu_);     // every move ended and the callbacks returned
+  size_t remaining_ GUARDED_BY(mu_);                     // moves not ended yet
+  bool finished_ GUARDED_BY(mu_);  // every move ended and the callbacks returned
   size_t failed_ GUARDED_BY(mu_) = 0;
   Status first_error_ GUARDED_BY(mu_);
 };
