@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libssl-dev libxxhash-dev liburing-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang clang-format python3
+  clang clang-format python3 python3-pip
   fio
   libopenblas-dev
 )

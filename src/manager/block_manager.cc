@@ -515,7 +515,12 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     // Claim the keys, so a concurrent commit of the same prefix does not save it twice.
     MutexLock lock(&mu_);
     const size_t before = to_save.size();
-    std::erase_if(to_save, [&](const Candidate& c) { return !saving_keys_.insert(c.key).second; });
+    std::vector<Candidate> claimed;
+    claimed.reserve(to_save.size());
+    for (Candidate& c : to_save) {
+      if (saving_keys_.insert(c.key).second) claimed.push_back(std::move(c));
+    }
+    to_save.swap(claimed);
     released += static_cast<uint32_t>(before - to_save.size());
   }
   std::vector<PendingSave> saves;
