@@ -113,12 +113,20 @@ TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
     mgr->WaitForSaves();
     ASSERT_GT(mgr->Stats().g3_blocks, 0u);
   }
-  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  // Events arrive on the threads that made the changes (the transfer workers too): lock. Declared
+  // before the manager, so they outlive the events its shutdown may still emit.
+  std::mutex mu;
   std::vector<KvEvent> events;
-  mgr->SubscribeEvents(
-      [&](std::span<const KvEvent> e) { events.insert(events.end(), e.begin(), e.end()); });
-  EXPECT_GT(events.size(), 0u) << "the first subscriber hears of the recovered blocks";
-  for (const KvEvent& e : events) EXPECT_EQ(e.tier, kTierG3);
+  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  mgr->SubscribeEvents([&](std::span<const KvEvent> e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.insert(events.end(), e.begin(), e.end());
+  });
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_GT(events.size(), 0u) << "the first subscriber hears of the recovered blocks";
+    for (const KvEvent& e : events) EXPECT_EQ(e.tier, kTierG3);
+  }
   MiniEngine engine(mgr.get(), 64);
   auto r = engine.Run("after-restart", prompt);
   EXPECT_GT(r.loaded_tokens, 0u);
@@ -197,9 +205,9 @@ TEST(BlockManagerTest, CommittingWhatIsStoredIsDeduplicated) {
 }
 
 TEST(BlockManagerTest, EventsReportStoresAndRemovals) {
-  auto mgr = MakeManager(SmallConfig("", 4, 0));
-  std::vector<KvEvent> events;
+  std::vector<KvEvent> events;  // before the manager: they must outlive it
   std::mutex mu;
+  auto mgr = MakeManager(SmallConfig("", 4, 0));
   mgr->SubscribeEvents([&](std::span<const KvEvent> e) {
     std::lock_guard<std::mutex> lock(mu);
     events.insert(events.end(), e.begin(), e.end());
