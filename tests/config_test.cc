@@ -61,9 +61,10 @@ TEST(ConfigTest, SetValidatesAndNamesFieldValueAndRange) {
 
 TEST(ConfigTest, EnvironmentOverridesAndUnknownVariablesAreRefused) {
   Config c;
-  ASSERT_TRUE(c.LoadEnvironment({"PATH=/bin", "KVTIER_G2_CAPACITY_BYTES=1GiB",
-                                 "KVTIER_LOG_LEVEL=debug", "KVTIER_G3_ENABLED=false"})
-                  .ok());
+  ASSERT_TRUE(
+      c.LoadEnvironment({"PATH=/bin", "KVTIER_G2_CAPACITY_BYTES=1GiB", "KVTIER_LOG_LEVEL=debug",
+                         "KVTIER_TEST_STRESS_SECONDS=30", "KVTIER_G3_ENABLED=false"})
+          .ok());
   EXPECT_EQ(c.GetBytes("g2.capacity_bytes"), 1ull << 30);
   EXPECT_FALSE(c.GetBool("g3.enabled"));
   for (const ConfigEntry& e : c.Entries()) {

@@ -3,7 +3,7 @@
 // Every block a load delivers is compared byte for byte with what its key implies; at the end
 // no pin, G2 slot or G1 block may be leaked.
 //
-// KVTIER_STRESS_SECONDS sets the duration (default 3; CI runs it for 30 under TSan).
+// KVTIER_TEST_STRESS_SECONDS sets the duration (default 3; CI runs it for 30 under TSan).
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -25,7 +25,7 @@ using testing::TempDirectory;
 using testing::TestLayout;
 
 double StressSeconds() {
-  const char* v = std::getenv("KVTIER_STRESS_SECONDS");
+  const char* v = std::getenv("KVTIER_TEST_STRESS_SECONDS");
   return v != nullptr ? std::atof(v) : 3.0;
 }
 

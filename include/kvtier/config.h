@@ -58,8 +58,9 @@ class Config {
   Status LoadFile(const std::string& path);
 
   // Applies every KVTIER_<FIELD> variable of `environ_vars` ("NAME=value" strings, as in
-  // environ). Variables that name no field are refused with InvalidArgument listing the close
-  // ones, except KVTIER_CONFIG and KVTIER_LOG_LEVEL, which are read elsewhere.
+  // environ). Variables that name no field are refused with InvalidArgument listing the known
+  // ones (a typo must not pass silently), except KVTIER_CONFIG and KVTIER_LOG_LEVEL, which are
+  // read elsewhere, and KVTIER_TEST_*, which belong to the test suite.
   Status LoadEnvironment(const std::vector<std::string>& environ_vars);
   // LoadEnvironment over this process's environment.
   Status LoadProcessEnvironment();

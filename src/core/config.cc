@@ -320,7 +320,9 @@ Status Config::LoadEnvironment(const std::vector<std::string>& environ_vars) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) continue;
     const std::string var = kv.substr(0, eq);
-    if (var == "KVTIER_CONFIG" || var == "KVTIER_LOG_LEVEL") continue;
+    if (var == "KVTIER_CONFIG" || var == "KVTIER_LOG_LEVEL" || var.rfind("KVTIER_TEST_", 0) == 0) {
+      continue;  // read elsewhere, or by tests
+    }
     const ConfigFieldSpec* match = nullptr;
     for (const ConfigFieldSpec& s : Schema()) {
       if (EnvName(s.name) == var) match = &s;
