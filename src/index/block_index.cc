@@ -84,7 +84,7 @@ Status BlockIndex::Insert(const BlockKey& key, const BlockKey& parent, TierId ti
   return Status::Ok();
 }
 
-Result<uint32_t> BlockIndex::Remove(const BlockKey& key, TierId tier) {
+Result<uint32_t> BlockIndex::RemoveImpl(const BlockKey& key, TierId tier, bool even_if_pinned) {
   if (tier >= kNumTiers) return BadTier(tier);
   TierState& ts = tiers_[tier];
   MutexLock tier_lock(&ts.mu);
@@ -97,34 +97,11 @@ Result<uint32_t> BlockIndex::Remove(const BlockKey& key, TierId tier) {
       return Status::NotFound("block " + key.ToHex() + " is not in " + TierName(tier));
     }
     Entry& e = it->second;
-    if (e.pins != 0) {
+    if (e.pins != 0 && !even_if_pinned) {
       return Status::FailedPrecondition("block " + key.ToHex() + " is pinned (" +
                                         std::to_string(e.pins) + "); it cannot leave " +
                                         TierName(tier) + " until unpinned");
     }
-    slot = e.slot[tier];
-    e.tier_mask &= static_cast<uint8_t>(~(1u << tier));
-    e.slot[tier] = kNoSlot;
-    if (e.tier_mask == 0) shard.map.erase(it);
-  }
-  ts.policy->OnRemove(key);
-  --ts.count;
-  return slot;
-}
-
-Result<uint32_t> BlockIndex::Invalidate(const BlockKey& key, TierId tier) {
-  if (tier >= kNumTiers) return BadTier(tier);
-  TierState& ts = tiers_[tier];
-  MutexLock tier_lock(&ts.mu);
-  uint32_t slot;
-  {
-    Shard& shard = ShardFor(key);
-    MutexLock lock(&shard.mu);
-    auto it = shard.map.find(key);
-    if (it == shard.map.end() || !((it->second.tier_mask >> tier) & 1u)) {
-      return Status::NotFound("block " + key.ToHex() + " is not in " + TierName(tier));
-    }
-    Entry& e = it->second;
     slot = e.slot[tier];
     e.tier_mask &= static_cast<uint8_t>(~(1u << tier));
     e.slot[tier] = kNoSlot;
@@ -134,6 +111,14 @@ Result<uint32_t> BlockIndex::Invalidate(const BlockKey& key, TierId tier) {
   ts.policy->OnRemove(key);
   --ts.count;
   return slot;
+}
+
+Result<uint32_t> BlockIndex::Remove(const BlockKey& key, TierId tier) {
+  return RemoveImpl(key, tier, /*even_if_pinned=*/false);
+}
+
+Result<uint32_t> BlockIndex::Invalidate(const BlockKey& key, TierId tier) {
+  return RemoveImpl(key, tier, /*even_if_pinned=*/true);
 }
 
 MatchResult BlockIndex::MatchImpl(std::span<const BlockKey> keys, uint8_t tier_mask,

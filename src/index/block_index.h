@@ -152,6 +152,7 @@ class BlockIndex {
   explicit BlockIndex(const Config& config);
   Shard& ShardFor(const BlockKey& key) const { return shards_[key.hi & shard_mask_]; }
   MatchResult MatchImpl(std::span<const BlockKey> keys, uint8_t tier_mask, bool pin) const;
+  Result<uint32_t> RemoveImpl(const BlockKey& key, TierId tier, bool even_if_pinned);
 
   Config config_;
   uint64_t shard_mask_;
