@@ -272,19 +272,23 @@ bool BlockManager::Impl::EvictFromG2() {
 }
 
 std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
+  // Demotions in flight at most. Beyond it the disk is behind: a save is better dropped than
+  // paid for by evicting more of G2, and no single call starts a burst of demotions.
+  const uint32_t max_demotions = std::clamp<uint32_t>(g2_->num_slots() / 8, 8, 64);
   std::optional<uint32_t> slot = g2_->Allocate();
   // Each round frees a slot now (a victim G3 does not take) or starts a demotion. Bounded, so
   // a caller never spins and never waits on I/O.
-  for (int round = 0; !slot && round < 16; ++round) {
+  for (int round = 0; !slot && round < 4; ++round) {
+    if (demotions_in_flight_.load() >= max_demotions) break;
     if (!EvictFromG2()) break;
     slot = g2_->Allocate();
   }
   // Keep a reserve of free (or soon free) slots, so the next saves and staged loads find one
-  // without waiting for a demotion write.
+  // without waiting for a demotion write; at most one eviction per call.
   const uint32_t reserve = std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
-  for (uint32_t round = 0; round < 2 * reserve; ++round) {
-    if (g2_->free_slots() + demotions_in_flight_.load() >= reserve) break;
-    if (!EvictFromG2()) break;
+  if (g2_->free_slots() + demotions_in_flight_.load() < reserve &&
+      demotions_in_flight_.load() < max_demotions) {
+    EvictFromG2();
   }
   return slot;
 }
