@@ -10,6 +10,7 @@ PACKAGES=(
   clang clang-format python3 python3-pip
   fio
   libopenblas-dev
+  gnuplot-nox
 )
 
 missing=()

@@ -15,5 +15,6 @@ int RunBenchManager(const CliArgs& args);  // kvtier bench manager
 int RunBenchDisk(const CliArgs& args);     // kvtier bench disk
 int RunInspect(const CliArgs& args);       // kvtier inspect DIR
 int RunSim(const CliArgs& args);           // kvtier sim --trace FILE
+int RunDemo(const CliArgs& args);          // kvtier demo
 
 }  // namespace kvtier::cli

@@ -1,0 +1,106 @@
+// `kvtier demo` end to end on the real model (SmolLM2-135M-Instruct, fetched by
+// scripts/fetch-model.sh): the JSON summary has its keys, turns that reuse a prefix reuse
+// tokens, and every answer is readable text. Skipped when the model is absent, and under
+// ASan/TSan (the real-model prefills take minutes there).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* kModelPath = KVTIER_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// Runs `cmd`, returns its stdout and sets *rc to its exit status.
+std::string RunCommand(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+// Every value of `"key": <value>` in the flat-per-object JSON the demo prints (strings are
+// returned unescaped for \" and \\ only; numbers and booleans as written).
+std::vector<std::string> Values(const std::string& json, const std::string& key) {
+  std::vector<std::string> values;
+  const std::string needle = "\"" + key + "\": ";
+  for (size_t at = json.find(needle); at != std::string::npos; at = json.find(needle, at + 1)) {
+    size_t i = at + needle.size();
+    std::string v;
+    if (json[i] == '"') {
+      for (++i; i < json.size() && json[i] != '"'; ++i) {
+        if (json[i] == '\\' && i + 1 < json.size()) ++i;
+        v += json[i];
+      }
+    } else {
+      while (i < json.size() && json[i] != ',' && json[i] != '}') v += json[i++];
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+TEST(DemoTest, TwoUsersTwoTurnsJson) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the demo prefills ~1,100-token prompts on the real model: minutes under "
+                  "a sanitizer; run in the release build";
+#endif
+  if (!std::filesystem::exists(kModelPath)) {
+    std::fprintf(stderr, "\n*** SKIPPING: %s is absent. Run scripts/fetch-model.sh. ***\n\n",
+                 kModelPath);
+    GTEST_SKIP() << "real model absent: run scripts/fetch-model.sh";
+  }
+  const auto dir = std::filesystem::temp_directory_path() / "kvtier-demo-test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  int rc = -1;
+  const std::string json =
+      RunCommand("cd " + dir.string() + " && " + KVTIER_CLI_PATH + " demo --model " + kModelPath +
+                     " --users 2 --turns 2 --json --no-plot 2>/dev/null",
+                 &rc);
+  ASSERT_EQ(rc, 0) << json;
+  ASSERT_FALSE(json.empty());
+  EXPECT_EQ(json.front(), '{') << json;
+  EXPECT_NE(json.find("\"turns\": ["), std::string::npos) << json;
+  EXPECT_NE(json.find("\"summary\": {"), std::string::npos) << json;
+  for (const char* key : {"ttft_ratio_g2", "ttft_ratio_g3", "overhead_no_reuse"}) {
+    EXPECT_EQ(Values(json, key).size(), 1u) << key << " missing in " << json;
+  }
+
+  const auto users = Values(json, "user");
+  const auto reused = Values(json, "reused_tokens");
+  const auto sources = Values(json, "source");
+  const auto answers = Values(json, "answer");
+  ASSERT_EQ(users.size(), 4u) << json;
+  ASSERT_EQ(reused.size(), 4u);
+  ASSERT_EQ(sources.size(), 4u);
+  ASSERT_EQ(answers.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    // Turn 0 of user 0 has nothing to reuse; every other turn shares at least the system
+    // prompt with an earlier one.
+    if (i == 0) {
+      EXPECT_EQ(sources[i], "none");
+    } else {
+      EXPECT_NE(sources[i], "none") << "turn " << i;
+      EXPECT_GT(std::stoul(reused[i]), 0u) << "turn " << i;
+    }
+    EXPECT_FALSE(answers[i].empty()) << "turn " << i;
+    size_t letters = 0;
+    for (char c : answers[i]) {
+      EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "non-ASCII in: " << answers[i];
+      letters += (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    }
+    EXPECT_GE(letters * 2, answers[i].size()) << "not text: " << answers[i];
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
