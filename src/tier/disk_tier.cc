@@ -239,6 +239,23 @@ void DiskTier::Deliver(DiskCompletionSink* sink, uint64_t cookie, Status status,
     sink->OnDiskOpDone(DiskOpResult{cookie, std::move(status), slot, generation});
 }
 
+DiskTier::Task DiskTier::SlotTask(TaskKind kind, uint32_t slot, uint64_t generation,
+                                  uint8_t* buffer, const BlockKey& key, DiskCompletionSink* sink,
+                                  uint64_t cookie) const {
+  Task t;
+  t.kind = kind;
+  t.slot = slot;
+  t.generation = generation;
+  t.file = geometry_.FileOf(slot);
+  t.offset = geometry_.OffsetOf(slot);
+  t.buffer = buffer;
+  t.len = static_cast<uint32_t>(geometry_.slot_stride);
+  t.key = key;
+  t.sink = sink;
+  t.cookie = cookie;
+  return t;
+}
+
 void DiskTier::SubmitWrites(std::span<const DiskWriteRequest> requests) {
   // One allocation per batch, not per block. Not thread_local: a sink may submit from inside
   // a callback delivered by this very call.
@@ -290,18 +307,8 @@ void DiskTier::SubmitWrites(std::span<const DiskWriteRequest> requests) {
       Deliver(r.sink, r.cookie, std::move(reject));
       continue;
     }
-    Task t;
-    t.kind = TaskKind::kWrite;
-    t.slot = slot;
-    t.generation = generation;
-    t.file = geometry_.FileOf(slot);
-    t.offset = geometry_.OffsetOf(slot);
-    t.buffer = r.buffer;
-    t.len = static_cast<uint32_t>(geometry_.slot_stride);
-    t.key = r.key;
-    t.sink = r.sink;
-    t.cookie = r.cookie;
-    tasks.push_back(t);
+    tasks.push_back(
+        SlotTask(TaskKind::kWrite, slot, generation, r.buffer, r.key, r.sink, r.cookie));
   }
   Enqueue(&tasks);
 }
@@ -342,19 +349,9 @@ void DiskTier::SubmitReads(std::span<const DiskReadRequest> requests) {
       Deliver(r.sink, r.cookie, std::move(reject));
       continue;
     }
-    Task t;
-    t.kind = TaskKind::kRead;
-    t.slot = slot;
-    t.generation = generation;
-    t.file = geometry_.FileOf(slot);
-    t.offset = geometry_.OffsetOf(slot);
-    t.buffer = r.buffer;
-    t.len = static_cast<uint32_t>(geometry_.slot_stride);
-    t.key = r.key;
+    Task t = SlotTask(TaskKind::kRead, slot, generation, r.buffer, r.key, r.sink, r.cookie);
     t.namespace_id = r.namespace_id;
     t.expected_tokens = r.expected_tokens;
-    t.sink = r.sink;
-    t.cookie = r.cookie;
     tasks.push_back(t);
   }
   Enqueue(&tasks);

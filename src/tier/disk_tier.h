@@ -326,6 +326,9 @@ class DiskTier {
     Status result;
   };
   struct Counters;
+  // A whole-slot I/O (header + payload) of `slot` at `generation`.
+  Task SlotTask(TaskKind kind, uint32_t slot, uint64_t generation, uint8_t* buffer,
+                const BlockKey& key, DiskCompletionSink* sink, uint64_t cookie) const;
 
   DiskTier(const Config& config, const DiskGeometry& geometry);
   Status Recover(std::vector<RecoveredBlock>* recovered);
