@@ -40,6 +40,10 @@ struct BlockTransfer {
   // G3 moves: the block's tokens (written into the header; checked on read). Empty for others.
   std::vector<TokenId> tokens;
   uint32_t g1_block = 0;
+  // kG3ToG1 may give kAnyStagingSlot: the transfer engine then stages through one of its
+  // registered staging slots (TransferEngine::RegisterStagingSlots), reused as moves finish,
+  // so a batch may hold more G3 blocks than there are staging slots.
+  static constexpr uint32_t kAnyStagingSlot = UINT32_MAX;
   uint32_t g2_slot = 0;
 
   bool IntoG1() const { return op == Op::kG2ToG1 || op == Op::kG3ToG1; }
