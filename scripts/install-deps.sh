@@ -11,6 +11,7 @@ PACKAGES=(
   fio
   libopenblas-dev
   gnuplot-nox
+  libhiredis-dev redis-server redis-tools
 )
 
 missing=()
@@ -37,3 +38,12 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The redis-server package enables a system-wide server on port 6379 where systemd runs. kvtier
+# never uses it (its tests and benches start their own servers on free ports), so it is
+# switched off rather than left holding memory and a well-known port. In containers without
+# systemd (policy-rc.d refuses the start) nothing was started and nothing is done.
+if [[ " ${missing[*]} " == *" redis-server "* ]] && [ -d /run/systemd/system ] &&
+  command -v systemctl >/dev/null 2>&1; then
+  $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
+fi
