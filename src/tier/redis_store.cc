@@ -341,11 +341,12 @@ class RedisStore final : public RemoteStore {
   // one per kMinRefreshInterval unless `force`; gated by the topology breaker.
   Status RefreshTopology(RemoteDeadline deadline, bool force) {
     if (!refresh_mu_.TryLock()) return Status::Ok();  // another caller is refreshing
-    struct Unlock {
-      Mutex* mu;
-      ~Unlock() RELEASE(mu) { mu->Unlock(); }
-    };
-    Unlock unlock{&refresh_mu_};
+    Status s = RefreshTopologyLocked(deadline, force);
+    refresh_mu_.Unlock();
+    return s;
+  }
+
+  Status RefreshTopologyLocked(RemoteDeadline deadline, bool force) REQUIRES(refresh_mu_) {
     const auto now = RemoteClock::now();
     {
       MutexLock lock(&topo_mu_);
