@@ -148,6 +148,7 @@ class RedisStore final : public RemoteStore {
       if (Status s = RefreshTopology(deadline, /*force=*/true); !s.ok()) {
         KVTIER_LOG(kWarn) << "redis cluster: no topology at open (" << s.ToString()
                           << "); G4 calls fail fast until a seed answers";
+        topology_breaker_->ForceOpen();
       }
       return Status::Ok();
     }
