@@ -68,7 +68,8 @@ TEST_F(RedisClusterTest, ValuesSpreadOverEveryNodeAndRoundTrip) {
   auto store = Open({cluster_->node(1).endpoint()});  // one seed finds the rest
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->Describe(), "redis-cluster://" + cluster_->node(1).endpoint());
-  for (const char* k : {"kvt1:0000000000000001:00ff", "a", "{tag}x", Name(7).c_str()}) {
+  for (const std::string& k :
+       std::vector<std::string>{"kvt1:0000000000000001:00ff", "a", "{tag}x", Name(7)}) {
     EXPECT_EQ(static_cast<int>(RedisHashSlot(k)), cluster_->KeySlot(k)) << k;
   }
   constexpr int kN = 300;
