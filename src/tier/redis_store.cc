@@ -401,11 +401,18 @@ class RedisStore final : public RemoteStore {
   Result<std::unique_ptr<RedisConnection>> Acquire(Node* node, RemoteDeadline deadline,
                                                    bool* server_fault) {
     *server_fault = false;
-    auto taken = node->pool.Take(deadline);
-    if (!taken.ok()) {
-      return Status::TimedOut("redis " + node->name + ": " + taken.status().message());
+    for (;;) {
+      auto taken = node->pool.Take(deadline);
+      if (!taken.ok()) {
+        return Status::TimedOut("redis " + node->name + ": " + taken.status().message());
+      }
+      if (*taken == nullptr) break;  // none idle: open one
+      if ((*taken)->IdleHealthy()) return std::move(taken).value();
+      // Closed by the server while idle (e.g. it restarted): discard it, try the next.
+      taken->reset();
+      node->pool.Forget();
+      node->lost++;
     }
-    if (*taken != nullptr) return std::move(taken).value();
     auto conn = RedisConnection::Connect(node->endpoint, options_.username, options_.password,
                                          options_.connect_timeout, deadline);
     if (!conn.ok()) {
