@@ -89,8 +89,8 @@ Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout) {
 
 }  // namespace
 
-void FillBlockContent(const BlockKey& key, uint8_t* out, uint64_t bytes) {
-  uint64_t x = key.hi ^ Mix(key.lo);
+void FillBlockContent(const BlockKey& key, uint64_t seed, uint8_t* out, uint64_t bytes) {
+  uint64_t x = key.hi ^ Mix(key.lo ^ seed);
   for (uint64_t off = 0; off < bytes; off += 8) {
     x = Mix(x + off);
     std::memcpy(out + off, &x, std::min<uint64_t>(8, bytes - off));
@@ -171,6 +171,7 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
 
   const auto start = std::chrono::steady_clock::now();
   for (size_t r = 0; r < requests; ++r) {
+    const uint64_t seed = o.reseed_at_request != 0 && r >= o.reseed_at_request ? 1 : 0;
     trace.Prompt(r, &prompt);
     const std::string id = trace.RequestId(r);
     const std::vector<BlockKey> keys = hasher.KeysFor(prompt);
@@ -190,12 +191,12 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
 
     for (uint32_t i = 0; i < loaded && o.verify_every > 0; ++i) {
       if (verify_counter++ % o.verify_every != 0) continue;
-      FillBlockContent(keys[i], content.data(), block_bytes);
+      FillBlockContent(keys[i], seed, content.data(), block_bytes);
       ++res.verified_blocks;
       if (!g1.Equals(blocks[i], content.data())) ++res.mismatched_blocks;
     }
     for (uint32_t i = loaded; i < keys.size(); ++i) {
-      FillBlockContent(keys[i], content.data(), block_bytes);
+      FillBlockContent(keys[i], seed, content.data(), block_bytes);
       g1.Scatter(blocks[i], content.data());
     }
     KVTIER_RETURN_IF_ERROR(manager->Commit(id, prompt, blocks));
@@ -219,6 +220,7 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
       (void)manager->Finished();
     }
     for (uint32_t b = 0; b < g1_used; ++b) g1.Poison(b);
+    if (o.after_request) o.after_request(r);
 
     // Per-tier hits of this request: the manager's counters are exact since requests run one
     // at a time.

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,12 @@ struct ReplayOptions {
   uint32_t verify_every = 1;          // check every n-th loaded block byte for byte (0 = none)
   uint64_t max_requests = 0;          // replay only the first n requests (0 = all)
   CostModel cost;
+  // Test hooks. reseed_at_request: from this request on (0 = never), blocks are computed from
+  // a different seed, as if the engine's KV had changed under the same keys: every later load
+  // of an older block must count as a mismatch (proves the check catches wrong bytes).
+  // after_request: called after each request's saves ended (e.g. to damage G3's files).
+  uint64_t reseed_at_request = 0;
+  std::function<void(size_t request)> after_request;
 };
 
 struct ReplayResult {
@@ -66,7 +73,7 @@ Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block)
 // otherwise (a failed connector call ends the replay: it is a bug, not a miss).
 Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& options);
 
-// The bytes of the block named `key` (payload_bytes of them): a pure function of the key.
-void FillBlockContent(const BlockKey& key, uint8_t* out, uint64_t bytes);
+// The bytes of the block named `key` (`bytes` of them): a pure function of the key and seed.
+void FillBlockContent(const BlockKey& key, uint64_t seed, uint8_t* out, uint64_t bytes);
 
 }  // namespace kvtier::cli
