@@ -63,8 +63,11 @@ struct EvictedBlock {
 class BlockIndex {
  public:
   struct TierConfig {
-    PolicyKind policy = PolicyKind::kLineageLru;
-    uint64_t capacity_blocks = 0;  // sizes S3-FIFO's queues; the index itself never refuses
+    // The default is the best policy on the Mooncake trace (docs/policy-study.md section 7).
+    PolicyKind policy = PolicyKind::kCreditLru;
+    // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
+    // LRU); the index itself never refuses.
+    uint64_t capacity_blocks = 0;
   };
   struct Config {
     uint32_t num_shards = 64;  // a power of two in 1..4096
