@@ -126,7 +126,7 @@ Status WriteSweepPlot(const std::vector<SweepRow>& rows, const std::string& png,
   f = std::fopen(script.c_str(), "w");
   if (f == nullptr) return Status::IOError("cannot write " + script);
   std::fprintf(f,
-               "set terminal png size 1000,600\nset output '%s'\n"
+               "set terminal png size 1000,600 noenhanced\nset output '%s'\n"
                "set title '%s'\nset xlabel 'capacity (fraction of distinct blocks)'\n"
                "set ylabel 'prefix hit ratio (blocks)'\nset grid\nset key bottom right\n"
                "set style data linespoints\nplot ",
@@ -135,7 +135,8 @@ Status WriteSweepPlot(const std::vector<SweepRow>& rows, const std::string& png,
   for (PolicyKind k : kOnlinePolicies) {
     std::fprintf(f, "'%s' using 1:%d title '%s' lw 2, ", dat.c_str(), col++, PolicyKindName(k));
   }
-  std::fprintf(f, "'%s' using 1:%d title 'belady (offline)' lw 2 dt 2, ", dat.c_str(), col++);
+  std::fprintf(f, "'%s' using 1:%d title 'belady (offline)' lw 2 dt 2 lc rgb 'black', ",
+               dat.c_str(), col++);
   std::fprintf(f, "'%s' using 1:%d title 'unbounded' lw 1 dt 3\n", dat.c_str(), col);
   std::fclose(f);
   const std::string cmd = "gnuplot '" + script + "' 2>&1";
