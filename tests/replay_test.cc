@@ -318,6 +318,24 @@ TEST(ReplayRunnerTest, ChangedContentIsCountedAsMismatch) {
   EXPECT_LT(r->mismatched_blocks, r->verified_blocks) << "blocks saved after the change match";
 }
 
+// Small payloads: the arena aligns slots to 4 KiB, and the replay sizes G2 so that it still
+// gets the slots it asked for (a one-slot G2 with 64-byte blocks once failed to start).
+TEST(ReplayRunnerTest, SmallPayloadsGetTheSlotsAskedFor) {
+  std::istringstream in("{\"tokens\": [5]}\n{\"tokens\": [1,2,3,4]}\n{\"tokens\": [1,2,3,4,5]}\n");
+  auto t = ReplayTrace::ParseTokens(in, 4);
+  ASSERT_TRUE(t.ok());
+  ReplayOptions o;
+  o.payload_bytes = 16;
+  for (uint64_t slots : {1, 3}) {
+    o.g2_blocks = slots;
+    auto r = RunReplay(*t, o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->g2_slots, slots);
+    EXPECT_EQ(r->hits(), 1u) << "the third prompt loads the second's block";
+    EXPECT_EQ(r->mismatched_blocks, 0u);
+  }
+}
+
 TEST(ReplayRunnerTest, BadOptionsAreRefused) {
   const ReplayTrace t = Load("replay_tokens_small.jsonl", 16);
   ReplayOptions o;

@@ -67,7 +67,8 @@ class HostG1 {
 
 Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout) {
   Config c;
-  const uint64_t slot = 4096 + layout.BlockBytes();  // the manager's G2 slot: header + payload
+  // The manager's G2 slot: a 4 KiB header area + the payload, 4 KiB-aligned by the arena.
+  const uint64_t slot = (4096 + layout.BlockBytes() + 4095) / 4096 * 4096;
   KVTIER_RETURN_IF_ERROR(c.Set("g2.capacity_bytes", std::to_string(o.g2_blocks * slot)));
   KVTIER_RETURN_IF_ERROR(c.Set("g2.policy", o.policy));
   KVTIER_RETURN_IF_ERROR(c.Set("g2.lock_memory", "false"));
