@@ -342,9 +342,11 @@ std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
     slot = g2_->Allocate();
   }
   // Keep a reserve of free (or soon free) slots, so the next saves and staged loads find one
-  // without waiting for a demotion write; at most one eviction per call.
+  // without waiting for a demotion write; at most one eviction per call. Without G3 an eviction
+  // frees its slot at once, so a reserve would only shrink the cache (by up to 256 blocks:
+  // 0.006 of hit ratio on the Mooncake trace at 5%, docs/replay.md).
   const uint32_t reserve = std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
-  if (g2_->free_slots() + demotions_in_flight_.load() < reserve &&
+  if (g3_ && g2_->free_slots() + demotions_in_flight_.load() < reserve &&
       demotions_in_flight_.load() < max_demotions) {
     EvictFromG2();
   }
