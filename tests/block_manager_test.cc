@@ -142,25 +142,37 @@ TEST(BlockManagerTest, SavesWaitForSlotsFreedByDemotionInsteadOfDropping) {
   TempDirectory dir;
   auto mgr = MakeManager(SmallConfig(dir.path(), 12, 64));  // 4 staging + 8 cache slots
   MiniEngine engine(mgr.get(), 64);
-  const auto prompt = Prompt(60, 16 * 20 + 1);
+  // 16 blocks: 8 find a slot, 8 wait (the bound: at most as many as G2 caches).
+  const auto prompt = Prompt(60, 16 * 16 + 1);
   engine.Run("big", prompt);
   mgr->WaitForSaves();
   ManagerStats s = mgr->Stats();
   EXPECT_EQ(s.dropped_saves, 0u);
   EXPECT_GT(s.deferred_saves, 0u);
-  EXPECT_EQ(s.saved_blocks, 20u);
-  EXPECT_EQ(s.g2_blocks + s.g3_blocks, 20u) << "every block is in G2 or G3";
+  EXPECT_EQ(s.saved_blocks, 16u);
+  EXPECT_EQ(s.g2_blocks + s.g3_blocks, 16u) << "every block is in G2 or G3";
   auto back = engine.Run("again", prompt);
-  EXPECT_EQ(back.loaded_tokens, 16u * 20);
+  EXPECT_EQ(back.loaded_tokens, 16u * 16);
   EXPECT_EQ(back.mismatched_blocks, 0u);
   EXPECT_EQ(mgr->Stats().pinned_blocks, 0u);
+
+  // Beyond the bound the excess is dropped and counted, never held.
+  TempDirectory dir2;
+  auto bounded = MakeManager(SmallConfig(dir2.path(), 12, 64));
+  MiniEngine e3(bounded.get(), 64);
+  e3.Run("bigger", Prompt(61, 16 * 24 + 1));
+  bounded->WaitForSaves();
+  s = bounded->Stats();
+  EXPECT_GT(s.dropped_saves, 0u);
+  EXPECT_EQ(s.saved_blocks + s.dropped_saves, 24u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
 
   auto g2_only = MakeManager(SmallConfig("", 8, 0));
   MiniEngine e2(g2_only.get(), 64);
   e2.Run("big", prompt);
   g2_only->WaitForSaves();
   s = g2_only->Stats();
-  EXPECT_EQ(s.saved_blocks + s.dropped_saves, 20u);
+  EXPECT_EQ(s.saved_blocks + s.dropped_saves, 16u);
   EXPECT_LE(s.g2_blocks, 8u);
   EXPECT_EQ(s.g2_blocks + s.g2_free_slots + s.g2_staging_slots, s.g2_slots);
   EXPECT_EQ(s.pinned_blocks, 0u);
