@@ -43,6 +43,8 @@ TransferEngine::~TransferEngine() {
     MutexLock lock(&disk_mu_);
     while (!disk_ops_.empty()) CondWait(&disk_cv_, &disk_mu_);
   }
+  // Then the device's batches (their callbacks end moves through this engine).
+  device_.reset();
   {
     MutexLock lock(&mu_);
     stopping_ = true;
@@ -53,14 +55,30 @@ TransferEngine::~TransferEngine() {
 
 Status TransferEngine::RegisterG1(const G1Memory& g1) {
   KVTIER_RETURN_IF_ERROR(g1.Validate());
-  if (g1.on_device) {
-    return Status::Unavailable(
-        "G1 is device memory, but this build has no CUDA transfer backend; register host "
-        "memory, or build with the CUDA backend on a machine with a GPU");
-  }
   if (arena_ != nullptr && g1.layout.Fingerprint() != layout_.Fingerprint()) {
     return Status::InvalidArgument("G1 layout " + g1.layout.ToString() +
                                    " differs from the G2 layout " + layout_.ToString());
+  }
+  if (g1.on_device && device_ != nullptr) {
+    return Status::FailedPrecondition("a device G1 is registered already; one per engine");
+  }
+  if (g1.on_device) {
+    auto backend = CreateCudaBackend(config_.cuda);
+    if (!backend.ok()) {
+      return Status(backend.status().code(),
+                    "G1 is device memory, which only the CUDA backend can reach: " +
+                        backend.status().message() +
+                        ". Register G1 in host memory, or run on a machine with a usable GPU");
+    }
+    KVTIER_RETURN_IF_ERROR((*backend)->RegisterG1(g1));
+    device_ = std::move(*backend);
+    if (arena_ != nullptr) {
+      Status pinned = PinArenaForDevice();
+      if (!pinned.ok()) {
+        device_.reset();
+        return pinned;
+      }
+    }
   }
   g1_ = g1;
   g1_registered_ = true;
@@ -82,8 +100,26 @@ Status TransferEngine::RegisterHostArena(HostArena* arena, const KvLayout& layou
     return Status::InvalidArgument("G2 layout " + layout.ToString() +
                                    " differs from the G1 layout " + g1_.layout.ToString());
   }
+  if (device_host_registered_ && arena_ != arena) {
+    return Status::FailedPrecondition(
+        "the G2 arena is pinned for the CUDA backend already; one per engine");
+  }
   arena_ = arena;
   layout_ = layout;
+  if (device_ != nullptr) {
+    Status pinned = PinArenaForDevice();
+    if (!pinned.ok()) {
+      arena_ = nullptr;
+      return pinned;
+    }
+  }
+  return Status::Ok();
+}
+
+Status TransferEngine::PinArenaForDevice() {
+  if (device_host_registered_) return Status::Ok();
+  KVTIER_RETURN_IF_ERROR(device_->RegisterHost(arena_->base(), arena_->mapped_bytes()));
+  device_host_registered_ = true;
   return Status::Ok();
 }
 
@@ -166,17 +202,22 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   jobs_.fetch_add(1, std::memory_order_relaxed);
 
   std::vector<WorkItem> items;
-  std::vector<uint32_t> scatters, disk_moves;
+  std::vector<uint32_t> scatters, disk_moves, device_gathers, device_scatters;
+  const bool device = device_ != nullptr;
   for (uint32_t i = 0; i < job->moves().size(); ++i) {
     switch (job->moves()[i].op) {
       case Op::kG1ToG2:
-        items.push_back(WorkItem{job, i, -1, {}});
+        if (device) {
+          device_gathers.push_back(i);
+        } else {
+          items.push_back(WorkItem{job, i, -1, {}});
+        }
         break;
       case Op::kG2ToG3:
         items.push_back(WorkItem{job, i, -1, {}});
         break;
       case Op::kG2ToG1:
-        scatters.push_back(i);
+        (device ? device_scatters : scatters).push_back(i);
         break;
       default:
         disk_moves.push_back(i);
@@ -208,7 +249,60 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
     work_cv_.notify_all();
   }
   if (!disk_moves.empty()) StartDisk(job, disk_moves);
+  // Device moves hold their save-queue places until the device finished them.
+  if (!device_gathers.empty()) {
+    const uint32_t reserved = save ? static_cast<uint32_t>(device_gathers.size()) : 0;
+    SubmitDevice(job, CopyDirection::kDeviceToHost, std::move(device_gathers), reserved);
+  }
+  if (!device_scatters.empty()) {
+    const uint32_t reserved = save ? static_cast<uint32_t>(device_scatters.size()) : 0;
+    SubmitDevice(job, CopyDirection::kHostToDevice, std::move(device_scatters), reserved);
+  }
   return job;
+}
+
+void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyDirection dir,
+                                  std::vector<uint32_t> moves, uint32_t reserved) {
+  std::vector<DeviceBlockCopy> copies;
+  copies.reserve(moves.size());
+  for (uint32_t i : moves) {
+    const BlockTransfer& m = job->moves()[i];
+    copies.push_back(DeviceBlockCopy{m.g1_block, Payload(m.g2_slot)});
+  }
+  auto shared_moves = std::make_shared<const std::vector<uint32_t>>(std::move(moves));
+  const bool load = dir == CopyDirection::kHostToDevice;
+  const size_t op = OpIndex(load ? BlockTransfer::Op::kG2ToG1 : BlockTransfer::Op::kG1ToG2);
+  DeviceCopyBackend::LayerCallback on_layer = nullptr;
+  if (load) {
+    on_layer = [this, job, shared_moves, op](uint32_t layer) {
+      std::vector<uint32_t> finished;
+      job->LayersLanded(*shared_moves, layer, &finished);
+      bytes_by_op_[op].fetch_add(layout_.LayerBytes() * shared_moves->size(),
+                                 std::memory_order_relaxed);
+      for (uint32_t i : finished) EndMove(*job, i, Status::Ok());
+    };
+  }
+  auto end_all = [this, job, shared_moves, load, op, reserved](const Status& status) {
+    if (!load && status.ok()) {
+      bytes_by_op_[op].fetch_add(layout_.BlockBytes() * shared_moves->size(),
+                                 std::memory_order_relaxed);
+    }
+    for (uint32_t i : *shared_moves) {
+      // A load's moves ended Ok as their last layer landed; only the others end here.
+      if (!load || !status.ok()) {
+        if (!load || job->MoveStatus(i).Is(StatusCode::kFailedPrecondition)) {
+          EndMove(*job, i, status);
+        }
+      }
+    }
+    if (reserved > 0) queued_saves_.fetch_sub(reserved, std::memory_order_relaxed);
+  };
+  Status s = device_->Submit(dir, copies, std::move(on_layer), end_all);
+  if (!s.ok()) {
+    KVTIER_LOG(kWarn) << "CUDA " << CopyDirectionName(dir) << " batch of " << copies.size()
+                      << " blocks refused: " << s.ToString();
+    end_all(s);
+  }
 }
 
 void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
@@ -258,7 +352,11 @@ void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
     op = it->second;  // stays in the map until handled: the destructor waits for it
   }
   const BlockTransfer& m = op.job->moves()[op.move];
-  if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok()) {
+  if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok() && device_ != nullptr) {
+    bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
+                                                                std::memory_order_relaxed);
+    SubmitDevice(op.job, CopyDirection::kHostToDevice, {op.move}, 0);
+  } else if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok()) {
     bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
                                                                 std::memory_order_relaxed);
     {
