@@ -156,7 +156,7 @@ struct DeviceRig {
   std::unique_ptr<HostArena> arena;
   std::unique_ptr<TransferEngine> engine;
 
-  DeviceRig(G1Arrangement arrangement, DeviceCopyBackend::Method method)
+  DeviceRig(G1Arrangement arrangement, DeviceCopyBackend::Method method, uint32_t max_batches = 32)
       : layout(SmallLayout(arrangement)) {
     helper = std::move(CreateCudaBackend({})).value();
     dev_bytes = layout.BlockBytes() * blocks;
@@ -179,6 +179,7 @@ struct DeviceRig {
     arena = std::move(HostArena::Create(ac)).value();
     TransferEngine::Config tc;
     tc.cuda.method = method;
+    tc.cuda.max_batches = max_batches;
     engine = std::move(TransferEngine::Create(tc)).value();
     Status s = engine->RegisterHostArena(arena.get(), layout);
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -324,7 +325,8 @@ TEST(CudaBackendTest, LayersCompleteInOrder) {
         final_status = st;
         done = true;
         cv.notify_all();
-      });
+      },
+      /*wait_for_room=*/true);
   ASSERT_TRUE(s.ok()) << s.ToString();
   std::unique_lock<std::mutex> lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
@@ -365,6 +367,27 @@ TEST(CudaBackendTest, WaitLayerReturnsBeforeLaterLayersLand) {
   for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ(rig.Mismatches(got, dst[i], 900 + i), 0u);
 }
 
+// With the device's only batch held by a stalled load, a save is dropped and counted at once
+// (never waited for), and the load still completes when released.
+TEST(CudaBackendTest, SavesAreDroppedNotWaitedForWhenTheDeviceIsFull) {
+  SKIP_WITHOUT_GPU();
+  DeviceRig rig(G1Arrangement::kLayerSeparate, DeviceCopyBackend::Method::kKernel,
+                /*max_batches=*/1);
+  rig.engine->device_backend()->StallNextLoadAfterLayerForTest(0);
+  auto load = rig.engine->Submit({Move(BlockTransfer::Op::kG2ToG1, 2, 1)}, TransferPriority::kLoad);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  ASSERT_TRUE((*load)->WaitLayer(0).ok());
+  auto save = rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 5, 3)}, TransferPriority::kSave);
+  ASSERT_TRUE(save.ok()) << save.status().ToString();
+  Status st = (*save)->Wait();  // ends at once: dropped
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_EQ(rig.engine->stats().saves_dropped, 1u);
+  EXPECT_EQ(rig.engine->queued_saves(), 0u);
+  EXPECT_FALSE((*load)->Done());
+  rig.engine->device_backend()->ReleaseStallForTest();
+  EXPECT_TRUE((*load)->Wait().ok());
+}
+
 TEST(CudaBackendTest, HostMemoryMarkedOnDeviceIsRefused) {
   SKIP_WITHOUT_GPU();
   auto backend = std::move(CreateCudaBackend({})).value();
@@ -388,7 +411,8 @@ TEST(CudaBackendTest, CopiesOutsideTheRegisteredArenaAreRefused) {
   bool called = false;
   Status s = rig.engine->device_backend()->Submit(
       CopyDirection::kDeviceToHost, std::span<const DeviceBlockCopy>(&bad, 1),
-      [&](uint32_t) { called = true; }, [&](const Status&) { called = true; });
+      [&](uint32_t) { called = true; }, [&](const Status&) { called = true; },
+      /*wait_for_room=*/true);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_FALSE(called);
 }

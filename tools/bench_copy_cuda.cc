@@ -43,12 +43,15 @@ Result<double> TimedBatch(DeviceCopyBackend* backend, CopyDirection dir,
   bool done = false;
   Status result;
   Stopwatch w;
-  Status s = backend->Submit(dir, copies, nullptr, [&](const Status& st) {
-    std::lock_guard<std::mutex> lock(mu);
-    result = st;
-    done = true;
-    cv.notify_all();
-  });
+  Status s = backend->Submit(
+      dir, copies, nullptr,
+      [&](const Status& st) {
+        std::lock_guard<std::mutex> lock(mu);
+        result = st;
+        done = true;
+        cv.notify_all();
+      },
+      /*wait_for_room=*/true);
   if (!s.ok()) return s;
   std::unique_lock<std::mutex> lock(mu);
   if (!cv.wait_for(lock, std::chrono::seconds(120), [&] { return done; })) {

@@ -107,7 +107,7 @@ class CudaBackend final : public DeviceCopyBackend {
   Status RegisterG1(const G1Memory& g1) override;
   Status RegisterHost(uint8_t* base, uint64_t bytes) override;
   Status Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies, LayerCallback on_layer,
-                DoneCallback on_done) override EXCLUDES(mu_);
+                DoneCallback on_done, bool wait_for_room) override EXCLUDES(mu_);
 
   Result<uint8_t*> AllocateDevice(uint64_t bytes) override;
   void FreeDevice(uint8_t* ptr) override;
@@ -139,7 +139,8 @@ class CudaBackend final : public DeviceCopyBackend {
   Status Enqueue(Batch* b, cudaStream_t stream) EXCLUDES(stall_mu_);
   Status EnsureUnitCapacity(Batch* b, size_t units);
   void FreeBatch(Batch* b);
-  Batch* AcquireBatch() EXCLUDES(mu_);
+  // A free batch; null when none is free and waiting is not allowed.
+  Batch* AcquireBatch(bool wait_for_room) EXCLUDES(mu_);
   void ReleaseBatch(Batch* b) EXCLUDES(mu_);
   void CompletionLoop(int dir) EXCLUDES(mu_);
   static void StallHostFunc(void* self);
@@ -337,7 +338,12 @@ Status CudaBackend::RegisterHost(uint8_t* base, uint64_t bytes) {
   return Status::Ok();
 }
 
-CudaBackend::Batch* CudaBackend::AcquireBatch() {
+// The backend whose completion thread is running on this thread, if any.
+thread_local const void* tls_completion_backend = nullptr;
+
+CudaBackend::Batch* CudaBackend::AcquireBatch(bool wait_for_room) {
+  // On a completion thread, waiting could deadlock (the batches it waits for end there).
+  const bool in_callback = tls_completion_backend == this;
   MutexLock lock(&mu_);
   for (;;) {
     if (!free_.empty()) {
@@ -345,10 +351,11 @@ CudaBackend::Batch* CudaBackend::AcquireBatch() {
       free_.pop_back();
       return b;
     }
-    if (batches_.size() < config_.max_batches) {
+    if (batches_.size() < config_.max_batches || (in_callback && wait_for_room)) {
       batches_.push_back(std::make_unique<Batch>());
       return batches_.back().get();
     }
+    if (!wait_for_room) return nullptr;
     CondWait(&cv_, &mu_);
   }
 }
@@ -401,12 +408,17 @@ Status CudaBackend::EnsureUnitCapacity(Batch* b, size_t units) {
 }
 
 Status CudaBackend::Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies,
-                           LayerCallback on_layer, DoneCallback on_done) {
+                           LayerCallback on_layer, DoneCallback on_done, bool wait_for_room) {
   if (!g1_registered_) return Status::FailedPrecondition("no device G1 registered with CUDA");
   if (host_base_ == nullptr) {
     return Status::FailedPrecondition("no host memory registered with CUDA");
   }
-  Batch* b = AcquireBatch();
+  Batch* b = AcquireBatch(wait_for_room);
+  if (b == nullptr) {
+    return Status::ResourceExhausted("CUDA backend: all " + std::to_string(config_.max_batches) +
+                                     " batches are in flight; the " + CopyDirectionName(dir) +
+                                     " batch was not started");
+  }
   Status planned = BuildDeviceCopyPlan(g1_, window_, dir, copies, config_.max_unit_bytes, &b->plan);
   if (!planned.ok()) {
     ReleaseBatch(b);
@@ -530,6 +542,7 @@ void CudaBackend::ReleaseStallForTest() {
 }
 
 void CudaBackend::CompletionLoop(int dir) {
+  tls_completion_backend = this;
   (void)cudaSetDevice(config_.device);
   for (;;) {
     Batch* b = nullptr;
@@ -584,7 +597,12 @@ void CudaBackend::FreeDevice(uint8_t* ptr) {
 
 Status CudaBackend::CopyToDevice(uint8_t* dev, const uint8_t* host, uint64_t bytes) {
   (void)cudaSetDevice(config_.device);
-  return CudaCheck(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+  KVTIER_RETURN_IF_ERROR(
+      CudaCheck(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device"));
+  // From pageable memory cudaMemcpy may return before the DMA landed, and the backend's
+  // non-blocking streams do not wait for the legacy stream: wait for it here. (Only the
+  // legacy stream: a stalled load stream, see the test hook, must not block this.)
+  return CudaCheck(cudaStreamSynchronize(0), "cudaStreamSynchronize after a copy to the device");
 }
 
 Status CudaBackend::CopyFromDevice(uint8_t* host, const uint8_t* dev, uint64_t bytes) {

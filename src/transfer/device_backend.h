@@ -66,16 +66,22 @@ class DeviceCopyBackend {
 
   // Starts moving `copies` in direction `dir`; returns at once. Ok: the callbacks will run (on
   // the backend's thread). An error (InvalidArgument for a bad copy, FailedPrecondition when G1
-  // or host memory is not registered, IOError when the device refused the work up front):
-  // nothing was started and no callback runs. Blocks only while max_batches are in flight.
+  // or host memory is not registered, IOError when the device refused the work up front,
+  // ResourceExhausted when max_batches are in flight and !wait_for_room): nothing was started
+  // and no callback runs. With wait_for_room (loads), waits while max_batches are in flight;
+  // without (saves), never waits. A Submit from inside a callback never waits either (the
+  // waited-for batch could only end on that thread): it may exceed max_batches.
   virtual Status Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies,
-                        LayerCallback on_layer, DoneCallback on_done) = 0;
+                        LayerCallback on_layer, DoneCallback on_done, bool wait_for_room) = 0;
 
   // ---- device memory helpers for tests and benchmarks (synchronous) ----
   // Device memory of `bytes` bytes, freed by FreeDevice. IOError naming the CUDA error.
   virtual Result<uint8_t*> AllocateDevice(uint64_t bytes) = 0;
   virtual void FreeDevice(uint8_t* ptr) = 0;
+  // Synchronous: returns when the bytes are on the device.
   virtual Status CopyToDevice(uint8_t* dev, const uint8_t* host, uint64_t bytes) = 0;
+  // Synchronous; ordered with the legacy default stream only, not with the backend's streams:
+  // call it after the batches whose bytes it reads ended.
   virtual Status CopyFromDevice(uint8_t* host, const uint8_t* dev, uint64_t bytes) = 0;
   // Seconds of the fastest of `reps` plain cudaMemcpyAsync calls of `bytes` bytes between
   // device memory `dev` and registered host memory `host` on a fresh stream (event-timed): the

@@ -59,7 +59,7 @@ Status TransferEngine::RegisterG1(const G1Memory& g1) {
     return Status::InvalidArgument("G1 layout " + g1.layout.ToString() +
                                    " differs from the G2 layout " + layout_.ToString());
   }
-  if (g1.on_device && device_ != nullptr) {
+  if (device_ != nullptr) {
     return Status::FailedPrecondition("a device G1 is registered already; one per engine");
   }
   if (g1.on_device) {
@@ -297,10 +297,16 @@ void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyD
     }
     if (reserved > 0) queued_saves_.fetch_sub(reserved, std::memory_order_relaxed);
   };
-  Status s = device_->Submit(dir, copies, std::move(on_layer), end_all);
+  // Loads wait for room on the device; saves never wait (a full device drops them, counted).
+  const bool save = job->priority() == TransferPriority::kSave;
+  Status s = device_->Submit(dir, copies, std::move(on_layer), end_all, !save);
   if (!s.ok()) {
-    KVTIER_LOG(kWarn) << "CUDA " << CopyDirectionName(dir) << " batch of " << copies.size()
-                      << " blocks refused: " << s.ToString();
+    if (save && s.Is(StatusCode::kResourceExhausted)) {
+      saves_dropped_.fetch_add(copies.size(), std::memory_order_relaxed);
+    } else {
+      KVTIER_LOG(kWarn) << "CUDA " << CopyDirectionName(dir) << " batch of " << copies.size()
+                        << " blocks refused: " << s.ToString();
+    }
     end_all(s);
   }
 }
