@@ -7,16 +7,20 @@
 //    skip on a GPU machine.
 #include <sys/wait.h>
 
+#include <stdlib.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "tier/disk_tier.h"
 #include "transfer/device_backend.h"
 #include "transfer/transfer_engine.h"
 
@@ -298,7 +302,13 @@ INSTANTIATE_TEST_SUITE_P(
                                          G1Arrangement::kBlockContiguous),
                        ::testing::Values(DeviceCopyBackend::Method::kKernel,
                                          DeviceCopyBackend::Method::kMemcpyBatch,
-                                         DeviceCopyBackend::Method::kMemcpyPerChunk)));
+                                         DeviceCopyBackend::Method::kMemcpyPerChunk)),
+    [](const auto& info) {
+      std::string name = G1ArrangementName(std::get<0>(info.param));
+      name += std::string("_") + DeviceCopyMethodName(std::get<1>(info.param));
+      for (char& c : name) c = c == '-' ? '_' : c;
+      return name;
+    });
 
 TEST(CudaBackendTest, LayersCompleteInOrder) {
   SKIP_WITHOUT_GPU();
@@ -386,6 +396,50 @@ TEST(CudaBackendTest, SavesAreDroppedNotWaitedForWhenTheDeviceIsFull) {
   EXPECT_FALSE((*load)->Done());
   rig.engine->device_backend()->ReleaseStallForTest();
   EXPECT_TRUE((*load)->Wait().ok());
+}
+
+// G1 (device) -> G2 -> G3, then G3 -> G1 (device) staged through a G2 slot: the staged half
+// goes to the device as a load.
+TEST(CudaBackendTest, G3LoadsStageThroughG2IntoTheDevice) {
+  SKIP_WITHOUT_GPU();
+  DeviceRig rig(G1Arrangement::kLayerSeparate, DeviceCopyBackend::Method::kKernel);
+  char tmpl[] = "/tmp/kvtier-cuda-g3-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  DiskTier::Config dc;
+  dc.dir = tmpl;
+  dc.payload_bytes = rig.layout.BlockBytes();
+  dc.layout_fingerprint = rig.layout.Fingerprint();
+  dc.capacity_bytes = 16 * (kBlockHeaderBytes + dc.payload_bytes) + (1 << 20);
+  auto opened = DiskTier::Open(dc);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<DiskTier> disk = std::move(opened->tier);
+  ASSERT_TRUE(rig.engine->RegisterDisk(disk.get()).ok());
+  std::vector<uint8_t> mirror(rig.dev_bytes, 0);
+  rig.FillMirror(&mirror, 7, 77);
+  rig.WriteDevice(mirror);
+  auto disk_move = [&](BlockTransfer::Op op, uint32_t g1_block, uint32_t slot) {
+    BlockTransfer m = Move(op, g1_block, slot);
+    m.key = BlockKey{0x1234, 77};
+    m.parent = BlockKey{1, 2};
+    m.namespace_id = 5;
+    for (uint32_t t = 0; t < rig.layout.tokens_per_block; ++t) m.tokens.push_back(t + 1);
+    return m;
+  };
+  auto save = rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 7, 4)}, TransferPriority::kSave);
+  ASSERT_TRUE(save.ok() && (*save)->Wait().ok());
+  auto write =
+      rig.engine->Submit({disk_move(BlockTransfer::Op::kG2ToG3, 0, 4)}, TransferPriority::kSave);
+  ASSERT_TRUE(write.ok() && (*write)->Wait().ok());
+  auto load =
+      rig.engine->Submit({disk_move(BlockTransfer::Op::kG3ToG1, 18, 9)}, TransferPriority::kLoad);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  Status st = (*load)->Wait();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const std::vector<uint8_t> got = rig.ReadDevice();
+  EXPECT_EQ(rig.Mismatches(got, 18, 77), 0u);
+  rig.engine.reset();  // finishes disk I/O before the tier closes
+  disk.reset();
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST(CudaBackendTest, HostMemoryMarkedOnDeviceIsRefused) {

@@ -163,7 +163,14 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(G1Arrangement::kLayerSeparate, false, uint64_t{48}),
                       std::make_tuple(G1Arrangement::kBlockContiguous, false,
                                       kDefaultCopyUnitBytes),
-                      std::make_tuple(G1Arrangement::kBlockContiguous, false, uint64_t{1008})));
+                      std::make_tuple(G1Arrangement::kBlockContiguous, false, uint64_t{1008})),
+    [](const auto& info) {
+      std::string name = G1ArrangementName(std::get<0>(info.param));
+      if (std::get<1>(info.param)) name += "_kv_adjacent";
+      name += "_unit" + std::to_string(std::get<2>(info.param));
+      for (char& c : name) c = c == '-' ? '_' : c;
+      return name;
+    });
 
 TEST(DeviceCopyPlanTest, UnitsAreLayerMajorWithExactAddresses) {
   const KvLayout l = SmallLayout(G1Arrangement::kLayerSeparate);

@@ -252,17 +252,17 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   // Device moves hold their save-queue places until the device finished them.
   if (!device_gathers.empty()) {
     const uint32_t reserved = save ? static_cast<uint32_t>(device_gathers.size()) : 0;
-    SubmitDevice(job, CopyDirection::kDeviceToHost, std::move(device_gathers), reserved);
+    SubmitDevice(job, CopyDirection::kDeviceToHost, std::move(device_gathers), reserved, !save);
   }
   if (!device_scatters.empty()) {
     const uint32_t reserved = save ? static_cast<uint32_t>(device_scatters.size()) : 0;
-    SubmitDevice(job, CopyDirection::kHostToDevice, std::move(device_scatters), reserved);
+    SubmitDevice(job, CopyDirection::kHostToDevice, std::move(device_scatters), reserved, !save);
   }
   return job;
 }
 
 void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyDirection dir,
-                                  std::vector<uint32_t> moves, uint32_t reserved) {
+                                  std::vector<uint32_t> moves, uint32_t reserved, bool as_load) {
   std::vector<DeviceBlockCopy> copies;
   copies.reserve(moves.size());
   for (uint32_t i : moves) {
@@ -298,10 +298,9 @@ void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyD
     if (reserved > 0) queued_saves_.fetch_sub(reserved, std::memory_order_relaxed);
   };
   // Loads wait for room on the device; saves never wait (a full device drops them, counted).
-  const bool save = job->priority() == TransferPriority::kSave;
-  Status s = device_->Submit(dir, copies, std::move(on_layer), end_all, !save);
+  Status s = device_->Submit(dir, copies, std::move(on_layer), end_all, as_load);
   if (!s.ok()) {
-    if (save && s.Is(StatusCode::kResourceExhausted)) {
+    if (!as_load && s.Is(StatusCode::kResourceExhausted)) {
       saves_dropped_.fetch_add(copies.size(), std::memory_order_relaxed);
     } else {
       KVTIER_LOG(kWarn) << "CUDA " << CopyDirectionName(dir) << " batch of " << copies.size()
@@ -361,7 +360,8 @@ void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
   if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok() && device_ != nullptr) {
     bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
                                                                 std::memory_order_relaxed);
-    SubmitDevice(op.job, CopyDirection::kHostToDevice, {op.move}, 0);
+    // The staged half of a load into G1 is a load, whatever the job's priority.
+    SubmitDevice(op.job, CopyDirection::kHostToDevice, {op.move}, 0, /*as_load=*/true);
   } else if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok()) {
     bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
                                                                 std::memory_order_relaxed);

@@ -122,9 +122,10 @@ class TransferEngine final : private DiskCompletionSink {
   void EndMove(TransferJob& job, uint32_t move, const Status& status);
   void EnqueueLoads(std::vector<WorkItem> items) EXCLUDES(mu_);
   // Hands `moves` of `job` (all G1 <-> G2 in direction `dir`) to the CUDA backend; releases
-  // `reserved` save-queue places when they end.
+  // `reserved` save-queue places when they end. as_load: wait for room on the device (loads);
+  // otherwise a full device drops the moves (ResourceExhausted) and counts them.
   void SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyDirection dir,
-                    std::vector<uint32_t> moves, uint32_t reserved);
+                    std::vector<uint32_t> moves, uint32_t reserved, bool as_load);
   Status PinArenaForDevice();
   void StartDisk(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves)
       EXCLUDES(disk_mu_);
