@@ -12,6 +12,8 @@ PACKAGES=(
   libopenblas-dev
   gnuplot-nox
 )
+# The CUDA toolkit is optional and not installed here: CMake builds the CUDA backend when it
+# finds nvcc (e.g. /usr/local/cuda), and without it builds and tests everything else.
 
 missing=()
 for p in "${PACKAGES[@]}"; do
