@@ -125,6 +125,9 @@ class CudaBackend final : public DeviceCopyBackend {
     CopyUnit* host_units = nullptr;  // pinned staging of the plan's units (kernel method)
     CopyUnit* dev_units = nullptr;   // the units in device memory (kernel method)
     size_t unit_capacity = 0;
+    // Buffers outgrown by this batch, freed with the backend: cudaFree and cudaFreeHost
+    // synchronize the whole device, which a submission must never wait for.
+    std::vector<CopyUnit*> retired_host, retired_dev;
     std::vector<cudaEvent_t> layer_events;
     uint32_t layers_enqueued = 0;
     Status enqueue_error;
@@ -375,19 +378,24 @@ void CudaBackend::FreeBatch(Batch* b) {
   if (b->host_units != nullptr) (void)cudaFreeHost(b->host_units);
   if (b->dev_units != nullptr) (void)cudaFree(b->dev_units);
   for (cudaEvent_t e : b->layer_events) (void)cudaEventDestroy(e);
+  for (CopyUnit* p : b->retired_host) (void)cudaFreeHost(p);
+  for (CopyUnit* p : b->retired_dev) (void)cudaFree(p);
   b->host_units = nullptr;
   b->dev_units = nullptr;
   b->unit_capacity = 0;
   b->layer_events.clear();
+  b->retired_host.clear();
+  b->retired_dev.clear();
 }
 
 Status CudaBackend::EnsureUnitCapacity(Batch* b, size_t units) {
   if (units <= b->unit_capacity) return Status::Ok();
-  // Grows rarely (to the largest batch seen); the batch is not in flight, so the old buffers
-  // are free to go.
-  const size_t cap = std::max(units, b->unit_capacity * 2);
-  if (b->host_units != nullptr) (void)cudaFreeHost(b->host_units);
-  if (b->dev_units != nullptr) (void)cudaFree(b->dev_units);
+  // Grows rarely and geometrically (to the largest batch seen; outgrown buffers are kept until
+  // the backend goes, so the waste stays under the final size).
+  constexpr size_t kMinUnits = 4096;  // 96 KiB: 64 blocks of 2 MiB in 32 KiB chunks
+  const size_t cap = std::max({units, b->unit_capacity * 2, kMinUnits});
+  if (b->host_units != nullptr) b->retired_host.push_back(b->host_units);
+  if (b->dev_units != nullptr) b->retired_dev.push_back(b->dev_units);
   b->host_units = nullptr;
   b->dev_units = nullptr;
   b->unit_capacity = 0;
