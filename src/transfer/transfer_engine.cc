@@ -63,7 +63,8 @@ Status TransferEngine::RegisterG1(const G1Memory& g1) {
     return Status::FailedPrecondition("a device G1 is registered already; one per engine");
   }
   if (g1.on_device) {
-    auto backend = CreateCudaBackend(config_.cuda);
+    auto backend = config_.device_backend_factory ? config_.device_backend_factory(config_.cuda)
+                                                  : CreateCudaBackend(config_.cuda);
     if (!backend.ok()) {
       return Status(backend.status().code(),
                     "G1 is device memory, which only the CUDA backend can reach: " +

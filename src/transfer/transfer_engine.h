@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -50,6 +51,10 @@ class TransferEngine final : private DiskCompletionSink {
     uint32_t max_queued_saves = 1024;  // save moves waiting for a worker at most, >= 1
     // The CUDA backend's settings, used when a device G1 is registered.
     DeviceCopyBackend::Config cuda;
+    // Makes the device backend when a device G1 is registered; null = CreateCudaBackend. Tests
+    // inject a stand-in that runs the same plans on host memory (there is no GPU to test with).
+    std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>
+        device_backend_factory;
     // Ok, or InvalidArgument naming the field, its value and the allowed range.
     Status Validate() const;
   };
