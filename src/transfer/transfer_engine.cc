@@ -273,17 +273,26 @@ void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyD
   auto shared_moves = std::make_shared<const std::vector<uint32_t>>(std::move(moves));
   const bool load = dir == CopyDirection::kHostToDevice;
   const size_t op = OpIndex(load ? BlockTransfer::Op::kG2ToG1 : BlockTransfer::Op::kG1ToG2);
+  // The save-queue places go back before the moves end, so a caller that saw its job end also
+  // sees the room it held (once, whichever callback gets there first).
+  auto places = std::make_shared<std::atomic<uint32_t>>(reserved);
+  auto give_back = [this, places] {
+    const uint32_t n = places->exchange(0, std::memory_order_relaxed);
+    if (n > 0) queued_saves_.fetch_sub(n, std::memory_order_relaxed);
+  };
   DeviceCopyBackend::LayerCallback on_layer = nullptr;
   if (load) {
-    on_layer = [this, job, shared_moves, op](uint32_t layer) {
+    on_layer = [this, job, shared_moves, op, give_back](uint32_t layer) {
       std::vector<uint32_t> finished;
       job->LayersLanded(*shared_moves, layer, &finished);
       bytes_by_op_[op].fetch_add(layout_.LayerBytes() * shared_moves->size(),
                                  std::memory_order_relaxed);
+      if (!finished.empty()) give_back();
       for (uint32_t i : finished) EndMove(*job, i, Status::Ok());
     };
   }
-  auto end_all = [this, job, shared_moves, load, op, reserved](const Status& status) {
+  auto end_all = [this, job, shared_moves, load, op, give_back](const Status& status) {
+    give_back();
     if (!load && status.ok()) {
       bytes_by_op_[op].fetch_add(layout_.BlockBytes() * shared_moves->size(),
                                  std::memory_order_relaxed);
@@ -296,7 +305,6 @@ void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyD
         }
       }
     }
-    if (reserved > 0) queued_saves_.fetch_sub(reserved, std::memory_order_relaxed);
   };
   // Loads wait for room on the device; saves never wait (a full device drops them, counted).
   Status s = device_->Submit(dir, copies, std::move(on_layer), end_all, as_load);
