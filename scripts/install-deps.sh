@@ -13,6 +13,8 @@ PACKAGES=(
   gnuplot-nox
   libhiredis-dev redis-server redis-tools
 )
+# The CUDA toolkit is optional and not installed here: CMake builds the CUDA backend when it
+# finds nvcc (e.g. /usr/local/cuda), and without it builds and tests everything else.
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -23,7 +23,9 @@ struct Best {
 
 void PrintUsage() {
   std::printf(
-      "usage: kvtier bench copy [--blocks N] [--max-threads T] [--reps R] [--json] [layout]\n"
+      "usage: kvtier bench copy [--device host|cuda] [--blocks N] [--max-threads T] [--reps R]\n"
+      "                         [--json] [layout]\n"
+      "  --device cuda: the CUDA backend (see kvtier bench copy --device cuda --help).\n"
       "  Moves N blocks G1 -> G2 (offload) and G2 -> G1 (onboard) with 1..T threads, and copies\n"
       "  the same bytes with plain memcpy on the same threads, in the same run. Best of R.\n"
       "  --blocks N (512)  --max-threads T (2)  --reps R (5)\n%s",
@@ -33,11 +35,17 @@ void PrintUsage() {
 }  // namespace
 
 int RunBenchCopy(const CliArgs& args) {
+  const std::string device = args.GetString("device", "host");
+  if (device == "cuda") return RunBenchCopyCuda(args);
+  if (device != "host") {
+    return UsageError(Status::InvalidArgument("--device " + device +
+                                              " is not known; use host (default) or cuda"));
+  }
   if (args.Has("help")) {
     PrintUsage();
     return 0;
   }
-  std::vector<std::string> known = {"json", "help", "blocks", "max-threads", "reps"};
+  std::vector<std::string> known = {"json", "help", "blocks", "max-threads", "reps", "device"};
   known.insert(known.end(), LayoutFlagNames().begin(), LayoutFlagNames().end());
   if (Status s = args.CheckKnown(known); !s.ok()) return UsageError(s);
   auto layout = LayoutFromFlags(args);

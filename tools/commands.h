@@ -1,12 +1,17 @@
 // The subcommands of the `kvtier` tool. Each returns the process exit code: 0 on success,
-// 1 when the work failed, 2 for a usage error (with a message on stderr saying what to fix).
+// 1 when the work failed, 2 for a usage error (with a message on stderr saying what to fix),
+// 3 (kExitUnavailable) when a device the command needs cannot be used on this machine (e.g.
+// `kvtier bench copy --device cuda` without a usable GPU, or in a build without CUDA).
 #pragma once
 
 #include "cli_args.h"
 
 namespace kvtier::cli {
 
+inline constexpr int kExitUnavailable = 3;
+
 int RunBenchCopy(const CliArgs& args);      // kvtier bench copy
+int RunBenchCopyCuda(const CliArgs& args);  // kvtier bench copy --device cuda
 int RunBenchIndex(const CliArgs& args);     // kvtier bench index
 int RunBenchArena(const CliArgs& args);     // kvtier bench arena
 int RunKeys(const CliArgs& args);           // kvtier keys

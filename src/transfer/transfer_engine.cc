@@ -47,6 +47,8 @@ TransferEngine::~TransferEngine() {
       CondWait(&disk_cv_, &disk_mu_);
     }
   }
+  // Then the device's batches (their callbacks end moves through this engine).
+  device_.reset();
   {
     MutexLock lock(&mu_);
     stopping_ = true;
@@ -57,14 +59,31 @@ TransferEngine::~TransferEngine() {
 
 Status TransferEngine::RegisterG1(const G1Memory& g1) {
   KVTIER_RETURN_IF_ERROR(g1.Validate());
-  if (g1.on_device) {
-    return Status::Unavailable(
-        "G1 is device memory, but this build has no CUDA transfer backend; register host "
-        "memory, or build with the CUDA backend on a machine with a GPU");
-  }
   if (arena_ != nullptr && g1.layout.Fingerprint() != layout_.Fingerprint()) {
     return Status::InvalidArgument("G1 layout " + g1.layout.ToString() +
                                    " differs from the G2 layout " + layout_.ToString());
+  }
+  if (device_ != nullptr) {
+    return Status::FailedPrecondition("a device G1 is registered already; one per engine");
+  }
+  if (g1.on_device) {
+    auto backend = config_.device_backend_factory ? config_.device_backend_factory(config_.cuda)
+                                                  : CreateCudaBackend(config_.cuda);
+    if (!backend.ok()) {
+      return Status(backend.status().code(),
+                    "G1 is device memory, which only the CUDA backend can reach: " +
+                        backend.status().message() +
+                        ". Register G1 in host memory, or run on a machine with a usable GPU");
+    }
+    KVTIER_RETURN_IF_ERROR((*backend)->RegisterG1(g1));
+    device_ = std::move(*backend);
+    if (arena_ != nullptr) {
+      Status pinned = PinArenaForDevice();
+      if (!pinned.ok()) {
+        device_.reset();
+        return pinned;
+      }
+    }
   }
   g1_ = g1;
   g1_registered_ = true;
@@ -86,8 +105,26 @@ Status TransferEngine::RegisterHostArena(HostArena* arena, const KvLayout& layou
     return Status::InvalidArgument("G2 layout " + layout.ToString() +
                                    " differs from the G1 layout " + g1_.layout.ToString());
   }
+  if (device_host_registered_ && arena_ != arena) {
+    return Status::FailedPrecondition(
+        "the G2 arena is pinned for the CUDA backend already; one per engine");
+  }
   arena_ = arena;
   layout_ = layout;
+  if (device_ != nullptr) {
+    Status pinned = PinArenaForDevice();
+    if (!pinned.ok()) {
+      arena_ = nullptr;
+      return pinned;
+    }
+  }
+  return Status::Ok();
+}
+
+Status TransferEngine::PinArenaForDevice() {
+  if (device_host_registered_) return Status::Ok();
+  KVTIER_RETURN_IF_ERROR(device_->RegisterHost(arena_->base(), arena_->mapped_bytes()));
+  device_host_registered_ = true;
   return Status::Ok();
 }
 
@@ -179,17 +216,22 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   jobs_.fetch_add(1, std::memory_order_relaxed);
 
   std::vector<WorkItem> items;
-  std::vector<uint32_t> scatters, disk_moves;
+  std::vector<uint32_t> scatters, disk_moves, device_gathers, device_scatters;
+  const bool device = device_ != nullptr;
   for (uint32_t i = 0; i < job->moves().size(); ++i) {
     switch (job->moves()[i].op) {
       case Op::kG1ToG2:
-        items.push_back(WorkItem{job, i, -1, {}});
+        if (device) {
+          device_gathers.push_back(i);
+        } else {
+          items.push_back(WorkItem{job, i, -1, {}});
+        }
         break;
       case Op::kG2ToG3:
         items.push_back(WorkItem{job, i, -1, {}});
         break;
       case Op::kG2ToG1:
-        scatters.push_back(i);
+        (device ? device_scatters : scatters).push_back(i);
         break;
       default:
         disk_moves.push_back(i);
@@ -221,7 +263,85 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
     work_cv_.notify_all();
   }
   if (!disk_moves.empty()) StartDisk(job, disk_moves);
+  // Device moves hold their save-queue places until the device finished them.
+  if (!device_gathers.empty()) {
+    const uint32_t reserved = save ? static_cast<uint32_t>(device_gathers.size()) : 0;
+    SubmitDevice(job, CopyDirection::kDeviceToHost, std::move(device_gathers), reserved, !save);
+  }
+  if (!device_scatters.empty()) {
+    const uint32_t reserved = save ? static_cast<uint32_t>(device_scatters.size()) : 0;
+    SubmitDevice(job, CopyDirection::kHostToDevice, std::move(device_scatters), reserved, !save);
+  }
   return job;
+}
+
+void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyDirection dir,
+                                  std::vector<uint32_t> moves, uint32_t reserved, bool as_load,
+                                  uint32_t staging_slot) {
+  std::vector<DeviceBlockCopy> copies;
+  copies.reserve(moves.size());
+  for (uint32_t i : moves) {
+    const BlockTransfer& m = job->moves()[i];
+    const bool pooled = m.g2_slot == BlockTransfer::kAnyStagingSlot;
+    copies.push_back(DeviceBlockCopy{m.g1_block, Payload(pooled ? staging_slot : m.g2_slot)});
+  }
+  // A staged move from the pool gives its slot back once (when it lands or fails).
+  auto pool_slot = std::make_shared<std::atomic<uint32_t>>(staging_slot);
+  auto give_slot = [this, pool_slot] {
+    const uint32_t s = pool_slot->exchange(BlockTransfer::kAnyStagingSlot);
+    if (s != BlockTransfer::kAnyStagingSlot) ReleaseStaging(s);
+  };
+  auto shared_moves = std::make_shared<const std::vector<uint32_t>>(std::move(moves));
+  const bool load = dir == CopyDirection::kHostToDevice;
+  const size_t op = OpIndex(load ? BlockTransfer::Op::kG2ToG1 : BlockTransfer::Op::kG1ToG2);
+  // The save-queue places go back before the moves end, so a caller that saw its job end also
+  // sees the room it held (once, whichever callback gets there first).
+  auto places = std::make_shared<std::atomic<uint32_t>>(reserved);
+  auto give_back = [this, places] {
+    const uint32_t n = places->exchange(0, std::memory_order_relaxed);
+    if (n > 0) queued_saves_.fetch_sub(n, std::memory_order_relaxed);
+  };
+  DeviceCopyBackend::LayerCallback on_layer = nullptr;
+  if (load) {
+    on_layer = [this, job, shared_moves, op, give_back, give_slot](uint32_t layer) {
+      std::vector<uint32_t> finished;
+      job->LayersLanded(*shared_moves, layer, &finished);
+      bytes_by_op_[op].fetch_add(layout_.LayerBytes() * shared_moves->size(),
+                                 std::memory_order_relaxed);
+      if (!finished.empty()) {
+        give_back();
+        give_slot();
+      }
+      for (uint32_t i : finished) EndMove(*job, i, Status::Ok());
+    };
+  }
+  auto end_all = [this, job, shared_moves, load, op, give_back, give_slot](const Status& status) {
+    give_back();
+    give_slot();
+    if (!load && status.ok()) {
+      bytes_by_op_[op].fetch_add(layout_.BlockBytes() * shared_moves->size(),
+                                 std::memory_order_relaxed);
+    }
+    for (uint32_t i : *shared_moves) {
+      // A load's moves ended Ok as their last layer landed; only the others end here.
+      if (!load || !status.ok()) {
+        if (!load || job->MoveStatus(i).Is(StatusCode::kFailedPrecondition)) {
+          EndMove(*job, i, status);
+        }
+      }
+    }
+  };
+  // Loads wait for room on the device; saves never wait (a full device drops them, counted).
+  Status s = device_->Submit(dir, copies, std::move(on_layer), end_all, as_load);
+  if (!s.ok()) {
+    if (!as_load && s.Is(StatusCode::kResourceExhausted)) {
+      saves_dropped_.fetch_add(copies.size(), std::memory_order_relaxed);
+    } else {
+      KVTIER_LOG(kWarn) << "CUDA " << CopyDirectionName(dir) << " batch of " << copies.size()
+                        << " blocks refused: " << s.ToString();
+    }
+    end_all(s);
+  }
 }
 
 void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
@@ -282,7 +402,14 @@ void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
     op = it->second;  // stays in the map until handled: the destructor waits for it
   }
   const BlockTransfer& m = op.job->moves()[op.move];
-  if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok()) {
+  if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok() && device_ != nullptr) {
+    bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
+                                                                std::memory_order_relaxed);
+    // The staged half of a load into G1 is a load, whatever the job's priority.
+    SubmitDevice(
+        op.job, CopyDirection::kHostToDevice, {op.move}, 0, /*as_load=*/true,
+        m.g2_slot == BlockTransfer::kAnyStagingSlot ? op.slot : BlockTransfer::kAnyStagingSlot);
+  } else if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok()) {
     bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
                                                                 std::memory_order_relaxed);
     {

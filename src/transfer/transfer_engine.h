@@ -1,17 +1,19 @@
 // TransferEngine: moves blocks between tiers without blocking the caller.
 //
-// Memory is registered by kind before use: the engine's G1 (host memory now; device memory when
-// a CUDA backend is built), the G2 arena, the G3 disk tier (remote tiers later). A submitted
-// batch (TransferJob) completes per move through the job (poll or wait) and callbacks, and per
-// layer for moves into G1.
+// Memory is registered by kind before use: the engine's G1 (host memory, or device memory through
+// the CUDA backend), the G2 arena, the G3 disk tier (remote tiers later). A submitted batch
+// (TransferJob) completes per move through the job (poll or wait) and callbacks, and per layer
+// for moves into G1.
 //
 // Backends: a pool of memcpy workers for G1 <-> G2 (gather/scatter between the G1 arrangement and
-// contiguous slots), and the disk tier's io_uring engine for G2 <-> G3. A G3 -> G1 move reads
-// into a G2 slot and scatters from there. G3 writes are handed to the disk tier by a worker (the
-// tier checksums the payload as it accepts a write: never on the submitting thread). Two
-// priorities: the workers always take a waiting load before a save, and saves wait in a bounded
-// queue: a save batch that does not fit is refused whole (ResourceExhausted) and counted, never
-// waited for. Loads are never refused for space.
+// contiguous slots) when G1 is host memory; the CUDA backend (device_backend.h: one stream per
+// direction, an event per layer) when G1 is device memory; and the disk tier's io_uring engine
+// for G2 <-> G3. A G3 -> G1 move reads into a G2 slot and scatters from there. G3 writes are
+// handed to the disk tier by a worker (the tier checksums the payload as it accepts a write:
+// never on the submitting thread). Two priorities: the workers always take a waiting load before
+// a save (the CUDA backend gives loads their own, higher-priority stream), and saves wait in a
+// bounded queue: a save batch that does not fit is refused whole (ResourceExhausted) and
+// counted, never waited for. Loads are never refused for space.
 //
 // G2 slots hold a block as [kBlockHeaderBytes header area | payload] (the at-rest shape), so a
 // slot goes to and from G3 in one I/O; G1 copies use the payload part.
@@ -22,6 +24,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -33,6 +36,7 @@
 #include "tier/block_format.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
+#include "transfer/device_backend.h"
 #include "transfer/transfer_job.h"
 
 namespace kvtier {
@@ -45,6 +49,12 @@ class TransferEngine final : private DiskCompletionSink {
   struct Config {
     uint32_t copy_threads = 2;         // memcpy workers, 1..256
     uint32_t max_queued_saves = 1024;  // save moves waiting for a worker at most, >= 1
+    // The CUDA backend's settings, used when a device G1 is registered.
+    DeviceCopyBackend::Config cuda;
+    // Makes the device backend when a device G1 is registered; null = CreateCudaBackend. Tests
+    // inject a stand-in that runs the same plans on host memory (there is no GPU to test with).
+    std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>
+        device_backend_factory;
     // Ok, or InvalidArgument naming the field, its value and the allowed range.
     Status Validate() const;
   };
@@ -67,10 +77,13 @@ class TransferEngine final : private DiskCompletionSink {
   TransferEngine& operator=(const TransferEngine&) = delete;
 
   // Registration happens before the first Submit and is not thread-safe with it.
-  // G1: InvalidArgument when it does not validate; Unavailable for device memory (no CUDA
-  // backend in this build).
+  // G1: InvalidArgument when it does not validate. Device memory (on_device) starts the CUDA
+  // backend (device_backend.h), which then moves every G1 <-> G2 block; Unavailable, with the
+  // probe's reason, when this build has no CUDA backend or the machine no usable GPU; IOError
+  // when pinning the G2 arena fails.
   Status RegisterG1(const G1Memory& g1);
-  // G2: InvalidArgument when the arena's slots cannot hold header + payload of `layout`.
+  // G2: InvalidArgument when the arena's slots cannot hold header + payload of `layout`. With
+  // a device G1, also pins the whole arena once for the CUDA backend (IOError when refused).
   Status RegisterHostArena(HostArena* arena, const KvLayout& layout);
   // G3: InvalidArgument when the tier's io_bytes() differ from the G2 slot stride or its
   // payload from the layout's; registers the G2 arena with its io_uring (a refusal is logged
@@ -93,6 +106,8 @@ class TransferEngine final : private DiskCompletionSink {
       EXCLUDES(mu_, disk_mu_);
 
   Stats stats() const;
+  // The CUDA backend when a device G1 is registered, else null.
+  DeviceCopyBackend* device_backend() const { return device_.get(); }
   uint32_t queued_saves() const { return queued_saves_.load(std::memory_order_relaxed); }
 
  private:
@@ -120,6 +135,14 @@ class TransferEngine final : private DiskCompletionSink {
   void ReleaseStaging(uint32_t slot) EXCLUDES(disk_mu_);
   void EndMove(TransferJob& job, uint32_t move, const Status& status);
   void EnqueueLoads(std::vector<WorkItem> items) EXCLUDES(mu_);
+  // Hands `moves` of `job` (all G1 <-> G2 in direction `dir`) to the CUDA backend; releases
+  // `reserved` save-queue places when they end. as_load: wait for room on the device (loads);
+  // otherwise a full device drops the moves (ResourceExhausted) and counts them.
+  // `staging_slot`: the pool slot a staged G3 -> G1 move read into (given back when it ends).
+  void SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyDirection dir,
+                    std::vector<uint32_t> moves, uint32_t reserved, bool as_load,
+                    uint32_t staging_slot = BlockTransfer::kAnyStagingSlot);
+  Status PinArenaForDevice();
   // Starts the disk I/O of `moves`. A staged move (kAnyStagingSlot) takes a pool slot or waits
   // for one; `given_slot` is the pool slot ReleaseStaging hands to one waiting move.
   void StartDisk(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves,
@@ -133,6 +156,8 @@ class TransferEngine final : private DiskCompletionSink {
   HostArena* arena_ = nullptr;
   KvLayout layout_;
   DiskTier* disk_ = nullptr;
+  std::unique_ptr<DeviceCopyBackend> device_;  // set while a device G1 is registered
+  bool device_host_registered_ = false;
 
   Mutex mu_;
   std::condition_variable work_cv_;

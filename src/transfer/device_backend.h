@@ -1,0 +1,117 @@
+// DeviceCopyBackend: moves blocks between a device G1 (GPU memory) and pinned host memory (the
+// G2 arena). The only implementation is the CUDA backend (cuda_backend.cc), built when CMake
+// finds nvcc (option KVTIER_CUDA); other builds link cuda_backend_stub.cc, whose probe reports
+// that the build has no CUDA backend. Nothing outside this interface includes a CUDA header, so
+// the rest of the library compiles and runs without CUDA.
+//
+// Lifecycle: ProbeCuda() (cached, logged once) -> CreateCudaBackend() -> RegisterG1 and
+// RegisterHost (each once, before the first Submit) -> Submit from any thread -> destruction
+// waits for every submitted batch to end and for its callbacks to return.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kvtier/g1_memory.h"
+#include "kvtier/status.h"
+#include "transfer/device_copy_plan.h"
+
+namespace kvtier {
+
+class DeviceCopyBackend {
+ public:
+  // How a batch's units are run on the device.
+  enum class Method : uint8_t {
+    kAuto = 0,     // kKernel
+    kKernel,       // a gather/scatter kernel over mapped pinned host memory, one launch per layer
+    kMemcpyBatch,  // cudaMemcpyBatchAsync, one call per layer (CUDA >= 12.8 runtime and driver)
+    kMemcpyPerChunk,  // one cudaMemcpyAsync per unit (a slow reference path)
+  };
+
+  struct Config {
+    int device = 0;  // CUDA device ordinal
+    Method method = Method::kAuto;
+    uint32_t max_batches = 32;  // batches in flight at most (both directions); 1..1024
+    uint64_t max_unit_bytes = kDefaultCopyUnitBytes;  // see BuildDeviceCopyPlan
+    uint32_t kernel_threads = 256;                    // threads per kernel block: 32..1024, x32
+    uint32_t kernel_max_blocks = 1024;                // kernel grid size cap per launch, >= 1
+    // Ok, or InvalidArgument naming the field, its value and the allowed range.
+    Status Validate() const;
+  };
+
+  // Called once per layer, in layer order, as soon as that layer of every copy of the batch has
+  // landed (both directions). On the backend's completion thread; must be quick.
+  using LayerCallback = std::function<void(uint32_t layer)>;
+  // Called once when the batch ended, after its last LayerCallback: Ok when every layer landed,
+  // else the error (then the layers not reported landed did not land, or not verifiably).
+  using DoneCallback = std::function<void(const Status& status)>;
+
+  virtual ~DeviceCopyBackend() = default;
+
+  // "CUDA runtime 13.0, driver 13.0, device 0: NVIDIA H200 (sm_90), method kernel".
+  virtual std::string Describe() const = 0;
+  // The method in use (never kAuto).
+  virtual Method method() const = 0;
+
+  // Registers the engine's device KV memory. InvalidArgument when g1 does not validate or is
+  // not on_device; FailedPrecondition when called twice.
+  virtual Status RegisterG1(const G1Memory& g1) = 0;
+  // Pins [base, base + bytes) once (cudaHostRegister, mapped) so the device can reach it.
+  // REQUIRES: the memory is already faulted in and outlives the backend. InvalidArgument for
+  // null/empty; FailedPrecondition when called twice; IOError when the driver refuses.
+  virtual Status RegisterHost(uint8_t* base, uint64_t bytes) = 0;
+
+  // Starts moving `copies` in direction `dir`; returns at once. Ok: the callbacks will run (on
+  // the backend's thread). An error (InvalidArgument for a bad copy, FailedPrecondition when G1
+  // or host memory is not registered, IOError when the device refused the work up front,
+  // ResourceExhausted when max_batches are in flight and !wait_for_room): nothing was started
+  // and no callback runs. With wait_for_room (loads), waits while max_batches are in flight;
+  // without (saves), never waits. A Submit from inside a callback never waits either (the
+  // waited-for batch could only end on that thread): it may exceed max_batches.
+  virtual Status Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies,
+                        LayerCallback on_layer, DoneCallback on_done, bool wait_for_room) = 0;
+
+  // ---- device memory helpers for tests and benchmarks (synchronous) ----
+  // Device memory of `bytes` bytes, freed by FreeDevice. IOError naming the CUDA error.
+  virtual Result<uint8_t*> AllocateDevice(uint64_t bytes) = 0;
+  virtual void FreeDevice(uint8_t* ptr) = 0;
+  // Synchronous: returns when the bytes are on the device.
+  virtual Status CopyToDevice(uint8_t* dev, const uint8_t* host, uint64_t bytes) = 0;
+  // Synchronous; ordered with the legacy default stream only, not with the backend's streams:
+  // call it after the batches whose bytes it reads ended.
+  virtual Status CopyFromDevice(uint8_t* host, const uint8_t* dev, uint64_t bytes) = 0;
+  // Seconds of the fastest of `reps` plain cudaMemcpyAsync calls of `bytes` bytes between
+  // device memory `dev` and registered host memory `host` on a fresh stream (event-timed): the
+  // raw limit the backend is compared with.
+  virtual Result<double> TimePlainCopy(CopyDirection dir, uint8_t* dev, uint8_t* host,
+                                       uint64_t bytes, uint32_t reps) = 0;
+  // Test hook: the next host-to-device batch stops on the device after layer `layer` landed
+  // (its later layers wait) until ReleaseStallForTest() or 30 s pass.
+  virtual void StallNextLoadAfterLayerForTest(uint32_t layer) = 0;
+  virtual void ReleaseStallForTest() = 0;
+};
+
+// "auto", "kernel", "batch", "memcpy".
+const char* DeviceCopyMethodName(DeviceCopyBackend::Method method);
+// Parses a name returned by DeviceCopyMethodName; InvalidArgument lists the accepted names.
+Result<DeviceCopyBackend::Method> ParseDeviceCopyMethod(const std::string& name);
+
+// True when this build contains the CUDA backend (CMake found nvcc and KVTIER_CUDA is ON).
+bool CudaBackendBuilt();
+
+// Whether a CUDA device can be used: Ok, or Unavailable with the reason, e.g. "CUDA backend
+// unavailable: CUDA driver version is insufficient for CUDA runtime version (error 35); no
+// usable GPU driver/device". Probed once per process (later calls return the cached result);
+// an unavailable result is logged once, as a warning. Never crashes or aborts without a driver.
+Status ProbeCuda();
+
+// The CUDA backend on config.device. InvalidArgument for a bad config; Unavailable as
+// ProbeCuda(), or when the device ordinal does not exist or kMemcpyBatch is asked for without
+// CUDA >= 12.8; IOError when creating streams fails.
+Result<std::unique_ptr<DeviceCopyBackend>> CreateCudaBackend(
+    const DeviceCopyBackend::Config& config);
+
+}  // namespace kvtier
