@@ -6,10 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
+#include "manager/block_manager_impl.h"
 #include "manager_test_util.h"
+#include "tier/fault_injecting_io.h"
 
 namespace kvtier {
 namespace {
@@ -176,6 +179,52 @@ TEST(BlockManagerTest, SavesWaitForSlotsFreedByDemotionInsteadOfDropping) {
   EXPECT_LE(s.g2_blocks, 8u);
   EXPECT_EQ(s.g2_blocks + s.g2_free_slots + s.g2_staging_slots, s.g2_slots);
   EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+// Demotion writes that never complete (stalled under G3): slots "are coming" but never come, so
+// deferred saves must not hold the engine's G1 blocks forever: after transfer.max_defer_ms they
+// are dropped and the request is reported done.
+TEST(BlockManagerTest, DeferredSavesAreDroppedAfterTheirDeadline) {
+  TempDirectory dir;
+  Config config = SmallConfig(dir.path(), 12, 64);
+  ASSERT_TRUE(config.Set("transfer.max_defer_ms", "30").ok());
+  ManagerOptions options;
+  options.layout = TestLayout();
+  options.model_id = "test-model";
+  options.config = config;
+  FaultInjectingIo* faults = nullptr;
+  DiskTier::OpenOptions open;
+  open.wrap_io = [&faults](std::unique_ptr<DiskIo> inner) -> std::unique_ptr<DiskIo> {
+    auto f = std::make_unique<FaultInjectingIo>(std::move(inner));
+    FaultPlan plan;
+    plan.stall = 1.0;  // every I/O completion is held back until ReleaseStalled()
+    f->SetPlan(plan);
+    faults = f.get();
+    return f;
+  };
+  auto impl = BlockManager::Impl::Create(options, open);
+  ASSERT_TRUE(impl.ok()) << impl.status().ToString();
+  BlockManager manager(std::move(impl).value());
+  ASSERT_NE(faults, nullptr);
+  MiniEngine engine(&manager, 64);
+  // 8 cache slots fill; the next commit demotes (stalled) and defers the rest.
+  engine.Run("a", Prompt(70, 16 * 8 + 1), "", /*wait_saves=*/false);
+  engine.DrainFinished(false);
+  const auto prompt = Prompt(71, 16 * 6 + 1);
+  engine.Run("b", prompt, "", /*wait_saves=*/false);
+  EXPECT_GT(manager.Stats().deferred_saves, 0u);
+  const auto start = std::chrono::steady_clock::now();
+  while (engine.held_requests() > 0 &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    engine.DrainFinished(false);  // Finished() retries, and drops what waited too long
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(engine.held_requests(), 0u) << "deferred saves held G1 past their deadline";
+  EXPECT_GT(manager.Stats().dropped_saves, 0u);
+  faults->SetPlan(FaultPlan{});  // no more stalls (the shutdown flush writes too)
+  faults->ReleaseStalled();
+  manager.WaitForSaves();
+  EXPECT_EQ(manager.Stats().pinned_blocks, 0u);
 }
 
 // g3.flush_on_close: what only G2 held survives a clean restart (it is written to G3 at

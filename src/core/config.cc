@@ -118,6 +118,13 @@ std::vector<ConfigFieldSpec> BuildSchema() {
        1,
        1u << 24,
        {}},
+      {"transfer.max_defer_ms",
+       T::kUint,
+       "50",
+       "longest a save waits for a G2 slot (holding its G1 blocks) before it is dropped",
+       0,
+       60000,
+       {}},
   };
 }
 

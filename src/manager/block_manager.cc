@@ -122,6 +122,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   KVTIER_ASSIGN_OR_RETURN(g3_filter_, AdmissionFilter::Create(fc));
 
   // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
+  max_defer_ = std::chrono::milliseconds(cfg.GetUint("transfer.max_defer_ms"));
   max_deferred_saves_ = static_cast<uint32_t>(std::min<uint64_t>(
       cfg.GetUint("transfer.max_queued_saves"), g2_->num_slots() - staging_slots_));
   TransferEngine::Config tc;
@@ -607,8 +608,9 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   for (Candidate& c : no_slot) {
     if (slot_coming && deferred_saves_.size() < max_deferred_saves_) {
       c_.deferred.fetch_add(1, std::memory_order_relaxed);
-      deferred_saves_.push_back(
-          DeferredSave{request_id, c.key, c.parent, ns, c.g1_block, std::move(c.tokens)});
+      deferred_saves_.push_back(DeferredSave{request_id, c.key, c.parent, ns, c.g1_block,
+                                             std::move(c.tokens),
+                                             std::chrono::steady_clock::now() + max_defer_});
     } else {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
       saving_keys_.erase(c.key);
@@ -637,10 +639,12 @@ void BlockManager::Impl::RetryDeferredSaves() {
   }
   MutexLock lock(&mu_);
   for (auto& s : saves) pending_saves_.push_back(std::move(s));
-  // Still no slot and none coming: drop the rest, so the engine gets its G1 blocks back.
+  // Still no slot and none coming, or waited too long: drop, so the engine gets its G1 blocks
+  // back.
   const bool slot_coming = SlotComing();
+  const auto now = std::chrono::steady_clock::now();
   for (size_t i = waiting.size(); i-- > given;) {
-    if (slot_coming) {
+    if (slot_coming && now < waiting[i].deadline) {
       deferred_saves_.push_front(std::move(waiting[i]));
     } else {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -108,6 +109,7 @@ class BlockManager::Impl {
     uint64_t namespace_id = 0;
     uint32_t g1_block = 0;
     std::vector<TokenId> tokens;
+    std::chrono::steady_clock::time_point deadline;  // dropped when still waiting after it
   };
   // A G3 load staged through a G2 slot of the manager's (not the transfer engine's pool).
   static bool HoldsCacheSlot(const PlannedLoad& p) {
@@ -198,7 +200,8 @@ class BlockManager::Impl {
   std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
   std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
   std::deque<DeferredSave> deferred_saves_ GUARDED_BY(mu_);
-  uint32_t max_deferred_saves_ = 0;  // set once in Init
+  uint32_t max_deferred_saves_ = 0;          // set once in Init
+  std::chrono::milliseconds max_defer_{50};  // set once in Init
   std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
   // Load batches started and not yet seen finished; WaitLayer waits on all of them.
   std::vector<std::shared_ptr<TransferJob>> load_jobs_ GUARDED_BY(mu_);
