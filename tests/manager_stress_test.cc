@@ -35,6 +35,9 @@ TEST(ManagerStressTest, ConcurrentConversationsWithG3FaultsServeOnlyCorrectBytes
   ASSERT_TRUE(config.Set("g3.reprobe_interval_ms", "100").ok());
   ASSERT_TRUE(config.Set("g3.quarantine_after_errors", "4").ok());
   ASSERT_TRUE(config.Set("transfer.max_queued_saves", "64").ok());
+  // Four threads share a 512-block G1 and a slow, faulty G3: deferred saves (which hold their
+  // requests' G1 blocks) must give up quickly here, or G1 runs out.
+  ASSERT_TRUE(config.Set("transfer.max_defer_ms", "20").ok());
   ManagerOptions options;
   options.layout = TestLayout();
   options.model_id = "test-model";

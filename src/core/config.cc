@@ -120,7 +120,7 @@ std::vector<ConfigFieldSpec> BuildSchema() {
        {}},
       {"transfer.max_defer_ms",
        T::kUint,
-       "50",
+       "500",
        "longest a save waits for a G2 slot (holding its G1 blocks) before it is dropped",
        0,
        60000,

@@ -200,8 +200,8 @@ class BlockManager::Impl {
   std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
   std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
   std::deque<DeferredSave> deferred_saves_ GUARDED_BY(mu_);
-  uint32_t max_deferred_saves_ = 0;          // set once in Init
-  std::chrono::milliseconds max_defer_{50};  // set once in Init
+  uint32_t max_deferred_saves_ = 0;           // set once in Init
+  std::chrono::milliseconds max_defer_{500};  // set once in Init
   std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
   // Load batches started and not yet seen finished; WaitLayer waits on all of them.
   std::vector<std::shared_ptr<TransferJob>> load_jobs_ GUARDED_BY(mu_);
