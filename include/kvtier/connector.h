@@ -77,7 +77,8 @@ struct ManagerStats {
   uint64_t corrupt_blocks = 0;   // G3 blocks that failed verification (never served)
   uint64_t g3_quarantines = 0;
   bool g3_quarantined = false;
-  std::array<uint64_t, 5> bytes_by_path{};  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1(staged)
+  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1 (staged), G2->G4, G4->G2, G4->G1 (staged)
+  std::array<uint64_t, 8> bytes_by_path{};
   uint64_t g2_blocks = 0, g2_slots = 0, g2_free_slots = 0, g3_blocks = 0, g3_slots = 0;
   uint64_t pinned_blocks = 0;  // pins held now (0 when idle: a leak check)
   uint64_t events_emitted = 0;

@@ -18,6 +18,12 @@ const char* BlockTransferOpName(BlockTransfer::Op op) {
       return "G3->G2";
     case BlockTransfer::Op::kG3ToG1:
       return "G3->G1";
+    case BlockTransfer::Op::kG2ToG4:
+      return "G2->G4";
+    case BlockTransfer::Op::kG4ToG2:
+      return "G4->G2";
+    case BlockTransfer::Op::kG4ToG1:
+      return "G4->G1";
   }
   return "?";
 }

@@ -32,19 +32,25 @@ struct BlockTransfer {
     kG2ToG3,  // write G2 slot `g2_slot` (header area + payload) to G3 as `key`
     kG3ToG2,  // read `key` from G3 into G2 slot `g2_slot`, verified
     kG3ToG1,  // kG3ToG2, then kG2ToG1 through the same G2 slot (staging)
+    kG2ToG4,  // encode the header into G2 slot `g2_slot`'s header area, put the slot to G4
+    kG4ToG2,  // get `key` from G4 into G2 slot `g2_slot`, verified (a mismatch: Corruption)
+    kG4ToG1,  // kG4ToG2, then kG2ToG1 through the same G2 slot (staging)
   };
   Op op = Op::kG2ToG1;
   BlockKey key;
   BlockKey parent;
   uint64_t namespace_id = 0;
-  // G3 moves: the block's tokens (written into the header; checked on read). Empty for others.
+  // G3/G4 moves: the block's tokens (written into the header; checked on read). Empty for
+  // others.
   std::vector<TokenId> tokens;
   uint32_t g1_block = 0;
   uint32_t g2_slot = 0;
 
-  bool IntoG1() const { return op == Op::kG2ToG1 || op == Op::kG3ToG1; }
+  bool IntoG1() const { return op == Op::kG2ToG1 || op == Op::kG3ToG1 || op == Op::kG4ToG1; }
+  bool Remote() const { return op == Op::kG2ToG4 || op == Op::kG4ToG2 || op == Op::kG4ToG1; }
 };
 
+inline constexpr size_t kNumTransferOps = 8;
 const char* BlockTransferOpName(BlockTransfer::Op op);
 
 class TransferJob {
