@@ -17,6 +17,10 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// A Lookup repeated within this time reuses the G4 answer of the last one (vLLM asks again
+// for every request it cannot schedule yet; each fresh answer is a round trip).
+constexpr auto kG4LookupReuse = std::chrono::seconds(1);
+
 Result<PolicyKind> PolicyFromConfig(const Config& config, const char* field) {
   return ParsePolicyKind(config.GetString(field));
 }
@@ -111,6 +115,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   tc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("transfer.max_queued_saves"));
   KVTIER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(tc));
   KVTIER_RETURN_IF_ERROR(engine_->RegisterHostArena(g2_.get(), layout_));
+  KVTIER_RETURN_IF_ERROR(InitG4());
   if (g3_) {
     Status s = engine_->RegisterDisk(g3_.get());
     if (!s.ok()) {
@@ -264,6 +269,8 @@ bool BlockManager::Impl::EvictFromG2() {
   const bool in_g3 = (victim->remaining_tiers >> kTierG3) & 1u;
   if (!in_g3 && AdmitToG3(victim->key)) {
     Demote(*victim);  // the slot frees when the write ends
+  } else if (!in_g3 && DemoteToG4(*victim)) {
+    // Leaving the local tiers: G4 takes it (write-through off); the slot frees when it ends.
   } else {
     if (!in_g3 && g3_) c_.not_admitted.fetch_add(1, std::memory_order_relaxed);
     ReleaseG2Slot(victim->slot);
@@ -328,12 +335,39 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
 
   LookupResult result;
   uint32_t loadable = 0;
+  uint32_t local = 0, in_g4 = 0;
   if (start < max_blocks) {
     MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
                                   static_cast<uint8_t>(kAllTiers & ~(1u << kTierG1)));
+    local = static_cast<uint32_t>(m.num_blocks());
     if (m.num_blocks() > start) {
       loadable = static_cast<uint32_t>(m.num_blocks()) - start;
       for (size_t i = start; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
+    }
+    if (g4_ && local < max_blocks) {
+      // G4 only for what the local tiers lack, in one round trip within the lookup deadline. A
+      // repeated Lookup (the scheduler asking again) reuses a recent answer.
+      bool reused = false;
+      if (reuse_keys) {
+        MutexLock lock(&mu_);
+        auto it = requests_.find(spec.request_id);
+        if (it != requests_.end() && it->second.g4_first == local &&
+            std::chrono::steady_clock::now() - it->second.g4_asked_at < kG4LookupReuse) {
+          in_g4 = it->second.g4_blocks;
+          reused = true;
+        }
+      }
+      if (!reused) {
+        in_g4 = MatchInG4(std::span<const BlockKey>(keys).subspan(local, max_blocks - local),
+                          hasher->root().hi);
+        c_.g4_lookup_blocks.fetch_add(in_g4, std::memory_order_relaxed);
+      }
+      const uint32_t end = local + in_g4;
+      if (end > start) {
+        const uint32_t from = std::max(local, start);
+        result.blocks_by_tier[kTierG4] += end - from;
+        loadable = end - start;
+      }
     }
   }
   result.num_tokens = loadable * tpb_;
@@ -349,6 +383,11 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   r.namespace_id = hasher->root().hi;
   r.lookup_start = start;
   r.lookup_blocks = loadable;
+  if (r.g4_first != local || r.g4_blocks != in_g4 || !reuse_keys) {
+    r.g4_asked_at = std::chrono::steady_clock::now();
+  }
+  r.g4_first = local;
+  r.g4_blocks = in_g4;
   return result;
 }
 
@@ -360,7 +399,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
         "PrepareLoad: num_external_tokens = " + std::to_string(num_external_tokens) +
         " is not a multiple of the block size");
   }
-  uint32_t start, want, asked;
+  uint32_t start, want, asked, g4_first = 0, g4_end = 0;
   std::vector<BlockKey> keys;
   std::vector<TokenId> tokens;
   uint64_t ns;
@@ -391,6 +430,8 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     tokens.assign(r.tokens.begin() + size_t{start} * tpb_,
                   r.tokens.begin() + size_t{start + want} * tpb_);
     ns = r.namespace_id;
+    g4_first = r.g4_first;
+    g4_end = r.g4_first + r.g4_blocks;
     const uint32_t prompt_blocks = static_cast<uint32_t>(r.tokens.size() / tpb_);
     asked = prompt_blocks > start ? prompt_blocks - start : 0;
   }
@@ -418,9 +459,29 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     }
     plan.push_back(std::move(p));
   }
+  const size_t pinned_planned = planned;
   if (planned < m.num_blocks()) {
     KVTIER_RETURN_IF_ERROR(
         index_->Unpin(std::span<const BlockKey>(keys).subspan(planned, m.num_blocks() - planned)));
+  } else if (g4_) {
+    // Past the local run: what the Lookup found in G4 (not pinned: G4 is shared, and a block
+    // gone since is a failed load, recomputed).
+    for (; planned < want; ++planned) {
+      const uint32_t i = start + static_cast<uint32_t>(planned);
+      if (i < g4_first || i >= g4_end) break;
+      std::optional<uint32_t> staging = AllocateG2Slot();
+      if (!staging) break;
+      PlannedLoad p;
+      p.request_id = request_id;
+      p.block_index = i;
+      p.key = keys[planned];
+      p.namespace_id = ns;
+      p.source = kTierG4;
+      p.g1_block = g1_block_ids[i];
+      p.g2_slot = *staging;
+      p.tokens.assign(tokens.begin() + planned * tpb_, tokens.begin() + (planned + 1) * tpb_);
+      plan.push_back(std::move(p));
+    }
   }
   // Lineage parents for the index: block i's parent is block i-1 (or the root for block 0).
   {
@@ -429,10 +490,10 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     if (it == requests_.end()) {
       // Finished while we planned: undo.
       for (const PlannedLoad& p : plan) {
-        if (p.source == kTierG3) ReleaseG2Slot(p.g2_slot);
+        if (p.source != kTierG2) ReleaseG2Slot(p.g2_slot);
       }
       KVTIER_RETURN_IF_ERROR(
-          index_->Unpin(std::span<const BlockKey>(keys).subspan(0, plan.size())));
+          index_->Unpin(std::span<const BlockKey>(keys).subspan(0, pinned_planned)));
       return Status::NotFound("PrepareLoad: request '" + request_id + "' finished meanwhile");
     }
     Request& r = it->second;
@@ -618,8 +679,18 @@ Status BlockManager::Impl::StartSave() {
     moves.push_back(std::move(m));
   }
   auto shared = std::make_shared<std::vector<PendingSave>>(std::move(saves));
+  // Write-through to G4 once a block is in G2: each move's callback fills its own entry, the
+  // done callback submits them as one G4 batch.
+  auto g4_writes = std::make_shared<std::vector<std::optional<G4Write>>>(shared->size());
+  auto on_done = [this, g4_writes](const TransferJob&) {
+    std::vector<G4Write> writes;
+    for (auto& w : *g4_writes) {
+      if (w) writes.push_back(std::move(*w));
+    }
+    SubmitG4Writes(std::move(writes));
+  };
   auto job = engine_->Submit(std::move(moves), TransferPriority::kSave,
-                             [this, shared](size_t i, const Status& st) {
+                             [this, shared, g4_writes](size_t i, const Status& st) {
                                const PendingSave& s = (*shared)[i];
                                bool stored = false;
                                if (st.ok()) {
@@ -628,13 +699,17 @@ Status BlockManager::Impl::StartSave() {
                                if (stored) {
                                  c_.saved.fetch_add(1, std::memory_order_relaxed);
                                  Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
+                                 (*g4_writes)[i] = PrepareWriteThrough(s.key, s.parent, s.g2_slot);
+                                 // Counted before the save ends, so WaitForSaves sees it.
+                                 if ((*g4_writes)[i]) g4_writes_in_flight_.fetch_add(1);
                                } else {
                                  if (!st.ok())
                                    c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
                                  ReleaseG2Slot(s.g2_slot);
                                }
                                EndSave(s.request_id, s.key);
-                             });
+                             },
+                             on_done);
   if (!job.ok()) {
     // The queue is full: the offload is dropped, never waited for.
     c_.dropped_saves.fetch_add(shared->size(), std::memory_order_relaxed);
@@ -649,7 +724,10 @@ Status BlockManager::Impl::StartSave() {
 
 void BlockManager::Impl::WaitForSaves() {
   MutexLock lock(&mu_);
-  while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0) CondWait(&saves_cv_, &mu_);
+  while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0 ||
+         g4_writes_in_flight_.load() != 0) {
+    CondWait(&saves_cv_, &mu_);
+  }
 }
 
 void BlockManager::Impl::EndDemotion() {
@@ -671,7 +749,9 @@ Status BlockManager::Impl::StartLoad() {
   moves.reserve(loads.size());
   for (const PlannedLoad& p : loads) {
     BlockTransfer m;
-    m.op = p.source == kTierG2 ? BlockTransfer::Op::kG2ToG1 : BlockTransfer::Op::kG3ToG1;
+    m.op = p.source == kTierG2   ? BlockTransfer::Op::kG2ToG1
+           : p.source == kTierG3 ? BlockTransfer::Op::kG3ToG1
+                                 : BlockTransfer::Op::kG4ToG1;
     m.key = p.key;
     m.parent = p.parent;
     m.namespace_id = p.namespace_id;
@@ -685,7 +765,7 @@ Status BlockManager::Impl::StartLoad() {
       std::move(moves), TransferPriority::kLoad,
       [this, shared](size_t i, const Status& st) {
         const PlannedLoad& p = (*shared)[i];
-        if (p.source != kTierG3) return;
+        if (p.source == kTierG2) return;
         if (st.ok()) {
           // The staged copy stays: the block is promoted to G2.
           SetSlotMeta(p.g2_slot, SlotMeta{p.key, p.parent, p.namespace_id}, p.tokens);
@@ -698,6 +778,13 @@ Status BlockManager::Impl::StartLoad() {
           return;
         }
         ReleaseG2Slot(p.g2_slot);
+        if (p.source == kTierG4) {
+          // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt object is
+          // replaced when some worker commits the block again (write-through).
+          c_.g4_load_failures.fetch_add(1, std::memory_order_relaxed);
+          if (st.Is(StatusCode::kCorruption)) c_.g4_corrupt.fetch_add(1, std::memory_order_relaxed);
+          return;
+        }
         if (st.Is(StatusCode::kCorruption) || st.Is(StatusCode::kNotFound)) {
           // The tier dropped the block (it failed verification, or vanished): so does the index.
           if (st.Is(StatusCode::kCorruption)) c_.corrupt.fetch_add(1, std::memory_order_relaxed);
@@ -713,7 +800,7 @@ Status BlockManager::Impl::StartLoad() {
     auto dummy = std::make_shared<TransferJob>(std::vector<BlockTransfer>{}, layout_.num_layers,
                                                TransferPriority::kLoad);
     for (const PlannedLoad& p : *shared) {
-      if (p.source == kTierG3) ReleaseG2Slot(p.g2_slot);
+      if (p.source != kTierG2) ReleaseG2Slot(p.g2_slot);
     }
     OnLoadBatchDone(*shared, *dummy);
     return job.status();
@@ -736,7 +823,7 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
   std::unordered_map<std::string, bool> broken;
   for (size_t i = 0; i < loads.size(); ++i) {
     const PlannedLoad& p = loads[i];
-    pinned.push_back(p.key);
+    if (p.source != kTierG4) pinned.push_back(p.key);  // G4 loads hold no pin
     const bool ok = i < job.moves().size() && job.MoveStatus(i).ok();
     bool& is_broken = broken[p.request_id];
     if (ok && !is_broken) {
@@ -862,6 +949,17 @@ ManagerStats BlockManager::Impl::Stats() {
     s.corrupt_blocks = std::max<uint64_t>(s.corrupt_blocks, ds.verify_failures);
   }
   s.pinned_blocks = index_->TotalPins();
+  s.g4_enabled = g4_ != nullptr;
+  if (g4_) s.g4_breaker_open = g4_->Stats().breaker_open;
+  s.g4_lookup_blocks = c_.g4_lookup_blocks.load();
+  s.g4_lookup_failures = c_.g4_lookup_failures.load();
+  s.g4_lookup_timeouts = c_.g4_lookup_timeouts.load();
+  s.g4_saved_blocks = c_.g4_saved.load();
+  s.g4_save_failures = c_.g4_save_failures.load();
+  s.g4_dropped_saves = c_.g4_dropped.load();
+  s.g4_load_failures = c_.g4_load_failures.load();
+  s.g4_corrupt_blocks = c_.g4_corrupt.load();
+  s.g4_timeouts = ts.remote_timeouts;
   return s;
 }
 
