@@ -119,8 +119,13 @@ std::vector<ConfigFieldSpec> BuildSchema() {
        0,
        UINT64_MAX,
        {}},
-      {"g4.cluster", T::kBool, "false", "redis: the endpoints are Redis Cluster nodes", 0,
-       UINT64_MAX, {}},
+      {"g4.cluster",
+       T::kBool,
+       "false",
+       "redis: the endpoints are Redis Cluster nodes",
+       0,
+       UINT64_MAX,
+       {}},
       {"g4.username", T::kString, "", "redis: ACL user (empty: default)", 0, UINT64_MAX, {}},
       {"g4.password", T::kString, "", "redis: AUTH password (empty: none)", 0, UINT64_MAX, {}},
       {"g4.dir", T::kString, "", "fs: the shared directory (NFS, Lustre, ...)", 0, UINT64_MAX, {}},
@@ -146,10 +151,14 @@ std::vector<ConfigFieldSpec> BuildSchema() {
        1,
        600000,
        {}},
-      {"g4.save_deadline_ms", T::kUint, "2000", "a G4 save batch ends by this deadline", 1,
-       600000, {}},
-      {"g4.threads", T::kUint, "2", "threads making G4 calls (one call each at a time)", 1, 64,
+      {"g4.save_deadline_ms",
+       T::kUint,
+       "2000",
+       "a G4 save batch ends by this deadline",
+       1,
+       600000,
        {}},
+      {"g4.threads", T::kUint, "2", "threads making G4 calls (one call each at a time)", 1, 64, {}},
       {"g4.max_queued_saves",
        T::kUint,
        "256",
@@ -256,7 +265,8 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
       return Status::InvalidArgument("not a boolean");
     }
     case ConfigType::kString:
-      if (value.empty()) return Status::InvalidArgument("empty");
+      // Empty is allowed only where the default is empty ("not set", e.g. g4.password).
+      if (value.empty() && !spec.default_value.empty()) return Status::InvalidArgument("empty");
       return std::string(value);
     case ConfigType::kChoice:
       for (const auto& c : spec.choices) {

@@ -689,27 +689,27 @@ Status BlockManager::Impl::StartSave() {
     }
     SubmitG4Writes(std::move(writes));
   };
-  auto job = engine_->Submit(std::move(moves), TransferPriority::kSave,
-                             [this, shared, g4_writes](size_t i, const Status& st) {
-                               const PendingSave& s = (*shared)[i];
-                               bool stored = false;
-                               if (st.ok()) {
-                                 stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
-                               }
-                               if (stored) {
-                                 c_.saved.fetch_add(1, std::memory_order_relaxed);
-                                 Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
-                                 (*g4_writes)[i] = PrepareWriteThrough(s.key, s.parent, s.g2_slot);
-                                 // Counted before the save ends, so WaitForSaves sees it.
-                                 if ((*g4_writes)[i]) g4_writes_in_flight_.fetch_add(1);
-                               } else {
-                                 if (!st.ok())
-                                   c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-                                 ReleaseG2Slot(s.g2_slot);
-                               }
-                               EndSave(s.request_id, s.key);
-                             },
-                             on_done);
+  auto job = engine_->Submit(
+      std::move(moves), TransferPriority::kSave,
+      [this, shared, g4_writes](size_t i, const Status& st) {
+        const PendingSave& s = (*shared)[i];
+        bool stored = false;
+        if (st.ok()) {
+          stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
+        }
+        if (stored) {
+          c_.saved.fetch_add(1, std::memory_order_relaxed);
+          Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
+          (*g4_writes)[i] = PrepareWriteThrough(s.key, s.parent, s.g2_slot);
+          // Counted before the save ends, so WaitForSaves sees it.
+          if ((*g4_writes)[i]) g4_writes_in_flight_.fetch_add(1);
+        } else {
+          if (!st.ok()) c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+          ReleaseG2Slot(s.g2_slot);
+        }
+        EndSave(s.request_id, s.key);
+      },
+      on_done);
   if (!job.ok()) {
     // The queue is full: the offload is dropped, never waited for.
     c_.dropped_saves.fetch_add(shared->size(), std::memory_order_relaxed);

@@ -54,8 +54,8 @@ Status BlockManager::Impl::InitG4() {
     ro.cluster = cfg.GetBool("g4.cluster");
     ro.username = cfg.GetString("g4.username");
     ro.password = cfg.GetString("g4.password");
-    ro.connections_per_node =
-        std::max<uint32_t>(ro.connections_per_node, static_cast<uint32_t>(cfg.GetUint("g4.threads")));
+    ro.connections_per_node = std::max<uint32_t>(ro.connections_per_node,
+                                                 static_cast<uint32_t>(cfg.GetUint("g4.threads")));
     opened = OpenRedisStore(ro);
     // A malformed endpoint is the operator's mistake: refuse to start rather than run without.
     if (!opened.ok() && opened.status().Is(StatusCode::kInvalidArgument)) return opened.status();
@@ -151,8 +151,9 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
     }
     EndG4Write();
   };
-  auto job = engine_->Submit(std::move(moves), TransferPriority::kSave,
-                             [shared, end_one](size_t i, const Status& s) { end_one((*shared)[i], s); });
+  auto job =
+      engine_->Submit(std::move(moves), TransferPriority::kSave,
+                      [shared, end_one](size_t i, const Status& s) { end_one((*shared)[i], s); });
   if (!job.ok()) {
     // The G4 save queue is full (a slow or dead server): dropped, never waited for.
     c_.g4_dropped.fetch_add(shared->size(), std::memory_order_relaxed);
