@@ -58,7 +58,7 @@ class TransferJob {
   // Called once per move when it ends, on the thread that ended it. Must be quick and must
   // not wait on this job.
   using MoveCallback = std::function<void(size_t index, const Status& status)>;
-  // Called once when the last move ends, after its MoveCallback.
+  // Called once, after every move ended and every MoveCallback returned.
   using DoneCallback = std::function<void(const TransferJob& job)>;
 
   TransferJob(std::vector<BlockTransfer> moves, uint32_t num_layers, TransferPriority priority,
@@ -112,7 +112,8 @@ class TransferJob {
   std::vector<uint32_t> layer_pending_ GUARDED_BY(mu_);  // per layer: G1 moves not landed yet
   std::vector<Status> layer_error_ GUARDED_BY(mu_);      // per layer: first failure
   size_t remaining_ GUARDED_BY(mu_);                     // moves not ended yet
-  bool finished_ GUARDED_BY(mu_);  // every move ended and the callbacks returned
+  size_t callbacks_left_ GUARDED_BY(mu_);  // moves whose MoveCallback has not returned yet
+  bool finished_ GUARDED_BY(mu_);          // every move ended and the callbacks returned
   size_t failed_ GUARDED_BY(mu_) = 0;
   Status first_error_ GUARDED_BY(mu_);
 };
