@@ -16,5 +16,6 @@ int RunBenchDisk(const CliArgs& args);     // kvtier bench disk
 int RunInspect(const CliArgs& args);       // kvtier inspect DIR
 int RunSim(const CliArgs& args);           // kvtier sim --trace FILE
 int RunDemo(const CliArgs& args);          // kvtier demo
+int RunDemoWorkers(const CliArgs& args);   // kvtier demo --workers N (tools/demo_workers.cc)
 
 }  // namespace kvtier::cli
