@@ -39,11 +39,16 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 
-# The redis-server package enables a system-wide server on port 6379 where systemd runs. kvtier
-# never uses it (its tests and benches start their own servers on free ports), so it is
-# switched off rather than left holding memory and a well-known port. In containers without
-# systemd (policy-rc.d refuses the start) nothing was started and nothing is done.
-if [[ " ${missing[*]} " == *" redis-server "* ]] && [ -d /run/systemd/system ] &&
-  command -v systemctl >/dev/null 2>&1; then
-  $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
+# The redis-server package enables, and starts where the init system lets it, a system-wide
+# server on port 6379. kvtier never uses it (its tests and benches start their own servers on
+# free ports), so it is stopped and disabled rather than left holding memory and a well-known
+# port. In a container whose policy-rc.d refuses service starts (as here), nothing was started
+# and the stop is a no-op.
+if [[ " ${missing[*]} " == *" redis-server "* ]]; then
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
+  elif [ -x /etc/init.d/redis-server ]; then
+    $SUDO /etc/init.d/redis-server stop >/dev/null 2>&1 || true
+    $SUDO update-rc.d redis-server disable >/dev/null 2>&1 || true
+  fi
 fi

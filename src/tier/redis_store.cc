@@ -20,6 +20,7 @@
 #include "core/mutex.h"
 #include "tier/circuit_breaker.h"
 #include "tier/cond_wait.h"
+#include "tier/redis_connection_pool.h"
 #include "tier/redis_wire.h"
 #include "tier/remote_store.h"
 
@@ -30,63 +31,6 @@ constexpr int kMaxAttempts = 6;  // passes over the pending items (redirects, TR
 constexpr auto kRetryPause = std::chrono::milliseconds(20);
 constexpr auto kMinRefreshInterval = std::chrono::milliseconds(100);
 
-// A bounded pool of connections to one node: at most `limit` open at once; a caller that
-// finds none idle opens one while under the limit, else waits (bounded by its deadline).
-class ConnectionPool {
- public:
-  explicit ConnectionPool(uint32_t limit) : limit_(limit) {}
-
-  // An idle connection, or nullptr when the caller may open a new one (it then counts as
-  // open: hand it back with Release or Forget). TimedOut when none frees up by `deadline`.
-  Result<std::unique_ptr<RedisConnection>> Take(RemoteDeadline deadline) {
-    MutexLock lock(&mu_);
-    while (idle_.empty() && open_ >= limit_) {
-      if (RemoteClock::now() >= deadline) {
-        return Status::TimedOut("all " + std::to_string(limit_) +
-                                " connections of the pool are busy until the deadline");
-      }
-      CondWaitFor(&cv_, &mu_, deadline - RemoteClock::now());
-    }
-    if (!idle_.empty()) {
-      std::unique_ptr<RedisConnection> c = std::move(idle_.back());
-      idle_.pop_back();
-      return c;
-    }
-    ++open_;
-    return std::unique_ptr<RedisConnection>();
-  }
-  // Returns a healthy connection for reuse.
-  void Release(std::unique_ptr<RedisConnection> c) {
-    MutexLock lock(&mu_);
-    idle_.push_back(std::move(c));
-    cv_.notify_one();
-  }
-  // A connection taken (or a slot reserved by Take) is gone: closed after an error, or never
-  // opened.
-  void Forget() {
-    MutexLock lock(&mu_);
-    --open_;
-    cv_.notify_one();
-  }
-  // Closes every idle connection (after one failed, the others to that server likely did too).
-  void DropIdle() {
-    std::vector<std::unique_ptr<RedisConnection>> drop;
-    {
-      MutexLock lock(&mu_);
-      drop.swap(idle_);
-      open_ -= static_cast<uint32_t>(drop.size());
-      cv_.notify_all();
-    }
-  }
-
- private:
-  const uint32_t limit_;
-  Mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<RedisConnection>> idle_ GUARDED_BY(mu_);
-  uint32_t open_ GUARDED_BY(mu_) = 0;
-};
-
 struct Node {
   Node(RedisEndpoint ep, const RedisStoreOptions& o)
       : endpoint(std::move(ep)),
@@ -96,7 +40,7 @@ struct Node {
   const RedisEndpoint endpoint;
   const std::string name;
   CircuitBreaker breaker;
-  ConnectionPool pool;
+  RedisConnectionPool pool;
   std::atomic<uint64_t> connects{0};
   std::atomic<uint64_t> lost{0};  // connections discarded after an error
 
@@ -148,6 +92,7 @@ class RedisStore final : public RemoteStore {
       if (Status s = RefreshTopology(deadline, /*force=*/true); !s.ok()) {
         KVTIER_LOG(kWarn) << "redis cluster: no topology at open (" << s.ToString()
                           << "); G4 calls fail fast until a seed answers";
+        topology_breaker_->ForceOpen();
       }
       return Status::Ok();
     }
@@ -400,11 +345,18 @@ class RedisStore final : public RemoteStore {
   Result<std::unique_ptr<RedisConnection>> Acquire(Node* node, RemoteDeadline deadline,
                                                    bool* server_fault) {
     *server_fault = false;
-    auto taken = node->pool.Take(deadline);
-    if (!taken.ok()) {
-      return Status::TimedOut("redis " + node->name + ": " + taken.status().message());
+    for (;;) {
+      auto taken = node->pool.Take(deadline);
+      if (!taken.ok()) {
+        return Status::TimedOut("redis " + node->name + ": " + taken.status().message());
+      }
+      if (*taken == nullptr) break;  // none idle: open one
+      if ((*taken)->IdleHealthy()) return std::move(taken).value();
+      // Closed by the server while idle (e.g. it restarted): discard it, try the next.
+      taken->reset();
+      node->pool.Forget();
+      node->lost++;
     }
-    if (*taken != nullptr) return std::move(taken).value();
     auto conn = RedisConnection::Connect(node->endpoint, options_.username, options_.password,
                                          options_.connect_timeout, deadline);
     if (!conn.ok()) {

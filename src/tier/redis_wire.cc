@@ -248,6 +248,13 @@ Result<std::vector<RedisConnection::SlotRange>> RedisConnection::ClusterSlots(
   return out;
 }
 
+bool RedisConnection::IdleHealthy() {
+  if (rpos_ != rlen_) return false;
+  char c;
+  const ssize_t n = recv(context_->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 Status RedisConnection::EnterPipelineMode() {
   if (pipeline_mode_) return Status::Ok();
   const int flags = fcntl(context_->fd, F_GETFL);

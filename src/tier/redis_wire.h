@@ -105,6 +105,11 @@ class RedisConnection {
 
   const RedisEndpoint& endpoint() const { return endpoint_; }
 
+  // For a connection taken from a pool: true when nothing is waiting on it. False when the
+  // server closed it while idle (restarted, idle timeout) or sent bytes nobody asked for;
+  // such a connection must be discarded. One non-blocking peek, no wait.
+  bool IdleHealthy();
+
  private:
   friend class RedisPipeline;
   RedisConnection(RedisEndpoint endpoint, redisContext* context);

@@ -1,0 +1,84 @@
+// `kvtier bench remote` run as a user would: briefly, with --json, against its own embedded
+// redis-server and against one the test started; and its usage errors.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "redis_test_util.h"
+
+namespace {
+
+struct CliRun {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+CliRun Kvtier(const std::string& args) {
+  const std::string cmd = std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(BenchRemoteCliTest, EmbeddedServerJsonHasTheKeys) {
+  KVTIER_REQUIRE_REDIS();
+  CliRun r =
+      Kvtier("bench remote --value-bytes 256KiB --clients 2 --seconds 0.2 --rounds 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* key : {"\"put_gbps\"", "\"get_gbps\"", "\"value_bytes\": 262144",
+                          "\"clients\": 2", "\"server\": \"embedded\""}) {
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+  }
+  if (!kvtier::testing::FindOnPath("redis-benchmark").empty()) {
+    for (const char* key : {"\"redis_benchmark_set_gbps\"", "\"redis_benchmark_get_gbps\"",
+                            "\"put_ratio\"", "\"get_ratio\"", "\"redis_benchmark\": \"ran\""}) {
+      EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+    }
+  }
+}
+
+TEST(BenchRemoteCliTest, GivenServerIsUsedAndLeftClean) {
+  KVTIER_REQUIRE_REDIS();
+  kvtier::testing::RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  CliRun r = Kvtier("bench remote --redis " + server.endpoint() +
+                    " --value-bytes 64KiB --clients 3 --batch 8 --seconds 0.2 --rounds 1 "
+                    "--no-redis-benchmark --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"server\": \"given\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"redis_benchmark\": \"skipped\""), std::string::npos) << r.output;
+  EXPECT_EQ(server.DbSize(), 0);
+  const std::string stats = server.Command({"INFO", "stats"}).text;
+  EXPECT_NE(stats.find("total_commands_processed:"), std::string::npos);
+}
+
+TEST(BenchRemoteCliTest, UsageErrorsSayWhatToFix) {
+  CliRun r = Kvtier("bench remote --cluster --json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--cluster needs --redis"), std::string::npos) << r.output;
+  r = Kvtier("bench remote --redis localhost");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("'localhost'"), std::string::npos) << r.output;
+  r = Kvtier("bench remote --clients 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--clients"), std::string::npos) << r.output;
+}
+
+TEST(BenchRemoteCliTest, ServerDownIsAFailureNotAHang) {
+  KVTIER_REQUIRE_REDIS();
+  kvtier::testing::RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  server.Stop();
+  CliRun r = Kvtier("bench remote --redis " + server.endpoint() +
+                    " --value-bytes 4KiB --seconds 0.1 --rounds 1 --no-redis-benchmark");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("Unavailable"), std::string::npos) << r.output;
+}
+
+}  // namespace
