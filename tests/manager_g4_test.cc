@@ -87,6 +87,7 @@ void CrossWorkerRoundTrip(const Config& config) {
   EXPECT_EQ(out.loaded_tokens, 10 * kTpb);
   EXPECT_EQ(out.mismatched_blocks, 0u);
   EXPECT_FALSE(out.load_error);
+  b->WaitForSaves();
   ManagerStats s = b->Stats();
   EXPECT_EQ(s.hit_blocks[kTierG4], 10u);
   EXPECT_EQ(s.promoted_blocks, 10u) << "loaded G4 blocks are promoted into G2";
@@ -95,6 +96,7 @@ void CrossWorkerRoundTrip(const Config& config) {
   auto again = eb.Run("b2", prompt);
   EXPECT_EQ(again.loaded_tokens, 10 * kTpb);
   EXPECT_EQ(again.mismatched_blocks, 0u);
+  b->WaitForSaves();
   s = b->Stats();
   EXPECT_EQ(s.hit_blocks[kTierG2], 10u);
   EXPECT_EQ(s.hit_blocks[kTierG4], 10u);
@@ -161,11 +163,11 @@ TEST(ManagerG4Fs, CorruptObjectIsRefusedAndTheRestIsRecomputed) {
   EXPECT_EQ(out.offered_tokens, 8 * kTpb) << "Contains cannot see corruption; the load does";
   EXPECT_EQ(out.loaded_tokens, 5 * kTpb) << "blocks 0-4 intact; 5 refused; 6-7 after it unusable";
   EXPECT_EQ(out.mismatched_blocks, 0u);
+  b->WaitForSaves();  // write-throughs hold pins until they end
   const ManagerStats s = b->Stats();
   EXPECT_EQ(s.g4_corrupt_blocks, 1u);
   EXPECT_GE(s.g4_load_failures, 1u);
   EXPECT_EQ(s.pinned_blocks, 0u);
-  b->WaitForSaves();
   // B recomputed block 5 and wrote it through: the object is whole again for everyone.
   auto c = MakeManager(config);
   MiniEngine ec(c.get(), kG1Blocks);
@@ -388,11 +390,37 @@ TEST(ManagerG4RedisCluster, SharesAcrossManagersAndALostNodeIsAMissNotAnError) {
   auto c = MakeManager(config);
   MiniEngine ec(c.get(), kG1Blocks);
   auto out = ec.Run("c", prompt);
+  c->WaitForSaves();  // write-throughs (failing on the dead node) hold pins until they end
   EXPECT_LT(out.loaded_tokens, 12 * kTpb);
   std::printf("cluster with a node lost: %u of %u tokens loaded from G4\n", out.loaded_tokens,
               12 * kTpb);
   EXPECT_EQ(out.mismatched_blocks, 0u);
   EXPECT_EQ(c->Stats().pinned_blocks, 0u);
+}
+
+TEST(ManagerG4Fs, LoadsStageThroughThePoolWhenG2HasNoFreeSlot) {
+  TempDirectory dir;
+  const std::vector<TokenId> prompt = Prompt(9, 6 * kTpb + 1);
+  {
+    auto a = MakeManager(FsConfig(dir.path() + "/g4"));
+    MiniEngine ea(a.get(), kG1Blocks);
+    ea.Run("a", prompt);
+    a->WaitForSaves();
+  }
+  // 8 G2 slots: 4 staging, 4 cache. Four G4 blocks stage through free cache slots (and are
+  // promoted), the other two through the pool (not promoted).
+  auto b = MakeManager(FsConfig(dir.path() + "/g4", 8));
+  MiniEngine eb(b.get(), kG1Blocks);
+  auto out = eb.Run("b", prompt);
+  EXPECT_EQ(out.loaded_tokens, 6 * kTpb);
+  EXPECT_EQ(out.mismatched_blocks, 0u);
+  b->WaitForSaves();
+  const ManagerStats s = b->Stats();
+  EXPECT_EQ(s.hit_blocks[kTierG4], 6u);
+  EXPECT_EQ(s.staged_via_pool, 2u);
+  EXPECT_EQ(s.promoted_blocks, 4u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+  EXPECT_EQ(s.g2_staging_slots, 4u) << "every pool slot came back";
 }
 
 TEST(ManagerG4Fs, WithoutWriteThroughBlocksLeavingG2GoToG4) {

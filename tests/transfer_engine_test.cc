@@ -322,6 +322,59 @@ TEST_F(TransferEngineDiskTest, G1ToG3AndBackThroughG2IsByteExact) {
   EXPECT_EQ(rig.SlotMismatches(30, 502), 0u);
 }
 
+// Twelve G3 -> G1 moves through a staging pool of two slots, in one batch: the pool's slots are
+// reused as moves finish, every block lands byte-exact, a missing block fails alone (and gives
+// its slot back), and afterwards both slots are free again (the engine's shutdown waits for it).
+TEST_F(TransferEngineDiskTest, StagingPoolSmallerThanTheBatchIsReused) {
+  Rig& rig = *rig_;
+  std::vector<BlockTransfer> gathers, writes;
+  for (uint32_t b = 0; b < 12; ++b) {
+    rig.FillG1(b, 700 + b);
+    gathers.push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
+    writes.push_back(DiskMove(BlockTransfer::Op::kG2ToG3, b, 0, b));
+  }
+  ASSERT_TRUE((*rig.engine->Submit(gathers, TransferPriority::kSave))->Wait().ok());
+  ASSERT_TRUE((*rig.engine->Submit(writes, TransferPriority::kSave))->Wait().ok());
+  BlockTransfer pooled = DiskMove(BlockTransfer::Op::kG3ToG1, 0, 0, 0);
+  pooled.g2_slot = BlockTransfer::kAnyStagingSlot;
+  EXPECT_EQ(rig.engine->Submit({pooled}, TransferPriority::kLoad).status().code(),
+            StatusCode::kFailedPrecondition)
+      << "no pool registered yet";
+  EXPECT_EQ(rig.engine->RegisterStagingSlots({}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rig.engine->RegisterStagingSlots({rig.arena->num_slots()}).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rig.engine->RegisterStagingSlots({30, 31}).ok());
+  BlockTransfer not_g3 = Move(BlockTransfer::Op::kG2ToG1, 1, 0);
+  not_g3.g2_slot = BlockTransfer::kAnyStagingSlot;
+  EXPECT_EQ(rig.engine->Submit({not_g3}, TransferPriority::kLoad).status().code(),
+            StatusCode::kInvalidArgument);
+
+  std::memset(rig.g1_mem.data(), 0, rig.g1_mem.size());  // only G3 can supply the bytes now
+  std::vector<BlockTransfer> loads;
+  for (uint32_t b = 0; b < 13; ++b) {
+    // Move 6 names a block never written: a miss in the middle of the batch.
+    BlockTransfer m = DiskMove(BlockTransfer::Op::kG3ToG1, b == 6 ? 99 : (b > 6 ? b - 1 : b), b, 0);
+    m.g2_slot = BlockTransfer::kAnyStagingSlot;
+    loads.push_back(std::move(m));
+  }
+  auto l = rig.engine->Submit(loads, TransferPriority::kLoad);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ((*l)->Wait().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*l)->failed_moves(), 1u);
+  for (uint32_t b = 0; b < 13; ++b) {
+    if (b == 6) continue;
+    const uint32_t id = b > 6 ? b - 1 : b;
+    EXPECT_EQ(rig.G1Mismatches(b, 700 + id), 0u) << b;
+  }
+  // The pool is whole again: another batch larger than it still completes.
+  for (auto& m : loads) m.key = DiskMove(BlockTransfer::Op::kG3ToG1, 3, 0, 0).key;
+  for (auto& m : loads) m.tokens = DiskMove(BlockTransfer::Op::kG3ToG1, 3, 0, 0).tokens;
+  auto again = rig.engine->Submit(loads, TransferPriority::kLoad);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)->Wait().ok()) << (*again)->Wait().ToString();
+  EXPECT_EQ(rig.G1Mismatches(12, 703), 0u);
+}
+
 TEST_F(TransferEngineDiskTest, FailedG3LoadFailsItsLayersInsteadOfHanging) {
   Rig& rig = *rig_;
   // Key 42 was never written: the read is a miss (NotFound).

@@ -6,17 +6,18 @@
 
 namespace kvtier::cli {
 
-int RunBenchCopy(const CliArgs& args);     // kvtier bench copy
-int RunBenchIndex(const CliArgs& args);    // kvtier bench index
-int RunBenchArena(const CliArgs& args);    // kvtier bench arena
-int RunKeys(const CliArgs& args);          // kvtier keys
-int RunConfig(const CliArgs& args);        // kvtier config
-int RunBenchManager(const CliArgs& args);  // kvtier bench manager
-int RunBenchDisk(const CliArgs& args);     // kvtier bench disk
-int RunInspect(const CliArgs& args);       // kvtier inspect DIR
-int RunSim(const CliArgs& args);           // kvtier sim --trace FILE
-int RunDemo(const CliArgs& args);          // kvtier demo
-int RunDemoWorkers(const CliArgs& args);   // kvtier demo --workers N (tools/demo_workers.cc)
-int RunBenchRemote(const CliArgs& args);   // kvtier bench remote
+int RunBenchCopy(const CliArgs& args);      // kvtier bench copy
+int RunBenchIndex(const CliArgs& args);     // kvtier bench index
+int RunBenchArena(const CliArgs& args);     // kvtier bench arena
+int RunKeys(const CliArgs& args);           // kvtier keys
+int RunConfig(const CliArgs& args);         // kvtier config
+int RunBenchManager(const CliArgs& args);   // kvtier bench manager
+int RunBenchDisk(const CliArgs& args);      // kvtier bench disk
+int RunInspect(const CliArgs& args);        // kvtier inspect DIR
+int RunSim(const CliArgs& args);            // kvtier sim --trace FILE
+int RunDemo(const CliArgs& args);           // kvtier demo
+int RunReplayCommand(const CliArgs& args);  // kvtier replay --trace FILE
+int RunDemoWorkers(const CliArgs& args);    // kvtier demo --workers N (tools/demo_workers.cc)
+int RunBenchRemote(const CliArgs& args);    // kvtier bench remote
 
 }  // namespace kvtier::cli

@@ -37,6 +37,9 @@ const std::vector<Command>& Commands() {
        RunBenchManager},
       {{"keys"}, "print the block keys of a token sequence", RunKeys},
       {{"sim"}, "replay a block trace through one tier per eviction policy vs Belady", RunSim},
+      {{"replay"},
+       "replay a trace through the real manager and tiers: hit ratio, TTFT estimate, vs Belady",
+       RunReplayCommand},
       {{"demo"},
        "multi-turn chat on the real model: TTFT recompute vs kvtier, reuse from G2 and G3",
        RunDemo},
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
     if (!match) continue;
     auto args = CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
                                {"json", "help", "headers-only", "no-fio", "keep", "no-plot",
-                                "cluster", "no-redis-benchmark"});
+                                "cluster", "no-redis-benchmark", "compare-belady", "sweep"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;

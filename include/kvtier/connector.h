@@ -67,7 +67,8 @@ struct ManagerStats {
   uint64_t load_failures = 0;           // blocks whose load failed (the engine recomputes them)
   uint64_t saved_blocks = 0;            // blocks written to G2 by Commit/StartSave
   uint64_t dedup_blocks = 0;            // committed blocks already stored (not saved again)
-  uint64_t dropped_saves = 0;           // saves dropped: queue full or no G2 slot free
+  uint64_t dropped_saves = 0;           // saves dropped: queue full, or no G2 slot free nor freeing
+  uint64_t deferred_saves = 0;          // saves that waited for a G2 slot (freed by a demotion)
   uint64_t demoted_blocks = 0;          // G2 victims written to G3
   uint64_t demotions_not_admitted = 0;  // G2 victims G3's admission refused
   uint64_t demotion_failures = 0;
@@ -80,7 +81,9 @@ struct ManagerStats {
   // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1 (staged), G2->G4, G4->G2, G4->G1 (staged)
   std::array<uint64_t, 8> bytes_by_path{};
   uint64_t g2_blocks = 0, g2_slots = 0, g2_free_slots = 0, g3_blocks = 0, g3_slots = 0;
-  uint64_t pinned_blocks = 0;  // pins held now (0 when idle: a leak check)
+  uint64_t g2_staging_slots = 0;  // G2 slots in the staging pool (g2.staging_slots)
+  uint64_t staged_via_pool = 0;   // G3 loads staged through the pool (not promoted to G2)
+  uint64_t pinned_blocks = 0;     // pins held now (0 when idle: a leak check)
   uint64_t events_emitted = 0;
   // G4 (networked, shared by workers; docs/g4.md). hit_blocks[kTierG4] counts its loads. Every
   // G4 failure is a miss or a dropped save, never an error returned to the engine.
@@ -130,7 +133,10 @@ class BlockManager {
   // The engine finished computing more of the request: `tokens` is everything so far (prompt
   // and generated), `g1_block_ids` its block table. Full blocks not committed before are keyed;
   // those kvtier already holds count as reuse, the others are queued to save to G2 (StartSave
-  // starts them). Never waits on I/O; a save that finds no free G2 slot is dropped and counted.
+  // starts them). Never waits on I/O. A save that finds no free G2 slot while G2's victims are
+  // being written to G3 waits for one (deferred: the engine keeps the G1 block meanwhile, as
+  // for any save, up to transfer.max_queued_saves of them); with no slot free nor freeing it is
+  // dropped and counted.
   // NotFound for a request without a Lookup.
   Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
                 std::span<const uint32_t> g1_block_ids);
@@ -161,13 +167,15 @@ class BlockManager {
   // were planned or the request is unknown).
   uint32_t LoadedTokens(const std::string& request_id);
 
-  // vLLM save_kv_layer / wait_for_save. Starts the saves that Commit queued. Returns at once.
+  // vLLM save_kv_layer / wait_for_save. Starts the saves that Commit queued, and deferred
+  // saves whose G2 slot has freed since. Returns at once.
   Status StartSave();
-  // Blocks until every save and every demotion to G3 started so far has ended (for tests,
-  // benchmarks and shutdown).
+  // Blocks until every save (deferred ones included) and every demotion to G3 started so far
+  // has ended (for tests, benchmarks and shutdown).
   void WaitForSaves();
 
-  // vLLM get_finished.
+  // vLLM get_finished. Also starts deferred saves whose G2 slot has freed (an engine polls
+  // this each step, so deferred saves progress without another call).
   FinishedRequests Finished();
 
   // ---- observability ----

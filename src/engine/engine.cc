@@ -34,15 +34,30 @@ void Engine::Abandon(const std::string& id, SequenceState& seq) {
 
 Result<std::vector<float>> Engine::Prefill(const RequestSpec& request, SequenceState& seq,
                                            uint32_t planned, RequestOutcome& out) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   const auto n = static_cast<uint32_t>(request.prompt.size());
+  auto t0 = Clock::now();
   if (planned == 0) {
     out.computed_tokens = n;
-    return model_->Forward(*cache_, seq.block_table, request.prompt, 0);
+    auto logits = model_->Forward(*cache_, seq.block_table, request.prompt, 0);
+    out.compute_seconds = seconds_since(t0);
+    return logits;
   }
   ForwardOptions opts;
-  opts.before_layer = [&](uint32_t layer) { return manager_->WaitLayer(layer); };
+  double waited = 0;
+  opts.before_layer = [&](uint32_t layer) {
+    const auto w = Clock::now();
+    Status s = manager_->WaitLayer(layer);
+    waited += seconds_since(w);
+    return s;
+  };
   auto logits =
       model_->Forward(*cache_, seq.block_table, request.prompt.subspan(planned), planned, opts);
+  out.load_wait_seconds = waited;
+  out.compute_seconds = seconds_since(t0) - waited;
   // Loads can end short of the plan (a failed read): recompute from what arrived intact.
   const uint32_t loaded = manager_->LoadedTokens(request.request_id);
   if (logits.ok() && loaded >= planned) {
@@ -53,7 +68,10 @@ Result<std::vector<float>> Engine::Prefill(const RequestSpec& request, SequenceS
   if (!logits.ok() && loaded >= planned) return logits;  // not a load failure
   out.loaded_tokens = loaded;
   out.computed_tokens = n - loaded;
-  return model_->Forward(*cache_, seq.block_table, request.prompt.subspan(loaded), loaded);
+  t0 = Clock::now();
+  logits = model_->Forward(*cache_, seq.block_table, request.prompt.subspan(loaded), loaded);
+  out.compute_seconds += seconds_since(t0);
+  return logits;
 }
 
 Result<RequestOutcome> Engine::Run(const RequestSpec& request, uint32_t max_new, int64_t stop_id) {

@@ -33,6 +33,8 @@ struct RequestOutcome {
   uint32_t loaded_tokens = 0;        // prompt tokens whose KV came from kvtier
   uint32_t computed_tokens = 0;      // prompt tokens the engine prefilled
   double ttft_seconds = 0;           // request start to the first token's logits
+  double load_wait_seconds = 0;      // of which: waiting for layers to arrive (WaitLayer)
+  double compute_seconds = 0;        // of which: prefill compute (the forward passes, no waits)
 };
 
 class Engine {

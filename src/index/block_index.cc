@@ -133,7 +133,10 @@ MatchResult BlockIndex::MatchImpl(std::span<const BlockKey> keys, uint8_t tier_m
     if (it == shard.map.end()) break;
     const uint8_t held = it->second.tier_mask & tier_mask;
     if (held == 0) break;
-    if (pin) ++it->second.pins;
+    if (pin) {
+      ++it->second.pins;
+      ++shard.pins;
+    }
     const TierId tier = FastestTier(held);
     result.tiers.push_back(tier);
     result.slots.push_back(it->second.slot[tier]);
@@ -156,6 +159,7 @@ Status BlockIndex::Pin(const BlockKey& key) {
   if (it == shard.map.end())
     return Status::NotFound("cannot pin " + key.ToHex() + ": no tier holds it");
   ++it->second.pins;
+  ++shard.pins;
   return Status::Ok();
 }
 
@@ -172,6 +176,7 @@ Status BlockIndex::Unpin(std::span<const BlockKey> keys) {
       }
       continue;
     }
+    --shard.pins;
     if (--it->second.pins == 0 && it->second.tier_mask == 0) shard.map.erase(it);
   }
   return first_error;
@@ -282,7 +287,7 @@ uint64_t BlockIndex::TotalPins() const {
   uint64_t n = 0;
   for (uint64_t s = 0; s <= shard_mask_; ++s) {
     MutexLock lock(&shards_[s].mu);
-    for (const auto& [key, e] : shards_[s].map) n += e.pins;
+    n += shards_[s].pins;
   }
   return n;
 }

@@ -63,8 +63,11 @@ struct EvictedBlock {
 class BlockIndex {
  public:
   struct TierConfig {
-    PolicyKind policy = PolicyKind::kLineageLru;
-    uint64_t capacity_blocks = 0;  // sizes S3-FIFO's queues; the index itself never refuses
+    // The default is the best policy on the Mooncake trace (docs/policy-study.md section 7).
+    PolicyKind policy = PolicyKind::kCreditLru;
+    // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
+    // LRU); the index itself never refuses.
+    uint64_t capacity_blocks = 0;
   };
   struct Config {
     uint32_t num_shards = 64;  // a power of two in 1..4096
@@ -127,7 +130,7 @@ class BlockIndex {
   uint64_t TierCount(TierId tier) const;
   // Entries: keys held by some tier, plus pinned keys that Invalidate left in none.
   uint64_t KeyCount() const;
-  // Sum of pins over all entries (0 when every load finished: a leak check).
+  // Sum of pins over all entries (0 when every load finished: a leak check). O(shards).
   uint64_t TotalPins() const;
 
  private:
@@ -142,6 +145,9 @@ class BlockIndex {
   struct alignas(64) Shard {
     mutable Mutex mu;
     std::unordered_map<BlockKey, Entry, BlockKeyHash> map GUARDED_BY(mu);
+    // Sum of the entries' pins, so TotalPins (ManagerStats) costs O(shards), not O(blocks):
+    // kvtier replay reads the stats after every request.
+    uint64_t pins GUARDED_BY(mu) = 0;
   };
   struct alignas(64) TierState {
     mutable Mutex mu;

@@ -1,5 +1,7 @@
 #include "index/policy_sim.h"
 
+#include "index/jsonl_line.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -24,143 +26,11 @@ uint64_t SplitMix64(uint64_t x) {
 // The hash id of a root (no parent); real ids are < 2^64 - 1 (see ParseUint).
 constexpr uint64_t kNoParent = std::numeric_limits<uint64_t>::max();
 
-// A cursor over one JSONL line: just enough JSON to read the trace's objects and skip any
-// value it does not need. Every error names the line and column.
-class LineParser {
- public:
-  LineParser(std::string_view text, uint64_t line) : s_(text), line_(line) {}
-
-  Status Error(const std::string& what) const {
-    return Status::InvalidArgument("trace line " + std::to_string(line_) + ", column " +
-                                   std::to_string(pos_ + 1) + ": " + what);
-  }
-
-  void SkipSpace() {
-    while (pos_ < s_.size() &&
-           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\r' || s_[pos_] == '\n')) {
-      ++pos_;
-    }
-  }
-  bool AtEnd() {
-    SkipSpace();
-    return pos_ >= s_.size();
-  }
-  // Consumes `c` (after blanks) if it is next.
-  bool Take(char c) {
-    SkipSpace();
-    if (pos_ < s_.size() && s_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  Status Expect(char c) {
-    if (Take(c)) return Status::Ok();
-    return Error(std::string("expected '") + c + "'" + Found());
-  }
-
-  // A JSON string; escapes are kept undecoded (keys of interest have none).
-  Result<std::string_view> String() {
-    SkipSpace();
-    if (pos_ >= s_.size() || s_[pos_] != '"') return Error("expected a string" + Found());
-    const size_t start = ++pos_;
-    while (pos_ < s_.size() && s_[pos_] != '"') {
-      if (static_cast<unsigned char>(s_[pos_]) < 0x20) return Error("control character in string");
-      if (s_[pos_] == '\\') ++pos_;  // the escaped character is skipped whatever it is
-      ++pos_;
-    }
-    if (pos_ >= s_.size()) return Error("unterminated string");
-    return s_.substr(start, pos_++ - start);
-  }
-
-  // A non-negative integer that fits below 2^64 - 1 (digits only: no sign, fraction or
-  // exponent).
-  Result<uint64_t> Uint(const std::string& what) {
-    SkipSpace();
-    const size_t start = pos_;
-    uint64_t v = 0;
-    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
-      const uint64_t digit = static_cast<uint64_t>(s_[pos_] - '0');
-      if (v > (kNoParent - 1 - digit) / 10) {
-        pos_ = start;
-        return Error(what + " is too large");
-      }
-      v = v * 10 + digit;
-      ++pos_;
-    }
-    if (pos_ == start || (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' ||
-                                               s_[pos_] == 'E' || s_[pos_] == '-'))) {
-      pos_ = start;
-      return Error(what + " must be a non-negative integer" + Found());
-    }
-    return v;
-  }
-
-  // A finite, non-negative JSON number.
-  Result<double> NonNegativeNumber(const std::string& what) {
-    SkipSpace();
-    const size_t start = pos_;
-    while (pos_ < s_.size() && std::strchr("+-0123456789.eE", s_[pos_]) != nullptr) ++pos_;
-    const std::string text(s_.substr(start, pos_ - start));
-    char* end = nullptr;
-    errno = 0;
-    const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
-    if (text.empty() || errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0) {
-      pos_ = start;
-      return Error(what + " must be a finite non-negative number" + Found());
-    }
-    return v;
-  }
-
-  // Skips any JSON value. Nesting deeper than kMaxDepth is refused, so a hostile line cannot
-  // exhaust the stack.
-  Status SkipValue(int depth = 0) {
-    static constexpr int kMaxDepth = 64;
-    if (depth > kMaxDepth) return Error("values nested too deeply");
-    SkipSpace();
-    if (pos_ >= s_.size()) return Error("expected a value at the end of the line");
-    const char c = s_[pos_];
-    if (c == '"') return String().status();
-    if (c == '{' || c == '[') {
-      const char close = c == '{' ? '}' : ']';
-      ++pos_;
-      if (Take(close)) return Status::Ok();
-      do {
-        if (c == '{') {
-          if (auto key = String(); !key.ok()) return key.status();
-          if (Status s = Expect(':'); !s.ok()) return s;
-        }
-        if (Status s = SkipValue(depth + 1); !s.ok()) return s;
-      } while (Take(','));
-      return Expect(close);
-    }
-    for (std::string_view word : {"true", "false", "null"}) {
-      if (s_.substr(pos_, word.size()) == word) {
-        pos_ += word.size();
-        return Status::Ok();
-      }
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      while (pos_ < s_.size() && std::strchr("+-0123456789.eE", s_[pos_]) != nullptr) ++pos_;
-      return Status::Ok();
-    }
-    return Error("expected a value" + Found());
-  }
-
- private:
-  std::string Found() const {
-    if (pos_ >= s_.size()) return ", found the end of the line";
-    return std::string(", found '") + s_[pos_] + "'";
-  }
-
-  std::string_view s_;
-  size_t pos_ = 0;
-  uint64_t line_;
-};
-
-// Parses one non-blank line into `ids` (appended). On error `ids` may hold part of the line.
-Status ParseLine(std::string_view text, uint64_t line, std::vector<uint64_t>* ids) {
-  LineParser p(text, line);
+// Parses one non-blank line into `ids` (appended) and `input_length` (0 when absent). On error
+// `ids` may hold part of the line.
+Status ParseLine(std::string_view text, uint64_t line, std::vector<uint64_t>* ids,
+                 double* input_length) {
+  JsonLineParser p(text, line);
   if (Status s = p.Expect('{'); !s.ok()) return s;
   bool have_ids = false;
   if (!p.Take('}')) {
@@ -181,7 +51,9 @@ Status ParseLine(std::string_view text, uint64_t line, std::vector<uint64_t>* id
           if (Status s = p.Expect(']'); !s.ok()) return s;
         }
       } else if (*key == "timestamp" || *key == "input_length" || *key == "output_length") {
-        if (auto v = p.NonNegativeNumber(std::string(*key)); !v.ok()) return v.status();
+        auto v = p.NonNegativeNumber(std::string(*key));
+        if (!v.ok()) return v.status();
+        if (*key == "input_length") *input_length = *v;
       } else if (Status s = p.SkipValue(); !s.ok()) {
         return s;
       }
@@ -203,7 +75,10 @@ Result<Trace> ParseMooncakeTrace(std::istream& in) {
   for (uint64_t line = 1; std::getline(in, text); ++line) {
     if (text.find_first_not_of(" \t\r\n") == std::string::npos) continue;
     ids.clear();
-    if (Status s = ParseLine(text, line, &ids); !s.ok()) return s;
+    double input_length = 0;
+    if (Status s = ParseLine(text, line, &ids, &input_length); !s.ok()) return s;
+    trace.input_lengths.push_back(
+        static_cast<uint64_t>(std::min(input_length, 1e15)));  // checked finite, >= 0
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint64_t parent = i == 0 ? kNoParent : ids[i - 1];
       auto [it, inserted] = parent_of.try_emplace(ids[i], parent);

@@ -32,6 +32,8 @@ namespace kvtier {
 struct Trace {
   std::vector<uint64_t> ids;           // every block reference, in trace order
   std::vector<uint64_t> request_ends;  // request r ends at ids[request_ends[r]]
+  // Per request: its "input_length" (prompt tokens) as the trace gives it, 0 when absent.
+  std::vector<uint64_t> input_lengths;
   uint64_t distinct_blocks = 0;
   // Ids seen under two different parents (a trace that is not prefix-chained). The simulator
   // still runs (a block's parent is its predecessor in the current request), but lineage-aware

@@ -1,6 +1,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/log.h"
@@ -97,10 +98,24 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     }
   }
 
+  std::vector<uint32_t> staging;
+  if (g3_ || cfg.GetString("g4.backend") != "none") {
+    // The staging pool (see block_manager_impl.h). Only a tier below G2 (G3, G4) needs it.
+    uint64_t target = cfg.GetUint("g2.staging_slots");
+    if (target == 0) target = std::clamp<uint32_t>(g2_->num_slots() / 16, 4, 64);
+    target = std::min<uint64_t>(target, g2_->num_slots() / 2);
+    for (uint64_t i = 0; i < target; ++i) {
+      std::optional<uint32_t> slot = g2_->Allocate();
+      if (!slot) break;
+      staging.push_back(*slot);
+    }
+    staging_slots_ = static_cast<uint32_t>(staging.size());
+  }
+
   BlockIndex::Config ic;
   ic.num_shards = static_cast<uint32_t>(cfg.GetUint("index.shards"));
   KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG2].policy, PolicyFromConfig(cfg, "g2.policy"));
-  ic.tiers[kTierG2].capacity_blocks = g2_->num_slots();
+  ic.tiers[kTierG2].capacity_blocks = g2_->num_slots() - staging_slots_;
   KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG3].policy, PolicyFromConfig(cfg, "g3.policy"));
   ic.tiers[kTierG3].capacity_blocks = g3_ ? g3_->num_slots() : 0;
   KVTIER_ASSIGN_OR_RETURN(index_, BlockIndex::Create(ic));
@@ -110,11 +125,15 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   fc.expected_keys = std::max<uint64_t>(4096, 4ull * (g3_ ? g3_->num_slots() : 0));
   KVTIER_ASSIGN_OR_RETURN(g3_filter_, AdmissionFilter::Create(fc));
 
+  // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
+  max_deferred_saves_ = static_cast<uint32_t>(std::min<uint64_t>(
+      cfg.GetUint("transfer.max_queued_saves"), g2_->num_slots() - staging_slots_));
   TransferEngine::Config tc;
   tc.copy_threads = static_cast<uint32_t>(cfg.GetUint("transfer.copy_threads"));
   tc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("transfer.max_queued_saves"));
   KVTIER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(tc));
   KVTIER_RETURN_IF_ERROR(engine_->RegisterHostArena(g2_.get(), layout_));
+  if (!staging.empty()) KVTIER_RETURN_IF_ERROR(engine_->RegisterStagingSlots(std::move(staging)));
   KVTIER_RETURN_IF_ERROR(InitG4());
   if (g3_) {
     Status s = engine_->RegisterDisk(g3_.get());
@@ -138,6 +157,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
 }
 
 BlockManager::Impl::~Impl() {
+  if (g3_ && options_.config.GetBool("g3.flush_on_close")) FlushG2ToG3();
   // The engine drains first: its callbacks use the index, the arena and the request table.
   engine_.reset();
   if (g3_) {
@@ -203,6 +223,35 @@ void BlockManager::Impl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
 void BlockManager::Impl::ReleaseG2Slot(uint32_t slot) {
   Status s = g2_->Release(slot);
   if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
+}
+
+void BlockManager::Impl::FlushG2ToG3() {
+  WaitForSaves();  // saves into G2 land first
+  const auto start = std::chrono::steady_clock::now();
+  const uint32_t max_in_flight = std::clamp<uint32_t>(
+      static_cast<uint32_t>(options_.config.GetUint("transfer.max_queued_saves") / 2), 1, 32);
+  uint64_t written = 0;
+  while (!g3_->quarantined()) {
+    {
+      MutexLock lock(&mu_);
+      while (demotions_in_flight_.load() >= max_in_flight) CondWait(&saves_cv_, &mu_);
+    }
+    auto victim = index_->EvictOne(kTierG2);
+    if (!victim) break;
+    c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
+    Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
+    if ((victim->remaining_tiers >> kTierG3) & 1u) {
+      ReleaseG2Slot(victim->slot);
+    } else {
+      Demote(*victim);
+      ++written;
+    }
+  }
+  WaitForSaves();
+  KVTIER_LOG(kInfo)
+      << "G3: " << written << " blocks written from G2 at shutdown in "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms";
 }
 
 bool BlockManager::Impl::AdmitToG3(const BlockKey& key) {
@@ -278,6 +327,15 @@ bool BlockManager::Impl::EvictFromG2() {
   return true;
 }
 
+std::optional<uint32_t> BlockManager::Impl::AllocateStagingSlot() {
+  if (std::optional<uint32_t> free_slot = g2_->Allocate()) return free_slot;
+  if (staging_slots_ > 0) {
+    c_.staged_via_pool.fetch_add(1, std::memory_order_relaxed);
+    return BlockTransfer::kAnyStagingSlot;
+  }
+  return AllocateG2Slot();
+}
+
 std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
   // Demotions in flight at most. Beyond it the disk is behind: a save is better dropped than
   // paid for by evicting more of G2, and no single call starts a burst of demotions.
@@ -291,9 +349,11 @@ std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
     slot = g2_->Allocate();
   }
   // Keep a reserve of free (or soon free) slots, so the next saves and staged loads find one
-  // without waiting for a demotion write; at most one eviction per call.
+  // without waiting for a demotion write; at most one eviction per call. Without G3 an eviction
+  // frees its slot at once, so a reserve would only shrink the cache (by up to 256 blocks:
+  // 0.006 of hit ratio on the Mooncake trace at 5%, docs/replay.md).
   const uint32_t reserve = std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
-  if (g2_->free_slots() + demotions_in_flight_.load() < reserve &&
+  if (g3_ && g2_->free_slots() + demotions_in_flight_.load() < reserve &&
       demotions_in_flight_.load() < max_demotions) {
     EvictFromG2();
   }
@@ -452,7 +512,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     if (p.source == kTierG2) {
       p.g2_slot = m.slots[planned];
     } else {
-      std::optional<uint32_t> staging = AllocateG2Slot();
+      std::optional<uint32_t> staging = AllocateStagingSlot();
       if (!staging) break;  // no room to stage: the engine computes the rest
       p.g2_slot = *staging;
       p.tokens.assign(tokens.begin() + planned * tpb_, tokens.begin() + (planned + 1) * tpb_);
@@ -469,7 +529,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     for (; planned < want; ++planned) {
       const uint32_t i = start + static_cast<uint32_t>(planned);
       if (i < g4_first || i >= g4_end) break;
-      std::optional<uint32_t> staging = AllocateG2Slot();
+      std::optional<uint32_t> staging = AllocateStagingSlot();
       if (!staging) break;
       PlannedLoad p;
       p.request_id = request_id;
@@ -490,7 +550,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     if (it == requests_.end()) {
       // Finished while we planned: undo.
       for (const PlannedLoad& p : plan) {
-        if (p.source != kTierG2) ReleaseG2Slot(p.g2_slot);
+        if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
       }
       KVTIER_RETURN_IF_ERROR(
           index_->Unpin(std::span<const BlockKey>(keys).subspan(0, pinned_planned)));
@@ -589,23 +649,66 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     released += static_cast<uint32_t>(before - to_save.size());
   }
   std::vector<PendingSave> saves;
-  std::vector<BlockKey> unclaimed;
-  for (const Candidate& c : to_save) {
-    std::optional<uint32_t> slot = AllocateG2Slot();
+  std::vector<Candidate> no_slot;
+  for (Candidate& c : to_save) {
+    std::optional<uint32_t> slot = no_slot.empty() ? AllocateG2Slot() : std::nullopt;
     if (!slot) {
-      c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-      unclaimed.push_back(c.key);
+      no_slot.push_back(std::move(c));  // and the blocks after it: saves keep commit order
       continue;
     }
     SetSlotMeta(*slot, SlotMeta{c.key, c.parent, ns}, c.tokens);
     saves.push_back(PendingSave{request_id, c.key, c.parent, c.g1_block, *slot});
   }
-  released += static_cast<uint32_t>(unclaimed.size());
   MutexLock lock(&mu_);
-  for (const BlockKey& k : unclaimed) saving_keys_.erase(k);
   for (auto& s : saves) pending_saves_.push_back(std::move(s));
+  // Blocks without a slot wait for one while a slot can free: G2's victims are being demoted
+  // (a slot frees when each write ends) or saves are in flight (their blocks become evictable
+  // when they land); up to the bound. Otherwise they are dropped and counted.
+  const bool slot_coming = SlotComing();
+  for (Candidate& c : no_slot) {
+    if (slot_coming && deferred_saves_.size() < max_deferred_saves_) {
+      c_.deferred.fetch_add(1, std::memory_order_relaxed);
+      deferred_saves_.push_back(
+          DeferredSave{request_id, c.key, c.parent, ns, c.g1_block, std::move(c.tokens)});
+    } else {
+      c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+      saving_keys_.erase(c.key);
+      ++released;
+    }
+  }
   if (released > 0) ReleaseSaveHolds(request_id, released);
   return Status::Ok();
+}
+
+void BlockManager::Impl::RetryDeferredSaves() {
+  std::deque<DeferredSave> waiting;
+  {
+    MutexLock lock(&mu_);
+    if (deferred_saves_.empty()) return;
+    waiting.swap(deferred_saves_);
+  }
+  std::vector<PendingSave> saves;
+  size_t given = 0;
+  for (; given < waiting.size(); ++given) {
+    const DeferredSave& d = waiting[given];
+    std::optional<uint32_t> slot = AllocateG2Slot();
+    if (!slot) break;
+    SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id}, d.tokens);
+    saves.push_back(PendingSave{d.request_id, d.key, d.parent, d.g1_block, *slot});
+  }
+  MutexLock lock(&mu_);
+  for (auto& s : saves) pending_saves_.push_back(std::move(s));
+  // Still no slot and none coming: drop the rest, so the engine gets its G1 blocks back.
+  const bool slot_coming = SlotComing();
+  for (size_t i = waiting.size(); i-- > given;) {
+    if (slot_coming) {
+      deferred_saves_.push_front(std::move(waiting[i]));
+    } else {
+      c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+      saving_keys_.erase(waiting[i].key);
+      ReleaseSaveHolds(waiting[i].request_id, 1);
+    }
+  }
 }
 
 void BlockManager::Impl::ReleaseSaveHolds(const std::string& request_id, uint32_t n) {
@@ -655,6 +758,7 @@ Status BlockManager::Impl::RegisterDeviceMemory(const G1Memory& g1) {
 }
 
 Status BlockManager::Impl::StartSave() {
+  RetryDeferredSaves();
   std::vector<PendingSave> saves;
   {
     MutexLock lock(&mu_);
@@ -723,10 +827,18 @@ Status BlockManager::Impl::StartSave() {
 }
 
 void BlockManager::Impl::WaitForSaves() {
-  MutexLock lock(&mu_);
-  while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0 ||
-         g4_writes_in_flight_.load() != 0) {
-    CondWait(&saves_cv_, &mu_);
+  for (;;) {
+    {
+      MutexLock lock(&mu_);
+      while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0 ||
+             g4_writes_in_flight_.load() != 0) {
+        CondWait(&saves_cv_, &mu_);
+      }
+      if (deferred_saves_.empty() && pending_saves_.empty()) return;
+    }
+    // Deferred saves get the slots the demotions freed (or are dropped if none can free).
+    Status s = StartSave();
+    if (!s.ok()) KVTIER_LOG(kWarn) << "WaitForSaves: " << s.ToString();
   }
 }
 
@@ -766,6 +878,7 @@ Status BlockManager::Impl::StartLoad() {
       [this, shared](size_t i, const Status& st) {
         const PlannedLoad& p = (*shared)[i];
         if (p.source == kTierG2) return;
+        if (st.ok() && !HoldsCacheSlot(p)) return;  // staged through the pool: not promoted
         if (st.ok()) {
           // The staged copy stays: the block is promoted to G2.
           SetSlotMeta(p.g2_slot, SlotMeta{p.key, p.parent, p.namespace_id}, p.tokens);
@@ -777,7 +890,7 @@ Status BlockManager::Impl::StartLoad() {
           }
           return;
         }
-        ReleaseG2Slot(p.g2_slot);
+        if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
         if (p.source == kTierG4) {
           // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt object is
           // replaced when some worker commits the block again (write-through).
@@ -800,7 +913,7 @@ Status BlockManager::Impl::StartLoad() {
     auto dummy = std::make_shared<TransferJob>(std::vector<BlockTransfer>{}, layout_.num_layers,
                                                TransferPriority::kLoad);
     for (const PlannedLoad& p : *shared) {
-      if (p.source != kTierG2) ReleaseG2Slot(p.g2_slot);
+      if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
     }
     OnLoadBatchDone(*shared, *dummy);
     return job.status();
@@ -910,6 +1023,17 @@ uint32_t BlockManager::Impl::LoadedTokens(const std::string& request_id) {
 }
 
 FinishedRequests BlockManager::Impl::Finished() {
+  {
+    bool deferred;
+    {
+      MutexLock lock(&mu_);
+      deferred = !deferred_saves_.empty();
+    }
+    if (deferred) {
+      Status s = StartSave();
+      if (!s.ok()) KVTIER_LOG(kWarn) << "Finished: " << s.ToString();
+    }
+  }
   FinishedRequests f;
   MutexLock lock(&mu_);
   f.saves_done.swap(saves_done_);
@@ -940,6 +1064,9 @@ ManagerStats BlockManager::Impl::Stats() {
   s.g2_blocks = index_->TierCount(kTierG2);
   s.g2_slots = g2_->num_slots();
   s.g2_free_slots = g2_->free_slots();
+  s.g2_staging_slots = staging_slots_;
+  s.staged_via_pool = c_.staged_via_pool.load();
+  s.deferred_saves = c_.deferred.load();
   if (g3_) {
     const DiskTierStats ds = g3_->stats();
     s.g3_blocks = index_->TierCount(kTierG3);

@@ -10,14 +10,21 @@
 // locks (always taken after ours, never before).
 //
 // Invariants:
-//  - A G2 slot is in exactly one of: the arena's free list; the index (G2 holds a block there);
-//    a save or a staging load in flight (not yet in the index); a demotion write in flight.
+//  - A G2 slot is in exactly one of: the arena's free list; the staging pool; the index (G2
+//    holds a block there); a save or a staging load in flight (not yet in the index); a
+//    demotion write in flight.
+//  - The staging pool: slots kept out of the cache for good and lent to the transfer engine
+//    (RegisterStagingSlots), so a G3 (or G4) load always has a slot to stage through, even when
+//    every G2 victim is still being demoted; the engine reuses them as moves finish, so any
+//    number of G3 blocks can load in one batch. A G3 load staged through a free cache slot
+//    instead promotes the block into G2; one staged through the pool does not.
 //  - Every key pinned by PrepareLoad is unpinned exactly once, when its load batch ends.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -109,6 +116,22 @@ class BlockManager::Impl {
     // Eviction (write_through off): the slot is the manager's until the write ends, then freed.
     bool evicted = false;
   };
+  // A committed block that found no G2 slot while G2's victims were still being written to G3:
+  // it waits (the engine keeps its G1 block, as for any save in flight) for a slot to free,
+  // instead of being dropped. Retried on the engine's next StartSave/Finished/WaitForSaves.
+  struct DeferredSave {
+    std::string request_id;
+    BlockKey key;
+    BlockKey parent;
+    uint64_t namespace_id = 0;
+    uint32_t g1_block = 0;
+    std::vector<TokenId> tokens;
+  };
+  // A G3 or G4 load staged through a G2 slot of the manager's (not the transfer engine's pool).
+  static bool HoldsCacheSlot(const PlannedLoad& p) {
+    return (p.source == kTierG3 || p.source == kTierG4) &&
+           p.g2_slot != BlockTransfer::kAnyStagingSlot;
+  }
   struct PendingSave {
     std::string request_id;
     BlockKey key;
@@ -134,10 +157,16 @@ class BlockManager::Impl {
   // ends), else freed now. False when nothing in G2 is evictable.
   bool EvictFromG2();
   void ReleaseG2Slot(uint32_t slot);
+  // Where to stage a G3 load: a free G2 slot (the block is then promoted), else the staging
+  // pool (BlockTransfer::kAnyStagingSlot) when there is one; nullopt otherwise.
+  std::optional<uint32_t> AllocateStagingSlot();
   void SetSlotMeta(uint32_t slot, const SlotMeta& meta, std::span<const TokenId> tokens)
       EXCLUDES(slot_mu_);
   bool AdmitToG3(const BlockKey& key);
   void Demote(const EvictedBlock& victim);
+  // Clean shutdown (g3.flush_on_close): every G2 block not yet in G3 is written there, so a
+  // warm restart finds what G2 held. Waits for the writes; at most `max_in_flight` at a time.
+  void FlushG2ToG3() EXCLUDES(mu_);
   void EndDemotion() EXCLUDES(mu_);
   // Makes room in G3 for one more block (evicting its policy's victim) when it is full.
   void MakeRoomInG3();
@@ -147,6 +176,13 @@ class BlockManager::Impl {
   void EndSave(const std::string& request_id, const BlockKey& key) EXCLUDES(mu_);
   // Drops n of the request's save holds; erases a finished request left with none.
   void ReleaseSaveHolds(const std::string& request_id, uint32_t n) REQUIRES(mu_);
+  // Gives deferred saves the G2 slots that freed since (in commit order) and queues them for
+  // StartSave; drops them (counted) when no slot can free because nothing is being demoted.
+  void RetryDeferredSaves() EXCLUDES(mu_);
+  // Whether a G2 slot will free without another call: a demotion or a save is in flight.
+  bool SlotComing() const REQUIRES(mu_) {
+    return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
+  }
   void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job) EXCLUDES(mu_);
 
   // ---- G4 (block_manager_g4.cc) ----
@@ -188,6 +224,8 @@ class BlockManager::Impl {
   std::map<std::pair<std::string, std::string>, std::unique_ptr<BlockHasher>> hashers_
       GUARDED_BY(hashers_mu_);
 
+  uint32_t staging_slots_ = 0;  // the pool's size, set once in Init
+
   Mutex slot_mu_;
   std::vector<SlotMeta> slot_meta_ GUARDED_BY(slot_mu_);
   std::vector<TokenId> slot_tokens_ GUARDED_BY(slot_mu_);  // tpb per slot
@@ -201,6 +239,8 @@ class BlockManager::Impl {
   std::unordered_map<std::string, Request> requests_ GUARDED_BY(mu_);
   std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
   std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
+  std::deque<DeferredSave> deferred_saves_ GUARDED_BY(mu_);
+  uint32_t max_deferred_saves_ = 0;  // set once in Init
   std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
   // Load batches started and not yet seen finished; WaitLayer waits on all of them.
   std::vector<std::shared_ptr<TransferJob>> load_jobs_ GUARDED_BY(mu_);
@@ -219,7 +259,7 @@ class BlockManager::Impl {
     std::array<std::atomic<uint64_t>, kNumTiers> hit_blocks{};
     std::atomic<uint64_t> saved{0}, dedup{0}, dropped_saves{0}, demoted{0}, not_admitted{0};
     std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
-    std::atomic<uint64_t> corrupt{0}, events{0};
+    std::atomic<uint64_t> corrupt{0}, events{0}, staged_via_pool{0}, deferred{0};
     std::atomic<uint64_t> g4_lookup_blocks{0}, g4_lookup_failures{0}, g4_lookup_timeouts{0};
     std::atomic<uint64_t> g4_saved{0}, g4_save_failures{0}, g4_dropped{0};
     std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};

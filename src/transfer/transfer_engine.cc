@@ -43,8 +43,12 @@ TransferEngine::~TransferEngine() {
   StopRemote();
   {
     // Disk completions may still queue scatters, so they finish first.
+    // Staged moves hold or wait for staging slots; each one returned may start another read.
     MutexLock lock(&disk_mu_);
-    while (!disk_ops_.empty()) CondWait(&disk_cv_, &disk_mu_);
+    while (!disk_ops_.empty() || !staging_waiting_.empty() ||
+           staging_free_.size() < staging_total_) {
+      CondWait(&disk_cv_, &disk_mu_);
+    }
   }
   {
     MutexLock lock(&mu_);
@@ -117,7 +121,17 @@ Status TransferEngine::RegisterDisk(DiskTier* disk) {
 Status TransferEngine::ValidateMove(const BlockTransfer& m) const {
   using Op = BlockTransfer::Op;
   if (arena_ == nullptr) return Status::FailedPrecondition("no G2 arena registered");
-  if (m.g2_slot >= arena_->num_slots()) {
+  if (m.g2_slot == BlockTransfer::kAnyStagingSlot) {
+    if (m.op != Op::kG3ToG1 && m.op != Op::kG4ToG1) {
+      return Status::InvalidArgument(std::string(BlockTransferOpName(m.op)) +
+                                     " move names the staging pool; only G3->G1 and G4->G1 "
+                                     "moves may");
+    }
+    if (staging_total_ == 0) {
+      return Status::FailedPrecondition(std::string(BlockTransferOpName(m.op)) +
+                                        " move names the staging pool, but none is registered");
+    }
+  } else if (m.g2_slot >= arena_->num_slots()) {
     return Status::InvalidArgument(std::string(BlockTransferOpName(m.op)) + " move names G2 slot " +
                                    std::to_string(m.g2_slot) + "; the arena has " +
                                    std::to_string(arena_->num_slots()));
@@ -240,7 +254,7 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
 }
 
 void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
-                               std::span<const uint32_t> moves) {
+                               std::span<const uint32_t> moves, uint32_t given_slot) {
   using Op = BlockTransfer::Op;
   std::vector<DiskWriteRequest> writes;
   std::vector<DiskReadRequest> reads;
@@ -248,8 +262,19 @@ void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
     MutexLock lock(&disk_mu_);
     for (uint32_t i : moves) {
       const BlockTransfer& m = job->moves()[i];
+      uint32_t slot = m.g2_slot;
+      if (slot == BlockTransfer::kAnyStagingSlot && given_slot != BlockTransfer::kAnyStagingSlot) {
+        slot = given_slot;  // handed over by ReleaseStaging
+      } else if (slot == BlockTransfer::kAnyStagingSlot) {
+        if (staging_free_.empty() || !staging_waiting_.empty()) {
+          staging_waiting_.emplace_back(job, i);  // started by ReleaseStaging
+          continue;
+        }
+        slot = staging_free_.back();
+        staging_free_.pop_back();
+      }
       const uint64_t cookie = next_cookie_++;
-      disk_ops_.emplace(cookie, DiskOp{job, i});
+      disk_ops_.emplace(cookie, DiskOp{job, i, slot});
       if (m.op == Op::kG2ToG3) {
         DiskWriteRequest w;
         w.key = m.key;
@@ -265,7 +290,7 @@ void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
         r.key = m.key;
         r.namespace_id = m.namespace_id;
         r.expected_tokens = m.tokens;
-        r.buffer = arena_->SlotData(m.g2_slot);
+        r.buffer = arena_->SlotData(slot);
         r.sink = this;
         r.cookie = cookie;
         reads.push_back(r);
@@ -292,13 +317,14 @@ void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
     {
       // The staged half of a load into G1 is a load, whatever the job's priority.
       MutexLock lock(&mu_);
-      load_queue_.push_back(WorkItem{op.job, op.move, -1, {}});
+      load_queue_.push_back(WorkItem{op.job, op.move, -1, {}, op.slot});
     }
     work_cv_.notify_one();
   } else {
     if (result.status.ok()) {
       bytes_by_op_[OpIndex(m.op)].fetch_add(disk_->io_bytes(), std::memory_order_relaxed);
     }
+    if (m.g2_slot == BlockTransfer::kAnyStagingSlot) ReleaseStaging(op.slot);
     EndMove(*op.job, op.move, result.status);
   }
   MutexLock lock(&disk_mu_);
@@ -359,14 +385,54 @@ void TransferEngine::Execute(const WorkItem& item) {
     for (uint32_t i : finished) EndMove(job, i, Status::Ok());
     return;
   }
-  // A scatter into G1: one layer, or all of them in order.
+  // A scatter into G1: one layer, or all of them in order (a staged move: from the slot its
+  // read used, returned to the pool before the move ends).
+  const bool pooled = m.g2_slot == BlockTransfer::kAnyStagingSlot;
+  const uint32_t slot = pooled ? item.staging : m.g2_slot;
   const uint32_t first = item.layer < 0 ? 0 : static_cast<uint32_t>(item.layer);
   const uint32_t last = item.layer < 0 ? layout_.num_layers : first + 1;
   for (uint32_t l = first; l < last; ++l) {
-    ScatterLayer(g1_, Payload(m.g2_slot), m.g1_block, l);
+    ScatterLayer(g1_, Payload(slot), m.g1_block, l);
     bytes_by_op_[OpIndex(Op::kG2ToG1)].fetch_add(layout_.LayerBytes(), std::memory_order_relaxed);
-    if (job.LayerLanded(item.move, l)) EndMove(job, item.move, Status::Ok());
+    if (job.LayerLanded(item.move, l)) {
+      if (pooled) ReleaseStaging(slot);
+      EndMove(job, item.move, Status::Ok());
+    }
   }
+}
+
+void TransferEngine::ReleaseStaging(uint32_t slot) {
+  std::shared_ptr<TransferJob> job;
+  uint32_t move = 0;
+  {
+    MutexLock lock(&disk_mu_);
+    if (staging_waiting_.empty()) {
+      staging_free_.push_back(slot);
+      if (staging_free_.size() == staging_total_) disk_cv_.notify_all();
+      return;
+    }
+    job = std::move(staging_waiting_.front().first);
+    move = staging_waiting_.front().second;
+    staging_waiting_.pop_front();
+  }
+  StartDisk(job, std::span<const uint32_t>(&move, 1), slot);  // the slot goes straight to it
+}
+
+Status TransferEngine::RegisterStagingSlots(std::vector<uint32_t> slots) {
+  if (arena_ == nullptr) {
+    return Status::FailedPrecondition("RegisterStagingSlots before RegisterHostArena");
+  }
+  if (slots.empty()) return Status::InvalidArgument("RegisterStagingSlots: no slots given");
+  for (uint32_t s : slots) {
+    if (s >= arena_->num_slots()) {
+      return Status::InvalidArgument("RegisterStagingSlots: slot " + std::to_string(s) +
+                                     " is past the arena's " + std::to_string(arena_->num_slots()));
+    }
+  }
+  MutexLock lock(&disk_mu_);
+  staging_total_ = slots.size();
+  staging_free_ = std::move(slots);
+  return Status::Ok();
 }
 
 void TransferEngine::EndMove(TransferJob& job, uint32_t move, const Status& status) {

@@ -104,6 +104,11 @@ class TransferEngine final : private DiskCompletionSink {
   // G4: InvalidArgument for a bad config or a null store; starts the remote threads. The store
   // must outlive the engine. REQUIRES: RegisterHostArena first (G4 moves go through G2 slots).
   Status RegisterRemote(RemoteStore* store, const RemoteConfig& config);
+  // Staging slots for kG3ToG1 moves given BlockTransfer::kAnyStagingSlot: G2 slots the caller
+  // keeps out of its cache for good. A staged move takes one when its read starts and returns
+  // it once its scatter into G1 ends; moves wait (in order) while all are taken.
+  // InvalidArgument for an empty list or a slot out of range. REQUIRES: RegisterHostArena.
+  Status RegisterStagingSlots(std::vector<uint32_t> slots);
 
   // Starts `moves`. Validates every move first (endpoints registered, indices in range) and
   // starts none on InvalidArgument. A kSave batch is refused whole with ResourceExhausted when
@@ -130,10 +135,12 @@ class TransferEngine final : private DiskCompletionSink {
     // A scatter of one layer of several moves (about 1 MiB in all): one queue operation and
     // one job update per item rather than per block.
     std::vector<uint32_t> moves;
+    uint32_t staging = BlockTransfer::kAnyStagingSlot;  // staged scatter: the pool slot used
   };
   struct DiskOp {
     std::shared_ptr<TransferJob> job;
     uint32_t move = 0;
+    uint32_t slot = 0;  // the G2 slot the I/O uses
   };
   // One remote call's worth of G4 moves of one job.
   struct RemoteBatch {
@@ -146,10 +153,14 @@ class TransferEngine final : private DiskCompletionSink {
   Status ValidateMove(const BlockTransfer& m) const;
   void WorkerLoop() EXCLUDES(mu_);
   void Execute(const WorkItem& item);
+  // Returns a staging slot to the pool, or hands it to the next waiting staged move.
+  void ReleaseStaging(uint32_t slot) EXCLUDES(disk_mu_);
   void EndMove(TransferJob& job, uint32_t move, const Status& status);
   void EnqueueLoads(std::vector<WorkItem> items) EXCLUDES(mu_);
-  void StartDisk(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves)
-      EXCLUDES(disk_mu_);
+  // Starts the disk I/O of `moves`. A staged move (kAnyStagingSlot) takes a pool slot or waits
+  // for one; `given_slot` is the pool slot ReleaseStaging hands to one waiting move.
+  void StartDisk(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves,
+                 uint32_t given_slot = BlockTransfer::kAnyStagingSlot) EXCLUDES(disk_mu_);
   void OnDiskOpDone(const DiskOpResult& result) override EXCLUDES(disk_mu_, mu_);
   uint8_t* Payload(uint32_t slot) const { return arena_->SlotData(slot) + kG2PayloadOffset; }
   // Remote side (transfer_engine_remote.cc).
@@ -181,6 +192,11 @@ class TransferEngine final : private DiskCompletionSink {
   std::condition_variable disk_cv_;
   std::unordered_map<uint64_t, DiskOp> disk_ops_ GUARDED_BY(disk_mu_);
   uint64_t next_cookie_ GUARDED_BY(disk_mu_) = 1;
+  std::vector<uint32_t> staging_free_ GUARDED_BY(disk_mu_);
+  size_t staging_total_ = 0;  // set once by RegisterStagingSlots
+  // Staged moves waiting for a staging slot, in submission order.
+  std::deque<std::pair<std::shared_ptr<TransferJob>, uint32_t>> staging_waiting_
+      GUARDED_BY(disk_mu_);
 
   RemoteStore* remote_ = nullptr;
   RemoteConfig remote_config_;

@@ -160,18 +160,38 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
   using Op = BlockTransfer::Op;
   const uint64_t block_bytes = kG2PayloadOffset + layout_.BlockBytes();
   std::vector<RemoteGet> items;
+  std::vector<uint32_t> sent, slots;  // moves called for, and the G2 slot each lands in
   items.reserve(moves.size());
   for (uint32_t i : moves) {
     const BlockTransfer& m = batch.job->moves()[i];
+    uint32_t slot = m.g2_slot;
+    if (slot == BlockTransfer::kAnyStagingSlot) {
+      // A slot of the staging pool, only if one is free now: a G4 load never waits for one
+      // (its deadline runs); without one it is a miss, recomputed.
+      MutexLock lock(&disk_mu_);
+      if (!staging_free_.empty()) {
+        slot = staging_free_.back();
+        staging_free_.pop_back();
+      }
+    }
+    if (slot == BlockTransfer::kAnyStagingSlot) {
+      EndRemoteMove(*batch.job, i,
+                    Status::ResourceExhausted("G4->G1: no staging slot free; recomputed"));
+      continue;
+    }
     items.push_back(RemoteGet{
-        RemoteObjectName(m.namespace_id, m.key), {arena_->SlotData(m.g2_slot), block_bytes}, 0});
+        RemoteObjectName(m.namespace_id, m.key), {arena_->SlotData(slot), block_bytes}, 0});
+    sent.push_back(i);
+    slots.push_back(slot);
   }
+  if (items.empty()) return;
   std::vector<Status> results(items.size());
   remote_->Get(items, batch.deadline, results);
-  std::vector<uint32_t> staged;
-  for (size_t k = 0; k < moves.size(); ++k) {
-    const uint32_t i = moves[k];
+  std::vector<std::pair<uint32_t, uint32_t>> staged;  // move, slot
+  for (size_t k = 0; k < sent.size(); ++k) {
+    const uint32_t i = sent[k];
     const BlockTransfer& m = batch.job->moves()[i];
+    const bool pooled = m.g2_slot == BlockTransfer::kAnyStagingSlot;
     Status st = results[k];
     if (st.ok()) {
       ExpectedBlock e;
@@ -191,16 +211,20 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
                                                                std::memory_order_relaxed);
     }
     if (st.ok() && m.op == Op::kG4ToG1) {
-      staged.push_back(i);
+      staged.emplace_back(i, slots[k]);
     } else {
+      if (pooled) ReleaseStaging(slots[k]);
       EndRemoteMove(*batch.job, i, st);
     }
   }
   if (staged.empty()) return;
   {
-    // The staged half of a load into G1 is a load, whatever the job's priority.
+    // The staged half of a load into G1 is a load, whatever the job's priority. A pooled slot
+    // goes back to the pool when its scatter ends (Execute).
     MutexLock lock(&mu_);
-    for (uint32_t i : staged) load_queue_.push_back(WorkItem{batch.job, i, -1, {}});
+    for (const auto& [i, slot] : staged) {
+      load_queue_.push_back(WorkItem{batch.job, i, -1, {}, slot});
+    }
   }
   work_cv_.notify_all();
 }

@@ -44,6 +44,10 @@ struct BlockTransfer {
   // others.
   std::vector<TokenId> tokens;
   uint32_t g1_block = 0;
+  // kG3ToG1 may give kAnyStagingSlot: the transfer engine then stages through one of its
+  // registered staging slots (TransferEngine::RegisterStagingSlots), reused as moves finish,
+  // so a batch may hold more G3 blocks than there are staging slots.
+  static constexpr uint32_t kAnyStagingSlot = UINT32_MAX;
   uint32_t g2_slot = 0;
 
   bool IntoG1() const { return op == Op::kG2ToG1 || op == Op::kG3ToG1 || op == Op::kG4ToG1; }
@@ -112,8 +116,8 @@ class TransferJob {
   std::vector<uint32_t> layer_pending_ GUARDED_BY(mu_);  // per layer: G1 moves not landed yet
   std::vector<Status> layer_error_ GUARDED_BY(mu_);      // per layer: first failure
   size_t remaining_ GUARDED_BY(mu_);                     // moves not ended yet
-  size_t callbacks_left_ GUARDED_BY(mu_);  // moves whose MoveCallback has not returned yet
-  bool finished_ GUARDED_BY(mu_);          // every move ended and the callbacks returned
+  size_t callbacks_left_ GUARDED_BY(mu_);
+  bool finished_ GUARDED_BY(mu_);  // every move ended and the callbacks returned
   size_t failed_ GUARDED_BY(mu_) = 0;
   Status first_error_ GUARDED_BY(mu_);
 };

@@ -1,0 +1,154 @@
+// JsonLineParser: a cursor over one line of a JSONL trace (the Mooncake format of kvtier sim,
+// the kvtier token format of kvtier replay). Just enough JSON to read flat objects of numbers,
+// strings and arrays, and to skip any other value; every error is InvalidArgument naming the
+// line and the column, so a user can find and fix the bad record.
+#pragma once
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+// A cursor over one JSONL line: just enough JSON to read a trace's objects and skip any value
+// it does not need. Every error names the line and column ("trace line N, column C: ...").
+class JsonLineParser {
+ public:
+  JsonLineParser(std::string_view text, uint64_t line) : s_(text), line_(line) {}
+
+  Status Error(const std::string& what) const {
+    return Status::InvalidArgument("trace line " + std::to_string(line_) + ", column " +
+                                   std::to_string(pos_ + 1) + ": " + what);
+  }
+
+  void SkipSpace() {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\r' || s_[pos_] == '\n')) {
+      ++pos_;
+    }
+  }
+  bool AtEnd() {
+    SkipSpace();
+    return pos_ >= s_.size();
+  }
+  // Consumes `c` (after blanks) if it is next.
+  bool Take(char c) {
+    SkipSpace();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  Status Expect(char c) {
+    if (Take(c)) return Status::Ok();
+    return Error(std::string("expected '") + c + "'" + Found());
+  }
+
+  // A JSON string; escapes are kept undecoded (keys of interest have none).
+  Result<std::string_view> String() {
+    SkipSpace();
+    if (pos_ >= s_.size() || s_[pos_] != '"') return Error("expected a string" + Found());
+    const size_t start = ++pos_;
+    while (pos_ < s_.size() && s_[pos_] != '"') {
+      if (static_cast<unsigned char>(s_[pos_]) < 0x20) return Error("control character in string");
+      if (s_[pos_] == '\\') ++pos_;  // the escaped character is skipped whatever it is
+      ++pos_;
+    }
+    if (pos_ >= s_.size()) return Error("unterminated string");
+    return s_.substr(start, pos_++ - start);
+  }
+
+  // A non-negative integer no larger than `max` (digits only: no sign, fraction or exponent).
+  // The default bound keeps 2^64 - 1 free for callers that use it as a marker.
+  Result<uint64_t> Uint(const std::string& what, uint64_t max = UINT64_MAX - 1) {
+    const uint64_t kMaxUint = max;
+    SkipSpace();
+    const size_t start = pos_;
+    uint64_t v = 0;
+    while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
+      const uint64_t digit = static_cast<uint64_t>(s_[pos_] - '0');
+      if (digit > kMaxUint || v > (kMaxUint - digit) / 10) {
+        pos_ = start;
+        return Error(what + " is too large (at most " + std::to_string(kMaxUint) + ")");
+      }
+      v = v * 10 + digit;
+      ++pos_;
+    }
+    if (pos_ == start || (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' ||
+                                               s_[pos_] == 'E' || s_[pos_] == '-'))) {
+      pos_ = start;
+      return Error(what + " must be a non-negative integer" + Found());
+    }
+    return v;
+  }
+
+  // A finite, non-negative JSON number.
+  Result<double> NonNegativeNumber(const std::string& what) {
+    SkipSpace();
+    const size_t start = pos_;
+    while (pos_ < s_.size() && std::strchr("+-0123456789.eE", s_[pos_]) != nullptr) ++pos_;
+    const std::string text(s_.substr(start, pos_ - start));
+    char* end = nullptr;
+    errno = 0;
+    const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+    if (text.empty() || errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0) {
+      pos_ = start;
+      return Error(what + " must be a finite non-negative number" + Found());
+    }
+    return v;
+  }
+
+  // Skips any JSON value. Nesting deeper than kMaxDepth is refused, so a hostile line cannot
+  // exhaust the stack.
+  Status SkipValue(int depth = 0) {
+    static constexpr int kMaxDepth = 64;
+    if (depth > kMaxDepth) return Error("values nested too deeply");
+    SkipSpace();
+    if (pos_ >= s_.size()) return Error("expected a value at the end of the line");
+    const char c = s_[pos_];
+    if (c == '"') return String().status();
+    if (c == '{' || c == '[') {
+      const char close = c == '{' ? '}' : ']';
+      ++pos_;
+      if (Take(close)) return Status::Ok();
+      do {
+        if (c == '{') {
+          if (auto key = String(); !key.ok()) return key.status();
+          if (Status s = Expect(':'); !s.ok()) return s;
+        }
+        if (Status s = SkipValue(depth + 1); !s.ok()) return s;
+      } while (Take(','));
+      return Expect(close);
+    }
+    for (std::string_view word : {"true", "false", "null"}) {
+      if (s_.substr(pos_, word.size()) == word) {
+        pos_ += word.size();
+        return Status::Ok();
+      }
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+      while (pos_ < s_.size() && std::strchr("+-0123456789.eE", s_[pos_]) != nullptr) ++pos_;
+      return Status::Ok();
+    }
+    return Error("expected a value" + Found());
+  }
+
+ private:
+  std::string Found() const {
+    if (pos_ >= s_.size()) return ", found the end of the line";
+    return std::string(", found '") + s_[pos_] + "'";
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+  uint64_t line_;
+};
+
+}  // namespace kvtier

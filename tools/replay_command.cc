@@ -1,0 +1,496 @@
+// kvtier replay: replays a request trace through the real BlockManager and tiers (G2 arena,
+// optional G3 slot files) via the connector API, checks every loaded byte, and estimates TTFT
+// with a cost model of the real model on real hardware. --compare-belady adds Belady's oracle
+// and an unbounded cache (simulated, same capacity); --sweep plots hit ratio against capacity
+// for every policy (simulated: see docs/replay.md).
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "index/eviction_policy.h"
+#include "index/policy_sim.h"
+#include "json_writer.h"
+#include "kvtier/config.h"
+#include "replay_runner.h"
+
+namespace kvtier::cli {
+
+namespace {
+
+constexpr PolicyKind kOnlinePolicies[] = {PolicyKind::kCreditLru, PolicyKind::kLru,
+                                          PolicyKind::kLineageLru, PolicyKind::kS3Fifo};
+
+void PrintReplayHelp(const std::string& default_policy) {
+  std::printf(
+      "usage: kvtier replay --trace FILE [flags] [--json]\n"
+      "  Replays a trace through the real BlockManager (G2 host arena, optional G3 SSD files)\n"
+      "  through the connector API, one request at a time: Lookup, PrepareLoad, StartLoad,\n"
+      "  WaitLayer, byte-exact check of every loaded block, Commit, StartSave, RequestFinished.\n"
+      "  Blocks are scaled down to --payload-bytes; TTFT is estimated for the real model.\n"
+      "\n"
+      "  --trace FILE               Mooncake JSONL ({\"hash_ids\": [...]}) or kvtier JSONL\n"
+      "                             ({\"tokens\": [...]}); see docs/replay.md\n"
+      "  --format auto|mooncake|kvtier   default auto (a first line with hash_ids = mooncake)\n"
+      "  --tokens-per-block N       default 512 (Mooncake's block)\n"
+      "  --policy NAME              lru, lineage-lru, s3fifo, credit-lru (default %s,\n"
+      "                             the manager's default)\n"
+      "  --capacity-fraction F      G2 slots = ceil(F x distinct blocks of the trace); default "
+      "0.05\n"
+      "  --g3-fraction F            add a G3 of ceil(F x distinct blocks) slots (default 0: none)\n"
+      "  --g3-dir DIR               G3 slot files (default a temp dir under /tmp, removed after)\n"
+      "  --g3-admit-min-seen N      sightings before a G2 victim goes to G3 (default 1)\n"
+      "  --payload-bytes B          bytes of a scaled block (default 4096; multiple of 4 x tpb)\n"
+      "  --requests N               replay only the first N requests\n"
+      "  --verify-every N           check every N-th loaded block (default 1 = all; 0 = none)\n"
+      "  --copy-threads N           transfer memcpy workers (default 2)\n"
+      "  cost model (real model; defaults: Llama-3-8B-class on an H200, see docs/replay.md):\n"
+      "  --prefill-tokens-per-s R   default 20000\n"
+      "  --kv-bytes-per-token B     default 131072 (32 layers x K,V x 8 heads x 128 x 2 B)\n"
+      "  --g2-gbps G, --g3-gbps G   load bandwidth into the GPU: default 50 (PCIe Gen5 x16),\n"
+      "                             6 (NVMe)\n"
+      "  --compare-belady           also simulate Belady's oracle and an unbounded cache with the\n"
+      "                             same capacity (G2 + G3 slots), same prefix semantics\n"
+      "  --sweep                    instead of a replay: hit ratio vs capacity fraction for every\n"
+      "                             policy and Belady, SIMULATED (src/index/policy_sim), plotted\n"
+      "  --sweep-fractions LIST     default 0.02,0.05,0.1,0.15,0.2,0.3\n"
+      "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n",
+      default_policy.c_str());
+}
+
+Result<double> PositiveDouble(const CliArgs& a, const char* flag, double fallback, double max) {
+  auto v = a.GetDouble(flag, fallback);
+  if (!v.ok()) return v.status();
+  if (!std::isfinite(*v) || *v <= 0 || *v > max) {
+    return Status::InvalidArgument(std::string("--") + flag + " = " + a.GetString(flag, "") +
+                                   ": must be a number in (0, " + std::to_string(max) + "]");
+  }
+  return *v;
+}
+
+Result<std::vector<double>> ParseFractions(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !std::isfinite(v) || v <= 0 || v > 1e6) {
+      return Status::InvalidArgument("--sweep-fractions: '" + item +
+                                     "' is not a number in (0, 1e6]; give e.g. 0.02,0.05,0.1");
+    }
+    out.push_back(v);
+  }
+  if (out.empty() || out.size() > 64) {
+    return Status::InvalidArgument("--sweep-fractions: give 1 to 64 comma-separated fractions");
+  }
+  return out;
+}
+
+Result<SimResult> Simulate(const Trace& t, PolicyKind kind, uint64_t capacity) {
+  std::unique_ptr<EvictionPolicy> policy;
+  if (kind == PolicyKind::kBelady) {
+    policy = MakeBeladyPolicy(TraceReferences(t));
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(policy, MakeEvictionPolicy(kind, capacity));
+  }
+  return SimulatePolicy(t, *policy, std::max<uint64_t>(capacity, 1));
+}
+
+double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+bool HaveGnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+struct SweepRow {
+  double fraction;
+  uint64_t capacity;
+  std::vector<double> hit;  // one per kOnlinePolicies, then belady, then unbounded
+};
+
+Status WriteSweepPlot(const std::vector<SweepRow>& rows, const std::string& png,
+                      const std::string& title) {
+  const std::string dat = png + ".dat", script = png + ".gp";
+  FILE* f = std::fopen(dat.c_str(), "w");
+  if (f == nullptr) return Status::IOError("cannot write " + dat);
+  for (const SweepRow& r : rows) {
+    std::fprintf(f, "%g", r.fraction);
+    for (double h : r.hit) std::fprintf(f, " %.5f", h);
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+  f = std::fopen(script.c_str(), "w");
+  if (f == nullptr) return Status::IOError("cannot write " + script);
+  std::fprintf(f,
+               "set terminal png size 1000,600 noenhanced\nset output '%s'\n"
+               "set title '%s'\nset xlabel 'capacity (fraction of distinct blocks)'\n"
+               "set ylabel 'prefix hit ratio (blocks)'\nset grid\nset key bottom right\n"
+               "set style data linespoints\nplot ",
+               png.c_str(), title.c_str());
+  int col = 2;
+  for (PolicyKind k : kOnlinePolicies) {
+    std::fprintf(f, "'%s' using 1:%d title '%s' lw 2, ", dat.c_str(), col++, PolicyKindName(k));
+  }
+  std::fprintf(f, "'%s' using 1:%d title 'belady (offline)' lw 2 dt 2 lc rgb 'black', ",
+               dat.c_str(), col++);
+  std::fprintf(f, "'%s' using 1:%d title 'unbounded' lw 1 dt 3\n", dat.c_str(), col);
+  std::fclose(f);
+  const std::string cmd = "gnuplot '" + script + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::error_code ec;
+  std::filesystem::remove(dat, ec);
+  std::filesystem::remove(script, ec);
+  if (rc != 0) return Status::Internal("gnuplot failed on " + script);
+  return Status::Ok();
+}
+
+int RunSweep(const CliArgs& args, const ReplayTrace& trace) {
+  auto fractions = ParseFractions(args.GetString("sweep-fractions", "0.02,0.05,0.1,0.15,0.2,0.3"));
+  if (!fractions.ok()) return UsageError(fractions.status());
+  const std::string png = args.GetString("sweep-out", "replay-sweep.png");
+  const Trace& t = trace.blocks();
+  const double unbounded = SimulateUnbounded(t).hit_ratio();
+  std::vector<SweepRow> rows;
+  for (double fraction : *fractions) {
+    SweepRow row{fraction, CapacityForFraction(t, fraction), {}};
+    for (PolicyKind k : kOnlinePolicies) {
+      auto r = Simulate(t, k, row.capacity);
+      if (!r.ok()) return Failure(r.status());
+      row.hit.push_back(r->hit_ratio());
+    }
+    auto b = Simulate(t, PolicyKind::kBelady, row.capacity);
+    if (!b.ok()) return Failure(b.status());
+    row.hit.push_back(b->hit_ratio());
+    row.hit.push_back(unbounded);
+    rows.push_back(std::move(row));
+  }
+  std::string plot;
+  if (!HaveGnuplot()) {
+    std::fprintf(stderr,
+                 "kvtier: warning: gnuplot not found, no plot written (install gnuplot-nox, "
+                 "scripts/install-deps.sh does)\n");
+  } else if (Status s = WriteSweepPlot(
+                 rows, png,
+                 "kvtier replay --sweep: " +
+                     std::filesystem::path(args.GetString("trace", "")).filename().string() +
+                     " (simulated, one tier)");
+             !s.ok()) {
+    std::fprintf(stderr, "kvtier: warning: %s\n", s.ToString().c_str());
+  } else {
+    plot = std::filesystem::absolute(png).string();
+  }
+  const char* kMode = "simulated (src/index/policy_sim: one tier, same prefix semantics)";
+  if (args.Has("json")) {
+    std::string arr = "[";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      JsonObject o;
+      o.Add("capacity_fraction", rows[i].fraction).Add("capacity_blocks", rows[i].capacity);
+      size_t c = 0;
+      for (PolicyKind k : kOnlinePolicies) o.Add(PolicyKindName(k), rows[i].hit[c++]);
+      o.Add("belady", rows[i].hit[c]);
+      o.Add("unbounded", rows[i].hit[c + 1]);
+      arr += (i ? ", " : "") + o.Str();
+    }
+    arr += "]";
+    JsonObject out;
+    out.Add("trace", args.GetString("trace", ""))
+        .Add("mode", kMode)
+        .Add("distinct_blocks", t.distinct_blocks)
+        .Add("plot", plot)
+        .Raw("sweep", arr);
+    std::printf("%s\n", out.Str().c_str());
+    return 0;
+  }
+  std::printf("sweep: hit ratio vs capacity, %s\n", kMode);
+  std::printf("%-9s %9s", "fraction", "blocks");
+  for (PolicyKind k : kOnlinePolicies) std::printf(" %11s", PolicyKindName(k));
+  std::printf(" %11s %11s\n", "belady", "unbounded");
+  for (const SweepRow& r : rows) {
+    std::printf("%-9g %9llu", r.fraction, static_cast<unsigned long long>(r.capacity));
+    for (double h : r.hit) std::printf(" %11.4f", h);
+    std::printf("\n");
+  }
+  if (!plot.empty()) std::printf("plot: %s\n", plot.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int RunReplayCommand(const CliArgs& args) {
+  const std::string default_policy = Config().GetString("g2.policy");
+  if (args.Has("help")) {
+    PrintReplayHelp(default_policy);
+    return 0;
+  }
+  if (Status s = args.CheckKnown({"help",
+                                  "json",
+                                  "trace",
+                                  "format",
+                                  "tokens-per-block",
+                                  "policy",
+                                  "capacity-fraction",
+                                  "g3-fraction",
+                                  "g3-dir",
+                                  "g3-admit-min-seen",
+                                  "payload-bytes",
+                                  "requests",
+                                  "verify-every",
+                                  "copy-threads",
+                                  "prefill-tokens-per-s",
+                                  "kv-bytes-per-token",
+                                  "g2-gbps",
+                                  "g3-gbps",
+                                  "compare-belady",
+                                  "sweep",
+                                  "sweep-fractions",
+                                  "sweep-out",
+                                  "keep"});
+      !s.ok()) {
+    return UsageError(s);
+  }
+  if (!args.Has("trace")) return UsageError(Status::InvalidArgument("--trace FILE is required"));
+  auto tpb = args.GetUint("tokens-per-block", 512);
+  if (!tpb.ok()) return UsageError(tpb.status());
+  if (*tpb == 0 || *tpb > 1024 || (*tpb & (*tpb - 1)) != 0) {
+    return UsageError(Status::InvalidArgument("--tokens-per-block " + std::to_string(*tpb) +
+                                              ": must be a power of two in 1..1024"));
+  }
+  const std::string path = args.GetString("trace", "");
+  auto trace =
+      ReplayTrace::Load(path, args.GetString("format", "auto"), static_cast<uint32_t>(*tpb));
+  if (!trace.ok()) {
+    return trace.status().code() == StatusCode::kInvalidArgument ? UsageError(trace.status())
+                                                                 : Failure(trace.status());
+  }
+  if (trace->blocks().lineage_conflicts > 0) {
+    std::fprintf(stderr,
+                 "kvtier: warning: %llu ids appear under two parents; the trace is not "
+                 "prefix-chained and the simulated figures will not match the replay\n",
+                 static_cast<unsigned long long>(trace->blocks().lineage_conflicts));
+  }
+  if (args.Has("sweep")) return RunSweep(args, *trace);
+
+  ReplayOptions o;
+  o.policy = args.GetString("policy", default_policy);
+  auto kind = ParsePolicyKind(o.policy);
+  if (!kind.ok()) return UsageError(kind.status());
+  if (*kind == PolicyKind::kBelady) {
+    return UsageError(Status::InvalidArgument(
+        "--policy belady: Belady is offline (it needs the future); use --compare-belady"));
+  }
+  auto fraction = PositiveDouble(args, "capacity-fraction", 0.05, 1e6);
+  if (!fraction.ok()) return UsageError(fraction.status());
+  double g3_fraction = 0;
+  if (args.Has("g3-fraction")) {
+    auto g3f = PositiveDouble(args, "g3-fraction", 0, 1e6);
+    if (!g3f.ok()) return UsageError(g3f.status());
+    g3_fraction = *g3f;
+  }
+  auto min_seen = args.GetUint("g3-admit-min-seen", 1);
+  auto payload = args.GetUint("payload-bytes", 4096);
+  auto requests = args.GetUint("requests", 0);
+  auto verify = args.GetUint("verify-every", 1);
+  auto threads = args.GetUint("copy-threads", 2);
+  auto kvbytes = args.GetUint("kv-bytes-per-token", o.cost.kv_bytes_per_token);
+  for (auto* r : {&min_seen, &payload, &requests, &verify, &threads, &kvbytes}) {
+    if (!r->ok()) return UsageError(r->status());
+  }
+  if (*min_seen < 1 || *min_seen > 15 || *threads < 1 || *threads > 64 || *kvbytes < 1 ||
+      *kvbytes > (1ull << 30)) {
+    return UsageError(Status::InvalidArgument(
+        "--g3-admit-min-seen 1..15, --copy-threads 1..64, --kv-bytes-per-token 1..2^30"));
+  }
+  auto prefill = PositiveDouble(args, "prefill-tokens-per-s", o.cost.prefill_tokens_per_s, 1e12);
+  auto g2_gbps = PositiveDouble(args, "g2-gbps", o.cost.load_bytes_per_s[kTierG2] / 1e9, 1e6);
+  auto g3_gbps = PositiveDouble(args, "g3-gbps", o.cost.load_bytes_per_s[kTierG3] / 1e9, 1e6);
+  for (auto* r : {&prefill, &g2_gbps, &g3_gbps}) {
+    if (!r->ok()) return UsageError(r->status());
+  }
+  o.cost.prefill_tokens_per_s = *prefill;
+  o.cost.kv_bytes_per_token = *kvbytes;
+  o.cost.load_bytes_per_s[kTierG2] = *g2_gbps * 1e9;
+  o.cost.load_bytes_per_s[kTierG3] = *g3_gbps * 1e9;
+  o.g3_admit_min_seen = static_cast<uint32_t>(*min_seen);
+  o.payload_bytes = *payload;
+  o.max_requests = *requests;
+  o.verify_every = static_cast<uint32_t>(std::min<uint64_t>(*verify, UINT32_MAX));
+  o.copy_threads = static_cast<uint32_t>(*threads);
+  const Trace& t = trace->blocks();
+  o.g2_blocks = CapacityForFraction(t, *fraction);
+  o.g3_blocks = g3_fraction > 0 ? CapacityForFraction(t, g3_fraction) : 0;
+  if (auto layout = ReplayLayout(o.payload_bytes, static_cast<uint32_t>(*tpb)); !layout.ok()) {
+    return UsageError(layout.status());
+  }
+
+  std::string temp_dir;
+  if (o.g3_blocks > 0) {
+    if (args.Has("g3-dir")) {
+      o.g3_dir = args.GetString("g3-dir", "");
+    } else {
+      char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
+      if (mkdtemp(tmpl) == nullptr) {
+        return Failure(Status::IOError("cannot create a temp dir for G3 under /tmp"));
+      }
+      temp_dir = o.g3_dir = tmpl;
+    }
+  }
+  auto result = RunReplay(*trace, o);
+  if (!temp_dir.empty() && !args.Has("keep")) {
+    std::error_code ec;
+    std::filesystem::remove_all(temp_dir, ec);
+  }
+  if (!result.ok()) {
+    return result.status().code() == StatusCode::kInvalidArgument ? UsageError(result.status())
+                                                                  : Failure(result.status());
+  }
+  const ReplayResult& r = *result;
+
+  // The same replay simulated (one tier of the same total slots), and the yardsticks.
+  const uint64_t total_slots = r.g2_slots + r.g3_slots;
+  Trace replayed = t;
+  if (r.requests < t.requests()) {
+    replayed.request_ends.resize(r.requests);
+    replayed.ids.resize(r.requests == 0 ? 0 : replayed.request_ends.back());
+  }
+  auto sim = Simulate(replayed, *kind, total_slots);
+  if (!sim.ok()) return Failure(sim.status());
+  double belady = -1, unbounded = -1;
+  if (args.Has("compare-belady")) {
+    auto b = Simulate(replayed, PolicyKind::kBelady, total_slots);
+    if (!b.ok()) return Failure(b.status());
+    belady = b->hit_ratio();
+    unbounded = SimulateUnbounded(replayed).hit_ratio();
+  }
+
+  const double blocks = static_cast<double>(r.prompt_blocks);
+  const double hit_ratio = blocks > 0 ? static_cast<double>(r.hits()) / blocks : 0;
+  auto tier_ratio = [&](TierId tier) {
+    return blocks > 0 ? static_cast<double>(r.hit_blocks[tier]) / blocks : 0.0;
+  };
+  const double ms = 1e3;
+  const double p50 = Percentile(r.ttft_kvtier_s, 50) * ms,
+               p90 = Percentile(r.ttft_kvtier_s, 90) * ms,
+               p99 = Percentile(r.ttft_kvtier_s, 99) * ms;
+  const double rp50 = Percentile(r.ttft_recompute_s, 50) * ms,
+               rp90 = Percentile(r.ttft_recompute_s, 90) * ms,
+               rp99 = Percentile(r.ttft_recompute_s, 99) * ms;
+  double mean = 0, rmean = 0;
+  for (double v : r.ttft_kvtier_s) mean += v;
+  for (double v : r.ttft_recompute_s) rmean += v;
+  if (r.requests > 0) {
+    mean = mean / r.requests * ms;
+    rmean = rmean / r.requests * ms;
+  }
+  const uint64_t real_block = uint64_t{trace->tokens_per_block()} * o.cost.kv_bytes_per_token;
+  const char* kPaths[5] = {"g1_to_g2", "g2_to_g1", "g2_to_g3", "g3_to_g2", "g3_to_g1"};
+  const ManagerStats& s = r.stats;
+
+  if (args.Has("json")) {
+    JsonObject bytes;
+    for (int i = 0; i < 5; ++i) bytes.Add(kPaths[i], s.bytes_by_path[i]);
+    JsonObject real;
+    real.Add("g2_to_g1", r.hit_blocks[kTierG2] * real_block)
+        .Add("g3_to_g1", r.hit_blocks[kTierG3] * real_block)
+        .Add("g1_to_g2", s.saved_blocks * real_block)
+        .Add("g2_to_g3", s.demoted_blocks * real_block);
+    JsonObject out;
+    out.Add("trace", path)
+        .Add("format", trace->format() == ReplayTrace::Format::kMooncake ? "mooncake" : "kvtier")
+        .Add("requests", r.requests)
+        .Add("prompt_blocks", r.prompt_blocks)
+        .Add("distinct_blocks", t.distinct_blocks)
+        .Add("policy", o.policy)
+        .Add("capacity_fraction", *fraction)
+        .Add("g3_fraction", g3_fraction)
+        .Add("g2_slots", r.g2_slots)
+        .Add("g3_slots", r.g3_slots)
+        .Add("payload_bytes", o.payload_bytes)
+        .Add("hit_ratio", hit_ratio)
+        .Add("hit_ratio_g2", tier_ratio(kTierG2))
+        .Add("hit_ratio_g3", tier_ratio(kTierG3))
+        .Add("sim_hit_ratio", sim->hit_ratio());
+    if (belady >= 0) {
+      out.Add("belady_hit_ratio", belady)
+          .Add("unbounded_hit_ratio", unbounded)
+          .Add("ratio_to_belady", Ratio(hit_ratio, belady));
+    }
+    out.Add("prompt_tokens", r.prompt_tokens)
+        .Add("prefill_tokens_saved", r.prefill_tokens_saved)
+        .Add("ttft_p50_ms", p50)
+        .Add("ttft_p90_ms", p90)
+        .Add("ttft_p99_ms", p99)
+        .Add("ttft_mean_ms", mean)
+        .Add("recompute_ttft_p50_ms", rp50)
+        .Add("recompute_ttft_p90_ms", rp90)
+        .Add("recompute_ttft_p99_ms", rp99)
+        .Add("recompute_ttft_mean_ms", rmean)
+        .Raw("bytes_moved", bytes.Str())
+        .Raw("real_bytes_moved", real.Str())
+        .Add("wall_seconds", r.wall_seconds)
+        .Add("dropped_saves", s.dropped_saves)
+        .Add("saved_blocks", s.saved_blocks)
+        .Add("demoted_blocks", s.demoted_blocks)
+        .Add("evicted_blocks_g2", s.evicted_blocks_g2)
+        .Add("evicted_blocks_g3", s.evicted_blocks_g3)
+        .Add("load_failures", s.load_failures)
+        .Add("short_loads", r.short_loads)
+        .Add("verified_blocks", r.verified_blocks)
+        .Add("mismatched_blocks", r.mismatched_blocks)
+        .Add("pinned_blocks_at_end", s.pinned_blocks)
+        .Add("prefill_tokens_per_s", o.cost.prefill_tokens_per_s)
+        .Add("kv_bytes_per_token", o.cost.kv_bytes_per_token)
+        .Add("g2_load_gbps", o.cost.load_bytes_per_s[kTierG2] / 1e9)
+        .Add("g3_load_gbps", o.cost.load_bytes_per_s[kTierG3] / 1e9);
+    std::printf("%s\n", out.Str().c_str());
+    return r.mismatched_blocks == 0 ? 0 : 1;
+  }
+
+  std::printf("trace %s: %llu requests replayed, %llu prompt blocks, %llu distinct\n", path.c_str(),
+              static_cast<unsigned long long>(r.requests),
+              static_cast<unsigned long long>(r.prompt_blocks),
+              static_cast<unsigned long long>(t.distinct_blocks));
+  std::printf("policy %s; G2 %llu slots (%.4g x distinct)", o.policy.c_str(),
+              static_cast<unsigned long long>(r.g2_slots), *fraction);
+  if (r.g3_slots > 0) {
+    std::printf(", G3 %llu slots (%.4g x distinct)", static_cast<unsigned long long>(r.g3_slots),
+                g3_fraction);
+  }
+  std::printf("; %llu-byte blocks\n\n", static_cast<unsigned long long>(o.payload_bytes));
+  std::printf("hit ratio      %.4f  (G2 %.4f, G3 %.4f)   simulated, same policy/slots: %.4f\n",
+              hit_ratio, tier_ratio(kTierG2), tier_ratio(kTierG3), sim->hit_ratio());
+  if (belady >= 0) {
+    std::printf("belady         %.4f  (replay = %.3f x belady)   unbounded %.4f\n", belady,
+                Ratio(hit_ratio, belady), unbounded);
+  }
+  std::printf("prefill saved  %llu of %llu prompt tokens (%.1f%%)\n",
+              static_cast<unsigned long long>(r.prefill_tokens_saved),
+              static_cast<unsigned long long>(r.prompt_tokens),
+              100.0 * Ratio(static_cast<double>(r.prefill_tokens_saved),
+                            static_cast<double>(r.prompt_tokens)));
+  std::printf("TTFT (ms)      %10s %9s %9s %9s\n", "p50", "p90", "p99", "mean");
+  std::printf("  kvtier       %10.1f %9.1f %9.1f %9.1f\n", p50, p90, p99, mean);
+  std::printf("  recompute    %10.1f %9.1f %9.1f %9.1f\n", rp50, rp90, rp99, rmean);
+  std::printf("bytes moved (scaled blocks):");
+  for (int i = 0; i < 5; ++i) {
+    std::printf(" %s %.1f MB%s", kPaths[i], s.bytes_by_path[i] / 1e6, i < 4 ? "," : "\n");
+  }
+  std::printf("bytes moved (real model):    g2_to_g1 %.1f GB, g3_to_g1 %.1f GB\n",
+              r.hit_blocks[kTierG2] * real_block / 1e9, r.hit_blocks[kTierG3] * real_block / 1e9);
+  std::printf("saves %llu, dropped %llu, demoted %llu, load failures %llu, short loads %llu\n",
+              static_cast<unsigned long long>(s.saved_blocks),
+              static_cast<unsigned long long>(s.dropped_saves),
+              static_cast<unsigned long long>(s.demoted_blocks),
+              static_cast<unsigned long long>(s.load_failures),
+              static_cast<unsigned long long>(r.short_loads));
+  std::printf("verified %llu loaded blocks byte for byte: %llu mismatches\n",
+              static_cast<unsigned long long>(r.verified_blocks),
+              static_cast<unsigned long long>(r.mismatched_blocks));
+  std::printf("wall time %.2f s\n", r.wall_seconds);
+  return r.mismatched_blocks == 0 ? 0 : 1;
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,79 @@
+// The core of `kvtier replay`: drives a real BlockManager (real G2 arena, optional real G3 slot
+// files) through the public connector API, request by request, the way an engine with a
+// host-memory G1 would:
+//
+//   Lookup -> PrepareLoad -> StartLoad -> WaitLayer(every layer) -> LoadedTokens
+//   -> verify the loaded blocks byte for byte -> "compute" the rest (fill from the key)
+//   -> Commit -> StartSave -> RequestFinished -> WaitForSaves -> Finished (free G1)
+//
+// Requests run one at a time, in trace order, and each waits for its saves: the index then
+// holds the same blocks whatever the machine's speed, so runs are repeatable and comparable
+// with the simulator's (whose semantics are the same: src/index/policy_sim.h). Block payloads
+// are scaled down (payload_bytes); a block's bytes are a pure function of its key, so every
+// loaded block can be checked against what was committed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvtier/connector.h"
+#include "replay_cost.h"
+#include "replay_trace.h"
+
+namespace kvtier::cli {
+
+struct ReplayOptions {
+  std::string policy = "credit-lru";  // eviction policy of G2 and G3 (lru, lineage-lru, ...)
+  uint64_t g2_blocks = 1;             // G2 slots (capacity); >= 1
+  uint64_t g3_blocks = 0;             // G3 slots; 0 = no G3
+  std::string g3_dir;                 // where G3's slot files go; REQUIRED when g3_blocks > 0
+  uint32_t g3_admit_min_seen = 1;     // sightings before G3 admits a G2 victim (1..15)
+  uint64_t payload_bytes = 4096;      // bytes of one (scaled) block; see ReplayLayout
+  uint32_t copy_threads = 2;          // transfer engine memcpy workers
+  uint32_t verify_every = 1;          // check every n-th loaded block byte for byte (0 = none)
+  uint64_t max_requests = 0;          // replay only the first n requests (0 = all)
+  CostModel cost;
+  // Test hooks. reseed_at_request: from this request on (0 = never), blocks are computed from
+  // a different seed, as if the engine's KV had changed under the same keys: every later load
+  // of an older block must count as a mismatch (proves the check catches wrong bytes).
+  // after_request: called after each request's saves ended (e.g. to damage G3's files).
+  uint64_t reseed_at_request = 0;
+  std::function<void(size_t request)> after_request;
+};
+
+struct ReplayResult {
+  uint64_t requests = 0;
+  uint64_t prompt_blocks = 0;                    // full blocks of all prompts
+  std::array<uint64_t, kNumTiers> hit_blocks{};  // blocks loaded into G1, by source tier
+  uint64_t prompt_tokens = 0;                    // cost-model prompt tokens, all requests
+  uint64_t prefill_tokens_saved = 0;             // prompt tokens loaded instead of computed
+  uint64_t verified_blocks = 0;
+  uint64_t mismatched_blocks = 0;  // loaded blocks whose bytes differ from what was committed
+  uint64_t short_loads = 0;        // requests that loaded fewer tokens than Lookup offered
+  std::vector<double> ttft_kvtier_s, ttft_recompute_s;  // per request, cost model
+  double wall_seconds = 0;
+  ManagerStats stats;  // the manager's counters at the end
+  uint64_t g2_slots = 0, g3_slots = 0;
+  uint64_t hits() const {
+    uint64_t h = 0;
+    for (uint64_t b : hit_blocks) h += b;
+    return h;
+  }
+};
+
+// The scaled layout of a replay block: 1 layer, K and V, 1 KV head, fp16, tokens_per_block
+// tokens, head_dim = payload_bytes / (4 x tokens_per_block). InvalidArgument (saying what to
+// pass) unless payload_bytes is a positive multiple of 4 x tokens_per_block and fits a layout.
+Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block);
+
+// Replays `trace`. InvalidArgument for bad options (naming the field); the manager's errors
+// otherwise (a failed connector call ends the replay: it is a bug, not a miss).
+Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& options);
+
+// The bytes of the block named `key` (`bytes` of them): a pure function of the key and seed.
+void FillBlockContent(const BlockKey& key, uint64_t seed, uint8_t* out, uint64_t bytes);
+
+}  // namespace kvtier::cli
