@@ -116,8 +116,8 @@ class TransferJob {
   std::vector<uint32_t> layer_pending_ GUARDED_BY(mu_);  // per layer: G1 moves not landed yet
   std::vector<Status> layer_error_ GUARDED_BY(mu_);      // per layer: first failure
   size_t remaining_ GUARDED_BY(mu_);                     // moves not ended yet
-  size_t callbacks_left_ GUARDED_BY(mu_);
-  bool finished_ GUARDED_BY(mu_);  // every move ended and the callbacks returned
+  size_t callbacks_left_ GUARDED_BY(mu_);  // moves whose MoveCallback has not returned yet
+  bool finished_ GUARDED_BY(mu_);          // every move ended and the callbacks returned
   size_t failed_ GUARDED_BY(mu_) = 0;
   Status first_error_ GUARDED_BY(mu_);
 };
