@@ -115,6 +115,30 @@ TEST(ManagerG4Redis, AnotherManagerFindsAndLoadsTheCommittedPrefixByteExact) {
   CrossWorkerRoundTrip(RedisConfig(server.endpoint()));
 }
 
+TEST(ManagerG4Fs, ARepeatedLookupReusesTheG4AnswerForASecond) {
+  TempDirectory dir;
+  const Config config = FsConfig(dir.path() + "/g4");
+  const std::vector<TokenId> prompt = Prompt(10, 5 * kTpb + 1);
+  {
+    auto a = MakeManager(config);
+    MiniEngine ea(a.get(), kG1Blocks);
+    ea.Run("a", prompt);
+    a->WaitForSaves();
+  }
+  auto b = MakeManager(config);
+  // vLLM asks again for a request it cannot schedule yet: one G4 query, not one per ask.
+  for (int i = 0; i < 5; ++i) {
+    auto lr = b->Lookup({"waiting", prompt, "", ""}, 0);
+    ASSERT_TRUE(lr.ok());
+    EXPECT_EQ(lr->blocks_by_tier[kTierG4], 5u);
+  }
+  EXPECT_EQ(b->Stats().g4_lookup_blocks, 5u) << "asked G4 once";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE(b->Lookup({"waiting", prompt, "", ""}, 0).ok());
+  EXPECT_EQ(b->Stats().g4_lookup_blocks, 10u) << "a stale answer is asked again";
+  (void)b->RequestFinished("waiting");
+}
+
 TEST(ManagerG4Fs, TenantsAndModelsNeverShareG4Blocks) {
   TempDirectory dir;
   const Config config = FsConfig(dir.path() + "/g4");

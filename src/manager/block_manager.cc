@@ -396,6 +396,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   LookupResult result;
   uint32_t loadable = 0;
   uint32_t local = 0, in_g4 = 0;
+  bool g4_reused = false;
   if (start < max_blocks) {
     MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
                                   static_cast<uint8_t>(kAllTiers & ~(1u << kTierG1)));
@@ -407,7 +408,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
     if (g4_ && local < max_blocks) {
       // G4 only for what the local tiers lack, in one round trip within the lookup deadline. A
       // repeated Lookup (the scheduler asking again) reuses a recent answer.
-      bool reused = false;
+      bool& reused = g4_reused;
       if (reuse_keys) {
         MutexLock lock(&mu_);
         auto it = requests_.find(spec.request_id);
@@ -443,9 +444,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   r.namespace_id = hasher->root().hi;
   r.lookup_start = start;
   r.lookup_blocks = loadable;
-  if (r.g4_first != local || r.g4_blocks != in_g4 || !reuse_keys) {
-    r.g4_asked_at = std::chrono::steady_clock::now();
-  }
+  if (!g4_reused) r.g4_asked_at = std::chrono::steady_clock::now();
   r.g4_first = local;
   r.g4_blocks = in_g4;
   return result;
