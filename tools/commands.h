@@ -22,6 +22,7 @@ int RunInspect(const CliArgs& args);        // kvtier inspect DIR
 int RunSim(const CliArgs& args);            // kvtier sim --trace FILE
 int RunDemo(const CliArgs& args);           // kvtier demo
 int RunReplayCommand(const CliArgs& args);  // kvtier replay --trace FILE
+int RunDemoWorkers(const CliArgs& args);    // kvtier demo --workers N (tools/demo_workers.cc)
 int RunBenchRemote(const CliArgs& args);    // kvtier bench remote
 
 }  // namespace kvtier::cli

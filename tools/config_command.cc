@@ -23,6 +23,15 @@ std::string HumanBytes(const std::string& bytes_text) {
 
 }  // namespace
 
+namespace {
+// Secrets (g4.password) are never printed: "(set)" or empty.
+std::string Shown(const ConfigEntry& e) {
+  const std::string& n = e.spec->name;
+  const bool secret = n.size() >= 8 && n.compare(n.size() - 8, 8, "password") == 0;
+  return secret && !e.value.empty() ? "(set)" : e.value;
+}
+}  // namespace
+
 int RunConfig(const CliArgs& args) {
   if (args.Has("help")) {
     std::printf(
@@ -41,7 +50,7 @@ int RunConfig(const CliArgs& args) {
     for (const ConfigEntry& e : config->Entries()) {
       JsonObject o;
       o.Add("name", e.spec->name)
-          .Add("value", e.value)
+          .Add("value", Shown(e))
           .Add("source", ConfigSourceName(e.source))
           .Add("origin", e.origin)
           .Add("default", e.spec->default_value)
@@ -56,7 +65,7 @@ int RunConfig(const CliArgs& args) {
   for (const ConfigEntry& e : config->Entries()) {
     std::string source = ConfigSourceName(e.source);
     if (!e.origin.empty()) source += " " + e.origin;
-    const std::string value = e.spec->type == ConfigType::kBytes ? HumanBytes(e.value) : e.value;
+    const std::string value = e.spec->type == ConfigType::kBytes ? HumanBytes(e.value) : Shown(e);
     std::printf("%-28s %-14s %-30s %s\n", e.spec->name.c_str(), value.c_str(), source.c_str(),
                 e.spec->doc.c_str());
   }

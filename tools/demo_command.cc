@@ -267,6 +267,7 @@ Status WritePlot(const std::vector<TurnResult>& turns, const std::string& png) {
 }  // namespace
 
 int RunDemo(const CliArgs& args) {
+  if (args.Has("workers")) return RunDemoWorkers(args);  // G4: several worker processes
   if (args.Has("help")) {
     std::printf(
         "kvtier demo [--model PATH] [--users N] [--turns T] [--json] [--no-plot]\n\n"

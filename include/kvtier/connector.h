@@ -78,12 +78,26 @@ struct ManagerStats {
   uint64_t corrupt_blocks = 0;   // G3 blocks that failed verification (never served)
   uint64_t g3_quarantines = 0;
   bool g3_quarantined = false;
-  std::array<uint64_t, 5> bytes_by_path{};  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1(staged)
+  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1 (staged), G2->G4, G4->G2, G4->G1 (staged)
+  std::array<uint64_t, 8> bytes_by_path{};
   uint64_t g2_blocks = 0, g2_slots = 0, g2_free_slots = 0, g3_blocks = 0, g3_slots = 0;
   uint64_t g2_staging_slots = 0;  // G2 slots in the staging pool (g2.staging_slots)
   uint64_t staged_via_pool = 0;   // G3 loads staged through the pool (not promoted to G2)
   uint64_t pinned_blocks = 0;     // pins held now (0 when idle: a leak check)
   uint64_t events_emitted = 0;
+  // G4 (networked, shared by workers; docs/g4.md). hit_blocks[kTierG4] counts its loads. Every
+  // G4 failure is a miss or a dropped save, never an error returned to the engine.
+  bool g4_enabled = false;
+  bool g4_breaker_open = false;     // the store refuses calls now (server down)
+  uint64_t g4_lookup_blocks = 0;    // blocks G4 added to Lookup matches past the local prefix
+  uint64_t g4_lookup_failures = 0;  // Lookups whose G4 query failed or was late (a miss)
+  uint64_t g4_lookup_timeouts = 0;  // of those, the deadline passed
+  uint64_t g4_saved_blocks = 0;     // blocks written to G4
+  uint64_t g4_save_failures = 0;    // G4 writes that failed (server down, timed out, full)
+  uint64_t g4_dropped_saves = 0;    // G4 writes dropped because their queue was full
+  uint64_t g4_load_failures = 0;    // G4 loads that failed (the engine recomputes those blocks)
+  uint64_t g4_corrupt_blocks = 0;   // G4 objects that failed verification (never served)
+  uint64_t g4_timeouts = 0;         // G4 moves that ended TimedOut
 };
 
 class BlockManager {

@@ -125,6 +125,68 @@ std::vector<ConfigFieldSpec> BuildSchema() {
        0,
        60000,
        {}},
+      // G4: networked storage shared by workers (docs/g4.md).
+      {"g4.backend",
+       T::kChoice,
+       "none",
+       "G4 backend: none, redis (Redis / Redis Cluster), fs (a shared directory)",
+       0,
+       0,
+       {"none", "redis", "fs"}},
+      {"g4.endpoints",
+       T::kString,
+       "",
+       "redis: comma-separated host:port of the server or of cluster seed nodes",
+       0,
+       UINT64_MAX,
+       {}},
+      {"g4.cluster",
+       T::kBool,
+       "false",
+       "redis: the endpoints are Redis Cluster nodes",
+       0,
+       UINT64_MAX,
+       {}},
+      {"g4.username", T::kString, "", "redis: ACL user (empty: default)", 0, UINT64_MAX, {}},
+      {"g4.password", T::kString, "", "redis: AUTH password (empty: none)", 0, UINT64_MAX, {}},
+      {"g4.dir", T::kString, "", "fs: the shared directory (NFS, Lustre, ...)", 0, UINT64_MAX, {}},
+      {"g4.write_through",
+       T::kBool,
+       "true",
+       "write every committed block to G4 once it is in G2 (false: only blocks leaving the "
+       "local tiers go to G4)",
+       0,
+       UINT64_MAX,
+       {}},
+      {"g4.lookup_deadline_ms",
+       T::kUint,
+       "20",
+       "Lookup waits this long at most for G4 to say what it holds (late: a miss)",
+       1,
+       60000,
+       {}},
+      {"g4.load_deadline_ms",
+       T::kUint,
+       "500",
+       "a G4 load batch ends by this deadline (late blocks fail and are recomputed)",
+       1,
+       600000,
+       {}},
+      {"g4.save_deadline_ms",
+       T::kUint,
+       "2000",
+       "a G4 save batch ends by this deadline",
+       1,
+       600000,
+       {}},
+      {"g4.threads", T::kUint, "2", "threads making G4 calls (one call each at a time)", 1, 64, {}},
+      {"g4.max_queued_saves",
+       T::kUint,
+       "256",
+       "G4 saves waiting at most; beyond it a save is dropped and counted",
+       1,
+       1u << 20,
+       {}},
   };
 }
 
@@ -224,7 +286,8 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
       return Status::InvalidArgument("not a boolean");
     }
     case ConfigType::kString:
-      if (value.empty()) return Status::InvalidArgument("empty");
+      // Empty is allowed only where the default is empty ("not set", e.g. g4.password).
+      if (value.empty() && !spec.default_value.empty()) return Status::InvalidArgument("empty");
       return std::string(value);
     case ConfigType::kChoice:
       for (const auto& c : spec.choices) {

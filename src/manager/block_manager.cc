@@ -18,6 +18,10 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// A Lookup repeated within this time reuses the G4 answer of the last one (vLLM asks again
+// for every request it cannot schedule yet; each fresh answer is a round trip).
+constexpr auto kG4LookupReuse = std::chrono::seconds(1);
+
 Result<PolicyKind> PolicyFromConfig(const Config& config, const char* field) {
   return ParsePolicyKind(config.GetString(field));
 }
@@ -95,8 +99,8 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   }
 
   std::vector<uint32_t> staging;
-  if (g3_) {
-    // The staging pool (see block_manager_impl.h). Only a tier below G2 needs it.
+  if (g3_ || cfg.GetString("g4.backend") != "none") {
+    // The staging pool (see block_manager_impl.h). Only a tier below G2 (G3, G4) needs it.
     uint64_t target = cfg.GetUint("g2.staging_slots");
     if (target == 0) target = std::clamp<uint32_t>(g2_->num_slots() / 16, 4, 64);
     target = std::min<uint64_t>(target, g2_->num_slots() / 2);
@@ -131,6 +135,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   KVTIER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(tc));
   KVTIER_RETURN_IF_ERROR(engine_->RegisterHostArena(g2_.get(), layout_));
   if (!staging.empty()) KVTIER_RETURN_IF_ERROR(engine_->RegisterStagingSlots(std::move(staging)));
+  KVTIER_RETURN_IF_ERROR(InitG4());
   if (g3_) {
     Status s = engine_->RegisterDisk(g3_.get());
     if (!s.ok()) {
@@ -314,6 +319,8 @@ bool BlockManager::Impl::EvictFromG2() {
   const bool in_g3 = (victim->remaining_tiers >> kTierG3) & 1u;
   if (!in_g3 && AdmitToG3(victim->key)) {
     Demote(*victim);  // the slot frees when the write ends
+  } else if (!in_g3 && DemoteToG4(*victim)) {
+    // Leaving the local tiers: G4 takes it (write-through off); the slot frees when it ends.
   } else {
     if (!in_g3 && g3_) c_.not_admitted.fetch_add(1, std::memory_order_relaxed);
     ReleaseG2Slot(victim->slot);
@@ -389,12 +396,40 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
 
   LookupResult result;
   uint32_t loadable = 0;
+  uint32_t local = 0, in_g4 = 0;
+  bool g4_reused = false;
   if (start < max_blocks) {
     MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
                                   static_cast<uint8_t>(kAllTiers & ~(1u << kTierG1)));
+    local = static_cast<uint32_t>(m.num_blocks());
     if (m.num_blocks() > start) {
       loadable = static_cast<uint32_t>(m.num_blocks()) - start;
       for (size_t i = start; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
+    }
+    if (g4_ && local < max_blocks) {
+      // G4 only for what the local tiers lack, in one round trip within the lookup deadline. A
+      // repeated Lookup (the scheduler asking again) reuses a recent answer.
+      bool& reused = g4_reused;
+      if (reuse_keys) {
+        MutexLock lock(&mu_);
+        auto it = requests_.find(spec.request_id);
+        if (it != requests_.end() && it->second.g4_first == local &&
+            std::chrono::steady_clock::now() - it->second.g4_asked_at < kG4LookupReuse) {
+          in_g4 = it->second.g4_blocks;
+          reused = true;
+        }
+      }
+      if (!reused) {
+        in_g4 = MatchInG4(std::span<const BlockKey>(keys).subspan(local, max_blocks - local),
+                          hasher->root().hi);
+        c_.g4_lookup_blocks.fetch_add(in_g4, std::memory_order_relaxed);
+      }
+      const uint32_t end = local + in_g4;
+      if (end > start) {
+        const uint32_t from = std::max(local, start);
+        result.blocks_by_tier[kTierG4] += end - from;
+        loadable = end - start;
+      }
     }
   }
   result.num_tokens = loadable * tpb_;
@@ -410,6 +445,9 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   r.namespace_id = hasher->root().hi;
   r.lookup_start = start;
   r.lookup_blocks = loadable;
+  if (!g4_reused) r.g4_asked_at = std::chrono::steady_clock::now();
+  r.g4_first = local;
+  r.g4_blocks = in_g4;
   return result;
 }
 
@@ -421,7 +459,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
         "PrepareLoad: num_external_tokens = " + std::to_string(num_external_tokens) +
         " is not a multiple of the block size");
   }
-  uint32_t start, want, asked;
+  uint32_t start, want, asked, g4_first = 0, g4_end = 0;
   std::vector<BlockKey> keys;
   std::vector<TokenId> tokens;
   uint64_t ns;
@@ -452,6 +490,8 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     tokens.assign(r.tokens.begin() + size_t{start} * tpb_,
                   r.tokens.begin() + size_t{start + want} * tpb_);
     ns = r.namespace_id;
+    g4_first = r.g4_first;
+    g4_end = r.g4_first + r.g4_blocks;
     const uint32_t prompt_blocks = static_cast<uint32_t>(r.tokens.size() / tpb_);
     asked = prompt_blocks > start ? prompt_blocks - start : 0;
   }
@@ -479,9 +519,29 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     }
     plan.push_back(std::move(p));
   }
+  const size_t pinned_planned = planned;
   if (planned < m.num_blocks()) {
     KVTIER_RETURN_IF_ERROR(
         index_->Unpin(std::span<const BlockKey>(keys).subspan(planned, m.num_blocks() - planned)));
+  } else if (g4_) {
+    // Past the local run: what the Lookup found in G4 (not pinned: G4 is shared, and a block
+    // gone since is a failed load, recomputed).
+    for (; planned < want; ++planned) {
+      const uint32_t i = start + static_cast<uint32_t>(planned);
+      if (i < g4_first || i >= g4_end) break;
+      std::optional<uint32_t> staging = AllocateStagingSlot();
+      if (!staging) break;
+      PlannedLoad p;
+      p.request_id = request_id;
+      p.block_index = i;
+      p.key = keys[planned];
+      p.namespace_id = ns;
+      p.source = kTierG4;
+      p.g1_block = g1_block_ids[i];
+      p.g2_slot = *staging;
+      p.tokens.assign(tokens.begin() + planned * tpb_, tokens.begin() + (planned + 1) * tpb_);
+      plan.push_back(std::move(p));
+    }
   }
   // Lineage parents for the index: block i's parent is block i-1 (or the root for block 0).
   {
@@ -493,7 +553,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
         if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
       }
       KVTIER_RETURN_IF_ERROR(
-          index_->Unpin(std::span<const BlockKey>(keys).subspan(0, plan.size())));
+          index_->Unpin(std::span<const BlockKey>(keys).subspan(0, pinned_planned)));
       return Status::NotFound("PrepareLoad: request '" + request_id + "' finished meanwhile");
     }
     Request& r = it->second;
@@ -726,23 +786,37 @@ Status BlockManager::Impl::StartSave() {
     moves.push_back(std::move(m));
   }
   auto shared = std::make_shared<std::vector<PendingSave>>(std::move(saves));
-  auto job = engine_->Submit(std::move(moves), TransferPriority::kSave,
-                             [this, shared](size_t i, const Status& st) {
-                               const PendingSave& s = (*shared)[i];
-                               bool stored = false;
-                               if (st.ok()) {
-                                 stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
-                               }
-                               if (stored) {
-                                 c_.saved.fetch_add(1, std::memory_order_relaxed);
-                                 Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
-                               } else {
-                                 if (!st.ok())
-                                   c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-                                 ReleaseG2Slot(s.g2_slot);
-                               }
-                               EndSave(s.request_id, s.key);
-                             });
+  // Write-through to G4 once a block is in G2: each move's callback fills its own entry, the
+  // done callback submits them as one G4 batch.
+  auto g4_writes = std::make_shared<std::vector<std::optional<G4Write>>>(shared->size());
+  auto on_done = [this, g4_writes](const TransferJob&) {
+    std::vector<G4Write> writes;
+    for (auto& w : *g4_writes) {
+      if (w) writes.push_back(std::move(*w));
+    }
+    SubmitG4Writes(std::move(writes));
+  };
+  auto job = engine_->Submit(
+      std::move(moves), TransferPriority::kSave,
+      [this, shared, g4_writes](size_t i, const Status& st) {
+        const PendingSave& s = (*shared)[i];
+        bool stored = false;
+        if (st.ok()) {
+          stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
+        }
+        if (stored) {
+          c_.saved.fetch_add(1, std::memory_order_relaxed);
+          Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
+          (*g4_writes)[i] = PrepareWriteThrough(s.key, s.parent, s.g2_slot);
+          // Counted before the save ends, so WaitForSaves sees it.
+          if ((*g4_writes)[i]) g4_writes_in_flight_.fetch_add(1);
+        } else {
+          if (!st.ok()) c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+          ReleaseG2Slot(s.g2_slot);
+        }
+        EndSave(s.request_id, s.key);
+      },
+      on_done);
   if (!job.ok()) {
     // The queue is full: the offload is dropped, never waited for.
     c_.dropped_saves.fetch_add(shared->size(), std::memory_order_relaxed);
@@ -759,8 +833,10 @@ void BlockManager::Impl::WaitForSaves() {
   for (;;) {
     {
       MutexLock lock(&mu_);
-      while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0)
+      while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0 ||
+             g4_writes_in_flight_.load() != 0) {
         CondWait(&saves_cv_, &mu_);
+      }
       if (deferred_saves_.empty() && pending_saves_.empty()) return;
     }
     // Deferred saves get the slots the demotions freed (or are dropped if none can free).
@@ -788,7 +864,9 @@ Status BlockManager::Impl::StartLoad() {
   moves.reserve(loads.size());
   for (const PlannedLoad& p : loads) {
     BlockTransfer m;
-    m.op = p.source == kTierG2 ? BlockTransfer::Op::kG2ToG1 : BlockTransfer::Op::kG3ToG1;
+    m.op = p.source == kTierG2   ? BlockTransfer::Op::kG2ToG1
+           : p.source == kTierG3 ? BlockTransfer::Op::kG3ToG1
+                                 : BlockTransfer::Op::kG4ToG1;
     m.key = p.key;
     m.parent = p.parent;
     m.namespace_id = p.namespace_id;
@@ -802,7 +880,7 @@ Status BlockManager::Impl::StartLoad() {
       std::move(moves), TransferPriority::kLoad,
       [this, shared](size_t i, const Status& st) {
         const PlannedLoad& p = (*shared)[i];
-        if (p.source != kTierG3) return;
+        if (p.source == kTierG2) return;
         if (st.ok() && !HoldsCacheSlot(p)) return;  // staged through the pool: not promoted
         if (st.ok()) {
           // The staged copy stays: the block is promoted to G2.
@@ -816,6 +894,13 @@ Status BlockManager::Impl::StartLoad() {
           return;
         }
         if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
+        if (p.source == kTierG4) {
+          // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt object is
+          // replaced when some worker commits the block again (write-through).
+          c_.g4_load_failures.fetch_add(1, std::memory_order_relaxed);
+          if (st.Is(StatusCode::kCorruption)) c_.g4_corrupt.fetch_add(1, std::memory_order_relaxed);
+          return;
+        }
         if (st.Is(StatusCode::kCorruption) || st.Is(StatusCode::kNotFound)) {
           // The tier dropped the block (it failed verification, or vanished): so does the index.
           if (st.Is(StatusCode::kCorruption)) c_.corrupt.fetch_add(1, std::memory_order_relaxed);
@@ -854,7 +939,7 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
   std::unordered_map<std::string, bool> broken;
   for (size_t i = 0; i < loads.size(); ++i) {
     const PlannedLoad& p = loads[i];
-    pinned.push_back(p.key);
+    if (p.source != kTierG4) pinned.push_back(p.key);  // G4 loads hold no pin
     const bool ok = i < job.moves().size() && job.MoveStatus(i).ok();
     bool& is_broken = broken[p.request_id];
     if (ok && !is_broken) {
@@ -994,6 +1079,17 @@ ManagerStats BlockManager::Impl::Stats() {
     s.corrupt_blocks = std::max<uint64_t>(s.corrupt_blocks, ds.verify_failures);
   }
   s.pinned_blocks = index_->TotalPins();
+  s.g4_enabled = g4_ != nullptr;
+  if (g4_) s.g4_breaker_open = g4_->Stats().breaker_open;
+  s.g4_lookup_blocks = c_.g4_lookup_blocks.load();
+  s.g4_lookup_failures = c_.g4_lookup_failures.load();
+  s.g4_lookup_timeouts = c_.g4_lookup_timeouts.load();
+  s.g4_saved_blocks = c_.g4_saved.load();
+  s.g4_save_failures = c_.g4_save_failures.load();
+  s.g4_dropped_saves = c_.g4_dropped.load();
+  s.g4_load_failures = c_.g4_load_failures.load();
+  s.g4_corrupt_blocks = c_.g4_corrupt.load();
+  s.g4_timeouts = ts.remote_timeouts;
   return s;
 }
 

@@ -40,6 +40,7 @@
 #include "kvtier/connector.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
+#include "tier/remote_store.h"
 #include "transfer/transfer_engine.h"
 
 namespace kvtier {
@@ -86,6 +87,11 @@ class BlockManager::Impl {
     uint32_t committed_blocks = 0;
     uint32_t saves_in_flight = 0;
     bool finished = false;  // RequestFinished returned true; erased when nothing is in flight
+    // G4: the last Lookup found blocks [g4_first, g4_first + g4_blocks) in G4, past the local
+    // prefix; asked at g4_asked_at (a repeated Lookup within kG4LookupReuse reuses the answer).
+    uint32_t g4_first = 0;
+    uint32_t g4_blocks = 0;
+    std::chrono::steady_clock::time_point g4_asked_at{};
   };
   // One block to move into G1.
   struct PlannedLoad {
@@ -95,9 +101,20 @@ class BlockManager::Impl {
     BlockKey parent;
     uint64_t namespace_id = 0;
     TierId source = kTierG2;
-    uint32_t g2_slot = 0;  // G2 source, or the staging slot of a G3 load
+    uint32_t g2_slot = 0;  // G2 source, or the staging slot of a G3/G4 load
     uint32_t g1_block = 0;
-    std::vector<TokenId> tokens;  // G3 loads: checked against the stored header
+    std::vector<TokenId> tokens;  // G3/G4 loads: checked against the stored header
+  };
+  // One block to write to G4 from a G2 slot.
+  struct G4Write {
+    BlockKey key;
+    BlockKey parent;
+    uint64_t namespace_id = 0;
+    uint32_t g2_slot = 0;
+    std::vector<TokenId> tokens;
+    // Write-through: the key is pinned (its slot cannot be evicted) until the write ends.
+    // Eviction (write_through off): the slot is the manager's until the write ends, then freed.
+    bool evicted = false;
   };
   // A committed block that found no G2 slot while G2's victims were still being written to G3:
   // it waits (the engine keeps its G1 block, as for any save in flight) for a slot to free,
@@ -111,9 +128,10 @@ class BlockManager::Impl {
     std::vector<TokenId> tokens;
     std::chrono::steady_clock::time_point deadline;  // dropped when still waiting after it
   };
-  // A G3 load staged through a G2 slot of the manager's (not the transfer engine's pool).
+  // A G3 or G4 load staged through a G2 slot of the manager's (not the transfer engine's pool).
   static bool HoldsCacheSlot(const PlannedLoad& p) {
-    return p.source == kTierG3 && p.g2_slot != BlockTransfer::kAnyStagingSlot;
+    return (p.source == kTierG3 || p.source == kTierG4) &&
+           p.g2_slot != BlockTransfer::kAnyStagingSlot;
   }
   struct PendingSave {
     std::string request_id;
@@ -168,6 +186,25 @@ class BlockManager::Impl {
   }
   void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job) EXCLUDES(mu_);
 
+  // ---- G4 (block_manager_g4.cc) ----
+  // Opens the configured G4 store and registers it with the transfer engine. InvalidArgument
+  // for an incomplete g4 config; a store that cannot open is logged and left out.
+  Status InitG4();
+  // How many of `keys` (consecutive, from the first) G4 holds, asked within the lookup
+  // deadline. Any failure or a late answer is 0 (a miss), counted.
+  uint32_t MatchInG4(std::span<const BlockKey> keys, uint64_t namespace_id);
+  // Write-through for a block just saved to G2 in `slot`: pins it and returns the write, or
+  // nullopt when G4 is off, write-through is off, or the block left G2 already.
+  std::optional<G4Write> PrepareWriteThrough(const BlockKey& key, const BlockKey& parent,
+                                             uint32_t slot) EXCLUDES(slot_mu_);
+  // Submits G4 writes (one save batch). Each one's pin is dropped, or its evicted slot freed,
+  // when it ends; a refused batch is dropped and counted. REQUIRES: g4_writes_in_flight_
+  // already counts them.
+  void SubmitG4Writes(std::vector<G4Write> writes);
+  // A G2 victim leaving the local tiers goes to G4 (write_through off). False: not taken.
+  bool DemoteToG4(const EvictedBlock& victim) EXCLUDES(slot_mu_);
+  void EndG4Write() EXCLUDES(mu_);
+
   const ManagerOptions options_;
   const KvLayout layout_;
   const uint32_t tpb_;
@@ -179,6 +216,10 @@ class BlockManager::Impl {
   std::unique_ptr<AdmissionFilter> g3_filter_;
   std::unique_ptr<TransferEngine> engine_;
   bool g1_registered_ = false;
+  std::unique_ptr<RemoteStore> g4_;  // null without G4; outlives engine_ (see ~Impl)
+  bool g4_write_through_ = true;
+  std::chrono::milliseconds g4_lookup_deadline_{20};
+  std::atomic<uint64_t> g4_writes_in_flight_{0};
 
   Mutex hashers_mu_;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<BlockHasher>> hashers_
@@ -221,6 +262,9 @@ class BlockManager::Impl {
     std::atomic<uint64_t> saved{0}, dedup{0}, dropped_saves{0}, demoted{0}, not_admitted{0};
     std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
     std::atomic<uint64_t> corrupt{0}, events{0}, staged_via_pool{0}, deferred{0};
+    std::atomic<uint64_t> g4_lookup_blocks{0}, g4_lookup_failures{0}, g4_lookup_timeouts{0};
+    std::atomic<uint64_t> g4_saved{0}, g4_save_failures{0}, g4_dropped{0};
+    std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};
   };
   Counters c_;
 };

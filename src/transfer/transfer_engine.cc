@@ -38,6 +38,9 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::Create(const Config& con
 }
 
 TransferEngine::~TransferEngine() {
+  // Remote gets may still queue scatters, so the remote threads finish first (every batch
+  // ends by its deadline).
+  StopRemote();
   {
     // Disk completions may still queue scatters, so they finish first.
     // Staged moves hold or wait for staging slots; each one returned may start another read.
@@ -156,22 +159,26 @@ Status TransferEngine::ValidateMove(const BlockTransfer& m) const {
   using Op = BlockTransfer::Op;
   if (arena_ == nullptr) return Status::FailedPrecondition("no G2 arena registered");
   if (m.g2_slot == BlockTransfer::kAnyStagingSlot) {
-    if (m.op != Op::kG3ToG1) {
+    if (m.op != Op::kG3ToG1 && m.op != Op::kG4ToG1) {
       return Status::InvalidArgument(std::string(BlockTransferOpName(m.op)) +
-                                     " move names the staging pool; only G3->G1 moves may");
+                                     " move names the staging pool; only G3->G1 and G4->G1 "
+                                     "moves may");
     }
     if (staging_total_ == 0) {
-      return Status::FailedPrecondition(
-          "G3->G1 move names the staging pool, but none is registered");
+      return Status::FailedPrecondition(std::string(BlockTransferOpName(m.op)) +
+                                        " move names the staging pool, but none is registered");
     }
   } else if (m.g2_slot >= arena_->num_slots()) {
     return Status::InvalidArgument(std::string(BlockTransferOpName(m.op)) + " move names G2 slot " +
                                    std::to_string(m.g2_slot) + "; the arena has " +
                                    std::to_string(arena_->num_slots()));
   }
-  const bool g1 = m.op == Op::kG1ToG2 || m.op == Op::kG2ToG1 || m.op == Op::kG3ToG1;
+  const bool g1 = m.op == Op::kG1ToG2 || m.IntoG1();
   const bool g3 = m.op == Op::kG2ToG3 || m.op == Op::kG3ToG2 || m.op == Op::kG3ToG1;
-  if (OpIndex(m.op) > OpIndex(Op::kG3ToG1)) return Status::InvalidArgument("unknown move op");
+  if (OpIndex(m.op) >= kNumTransferOps) return Status::InvalidArgument("unknown move op");
+  if (m.Remote() && remote_ == nullptr) {
+    return Status::FailedPrecondition("no G4 remote store registered");
+  }
   if (g1) {
     if (!g1_registered_) return Status::FailedPrecondition("no G1 memory registered");
     if (m.g1_block >= g1_.num_blocks) {
@@ -197,13 +204,30 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   for (const BlockTransfer& m : moves) {
     if (m.op == Op::kG1ToG2 || m.op == Op::kG2ToG1 || m.op == Op::kG2ToG3) ++memcpy_items;
   }
+  size_t remote_moves = 0;
+  for (const BlockTransfer& m : moves) remote_moves += m.Remote() ? 1 : 0;
   const bool save = priority == TransferPriority::kSave;
+  if (save && remote_moves > 0) {
+    // G4 saves have their own bound: a slow server must not take the local saves' room.
+    uint32_t queued = queued_remote_saves_.load(std::memory_order_relaxed);
+    do {
+      if (queued + remote_moves > remote_config_.max_queued_saves) {
+        saves_dropped_.fetch_add(moves.size(), std::memory_order_relaxed);
+        return Status::ResourceExhausted("G4 save queue full (" + std::to_string(queued) + " of " +
+                                         std::to_string(remote_config_.max_queued_saves) +
+                                         " waiting); the save was dropped");
+      }
+    } while (!queued_remote_saves_.compare_exchange_weak(
+        queued, queued + static_cast<uint32_t>(remote_moves), std::memory_order_relaxed));
+  }
   if (save && memcpy_items > 0) {
     // Reserve room first: concurrent submitters never overshoot the bound together.
     uint32_t queued = queued_saves_.load(std::memory_order_relaxed);
     do {
       if (queued + memcpy_items > config_.max_queued_saves) {
         saves_dropped_.fetch_add(moves.size(), std::memory_order_relaxed);
+        queued_remote_saves_.fetch_sub(static_cast<uint32_t>(remote_moves),
+                                       std::memory_order_relaxed);
         return Status::ResourceExhausted("save queue full (" + std::to_string(queued) + " of " +
                                          std::to_string(config_.max_queued_saves) +
                                          " waiting); the save was dropped");
@@ -216,9 +240,13 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   jobs_.fetch_add(1, std::memory_order_relaxed);
 
   std::vector<WorkItem> items;
-  std::vector<uint32_t> scatters, disk_moves, device_gathers, device_scatters;
+  std::vector<uint32_t> scatters, disk_moves, remote, device_gathers, device_scatters;
   const bool device = device_ != nullptr;
   for (uint32_t i = 0; i < job->moves().size(); ++i) {
+    if (job->moves()[i].Remote()) {
+      remote.push_back(i);
+      continue;
+    }
     switch (job->moves()[i].op) {
       case Op::kG1ToG2:
         if (device) {
@@ -272,6 +300,7 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
     const uint32_t reserved = save ? static_cast<uint32_t>(device_scatters.size()) : 0;
     SubmitDevice(job, CopyDirection::kHostToDevice, std::move(device_scatters), reserved, !save);
   }
+  if (!remote.empty()) StartRemote(job, remote, save);
   return job;
 }
 
@@ -546,6 +575,9 @@ TransferEngine::Stats TransferEngine::stats() const {
   s.moves_ok = moves_ok_.load(std::memory_order_relaxed);
   s.moves_failed = moves_failed_.load(std::memory_order_relaxed);
   s.saves_dropped = saves_dropped_.load(std::memory_order_relaxed);
+  s.remote_timeouts = remote_timeouts_.load(std::memory_order_relaxed);
+  s.remote_corrupt = remote_corrupt_.load(std::memory_order_relaxed);
+  s.remote_failures = remote_failures_.load(std::memory_order_relaxed);
   for (size_t i = 0; i < s.bytes_by_op.size(); ++i) {
     s.bytes_by_op[i] = bytes_by_op_[i].load(std::memory_order_relaxed);
     s.moves_by_op[i] = moves_by_op_[i].load(std::memory_order_relaxed);

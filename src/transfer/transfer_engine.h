@@ -17,10 +17,21 @@
 //
 // G2 slots hold a block as [kBlockHeaderBytes header area | payload] (the at-rest shape), so a
 // slot goes to and from G3 in one I/O; G1 copies use the payload part.
+//
+// G4 (a RemoteStore): the engine's own remote threads make every remote call, never the
+// submitting thread. Each Submit's G4 moves become at most `remote.threads` calls (one batch
+// per call, which the store pipelines), all with one deadline: submit time + load_timeout (or
+// save_timeout). A batch still queued at its deadline fails TimedOut without a call; a call
+// returns by the deadline (the store's contract). A put encodes the at-rest header into the
+// slot's header area first; a get lands in a G2 slot and is verified against the expected key,
+// namespace, layout, tokens and payload length before it can end Ok (any mismatch: Corruption,
+// never served). G4 saves wait in their own bounded queue (refused whole when full, counted).
+// Code: transfer_engine_remote.cc.
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,6 +47,7 @@
 #include "tier/block_format.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
+#include "tier/remote_store.h"
 #include "transfer/device_backend.h"
 #include "transfer/transfer_job.h"
 
@@ -59,13 +71,26 @@ class TransferEngine final : private DiskCompletionSink {
     Status Validate() const;
   };
 
+  // How G4 moves run (RegisterRemote).
+  struct RemoteConfig {
+    uint32_t threads = 2;                          // remote calls in flight at most, 1..64
+    uint32_t max_queued_saves = 256;               // G4 save moves waiting at most, >= 1
+    std::chrono::milliseconds load_timeout{500};   // deadline of a G4 load batch, > 0
+    std::chrono::milliseconds save_timeout{2000};  // deadline of a G4 save batch, > 0
+    // Ok, or InvalidArgument naming the field, its value and the allowed range.
+    Status Validate() const;
+  };
+
   struct Stats {
     uint64_t jobs = 0;
     uint64_t moves_ok = 0;
     uint64_t moves_failed = 0;
-    uint64_t saves_dropped = 0;             // save moves refused because the queue was full
-    std::array<uint64_t, 5> bytes_by_op{};  // indexed by BlockTransfer::Op
-    std::array<uint64_t, 5> moves_by_op{};
+    uint64_t saves_dropped = 0;  // save moves refused because a save queue was full
+    std::array<uint64_t, kNumTransferOps> bytes_by_op{};  // indexed by BlockTransfer::Op
+    std::array<uint64_t, kNumTransferOps> moves_by_op{};
+    uint64_t remote_timeouts = 0;  // G4 moves that ended TimedOut (queued or in the call)
+    uint64_t remote_corrupt = 0;   // G4 gets that failed verification (never served)
+    uint64_t remote_failures = 0;  // G4 moves that failed otherwise (NotFound not included)
   };
 
   // Starts the workers. InvalidArgument for a bad config.
@@ -89,6 +114,9 @@ class TransferEngine final : private DiskCompletionSink {
   // payload from the layout's; registers the G2 arena with its io_uring (a refusal is logged
   // and I/O goes on unregistered). REQUIRES: RegisterHostArena first.
   Status RegisterDisk(DiskTier* disk);
+  // G4: InvalidArgument for a bad config or a null store; starts the remote threads. The store
+  // must outlive the engine. REQUIRES: RegisterHostArena first (G4 moves go through G2 slots).
+  Status RegisterRemote(RemoteStore* store, const RemoteConfig& config);
   // Staging slots for kG3ToG1 moves given BlockTransfer::kAnyStagingSlot: G2 slots the caller
   // keeps out of its cache for good. A staged move takes one when its read starts and returns
   // it once its scatter into G1 ends; moves wait (in order) while all are taken.
@@ -109,6 +137,9 @@ class TransferEngine final : private DiskCompletionSink {
   // The CUDA backend when a device G1 is registered, else null.
   DeviceCopyBackend* device_backend() const { return device_.get(); }
   uint32_t queued_saves() const { return queued_saves_.load(std::memory_order_relaxed); }
+  uint32_t queued_remote_saves() const {
+    return queued_remote_saves_.load(std::memory_order_relaxed);
+  }
 
  private:
   // One unit of memcpy work.
@@ -125,6 +156,12 @@ class TransferEngine final : private DiskCompletionSink {
     std::shared_ptr<TransferJob> job;
     uint32_t move = 0;
     uint32_t slot = 0;  // the G2 slot the I/O uses
+  };
+  // One remote call's worth of G4 moves of one job.
+  struct RemoteBatch {
+    std::shared_ptr<TransferJob> job;
+    std::vector<uint32_t> moves;
+    RemoteDeadline deadline;
   };
 
   explicit TransferEngine(const Config& config);
@@ -149,6 +186,15 @@ class TransferEngine final : private DiskCompletionSink {
                  uint32_t given_slot = BlockTransfer::kAnyStagingSlot) EXCLUDES(disk_mu_);
   void OnDiskOpDone(const DiskOpResult& result) override EXCLUDES(disk_mu_, mu_);
   uint8_t* Payload(uint32_t slot) const { return arena_->SlotData(slot) + kG2PayloadOffset; }
+  // Remote side (transfer_engine_remote.cc).
+  void StartRemote(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves,
+                   bool save) EXCLUDES(remote_mu_);
+  void RemoteLoop() EXCLUDES(remote_mu_);
+  void ExecuteRemote(const RemoteBatch& batch) EXCLUDES(mu_);
+  void RemotePuts(const RemoteBatch& batch, std::span<const uint32_t> moves);
+  void RemoteGets(const RemoteBatch& batch, std::span<const uint32_t> moves) EXCLUDES(mu_);
+  void EndRemoteMove(TransferJob& job, uint32_t move, const Status& status);
+  void StopRemote() EXCLUDES(remote_mu_);
 
   const Config config_;
   G1Memory g1_;
@@ -177,9 +223,20 @@ class TransferEngine final : private DiskCompletionSink {
   std::deque<std::pair<std::shared_ptr<TransferJob>, uint32_t>> staging_waiting_
       GUARDED_BY(disk_mu_);
 
+  RemoteStore* remote_ = nullptr;
+  RemoteConfig remote_config_;
+  Mutex remote_mu_;
+  std::condition_variable remote_cv_;
+  std::deque<RemoteBatch> remote_loads_ GUARDED_BY(remote_mu_);
+  std::deque<RemoteBatch> remote_saves_ GUARDED_BY(remote_mu_);
+  bool remote_stopping_ GUARDED_BY(remote_mu_) = false;
+  std::vector<std::thread> remote_workers_;
+  std::atomic<uint32_t> queued_remote_saves_{0};
+
   std::atomic<uint64_t> jobs_{0}, moves_ok_{0}, moves_failed_{0}, saves_dropped_{0};
-  std::array<std::atomic<uint64_t>, 5> bytes_by_op_{};
-  std::array<std::atomic<uint64_t>, 5> moves_by_op_{};
+  std::atomic<uint64_t> remote_timeouts_{0}, remote_corrupt_{0}, remote_failures_{0};
+  std::array<std::atomic<uint64_t>, kNumTransferOps> bytes_by_op_{};
+  std::array<std::atomic<uint64_t>, kNumTransferOps> moves_by_op_{};
 };
 
 }  // namespace kvtier

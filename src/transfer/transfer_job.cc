@@ -18,6 +18,12 @@ const char* BlockTransferOpName(BlockTransfer::Op op) {
       return "G3->G2";
     case BlockTransfer::Op::kG3ToG1:
       return "G3->G1";
+    case BlockTransfer::Op::kG2ToG4:
+      return "G2->G4";
+    case BlockTransfer::Op::kG4ToG2:
+      return "G4->G2";
+    case BlockTransfer::Op::kG4ToG1:
+      return "G4->G1";
   }
   return "?";
 }
@@ -39,6 +45,7 @@ TransferJob::TransferJob(std::vector<BlockTransfer> moves, uint32_t num_layers,
   layer_pending_.assign(num_layers_, into_g1);
   layer_error_.assign(num_layers_, Status::Ok());
   remaining_ = moves_.size();
+  callbacks_left_ = moves_.size();
   finished_ = moves_.empty();
 }
 
@@ -101,7 +108,6 @@ void TransferJob::LayersLanded(std::span<const uint32_t> moves, uint32_t layer,
 }
 
 void TransferJob::MoveDone(size_t index, const Status& status) {
-  bool last = false;
   Status reported;
   {
     MutexLock lock(&mu_);
@@ -126,10 +132,18 @@ void TransferJob::MoveDone(size_t index, const Status& status) {
       ++failed_;
       if (first_error_.ok()) first_error_ = final_status;
     }
-    last = --remaining_ == 0;
+    --remaining_;
   }
   if (on_move_) on_move_(index, reported);
-  if (last) {
+  // The done callback runs after EVERY move callback has returned, not only the last move's:
+  // move callbacks run on different threads, and one may still be running when the last move
+  // ends (the done callback would then miss what it did).
+  bool run_done = false;
+  {
+    MutexLock lock(&mu_);
+    run_done = --callbacks_left_ == 0;
+  }
+  if (run_done) {
     if (on_done_) on_done_(*this);
     // Done() and Wait() see the job finished only after the callbacks ran, so whatever they did
     // (index updates, slot releases) is visible to the waiter.

@@ -32,12 +32,16 @@ struct BlockTransfer {
     kG2ToG3,  // write G2 slot `g2_slot` (header area + payload) to G3 as `key`
     kG3ToG2,  // read `key` from G3 into G2 slot `g2_slot`, verified
     kG3ToG1,  // kG3ToG2, then kG2ToG1 through the same G2 slot (staging)
+    kG2ToG4,  // encode the header into G2 slot `g2_slot`'s header area, put the slot to G4
+    kG4ToG2,  // get `key` from G4 into G2 slot `g2_slot`, verified (a mismatch: Corruption)
+    kG4ToG1,  // kG4ToG2, then kG2ToG1 through the same G2 slot (staging)
   };
   Op op = Op::kG2ToG1;
   BlockKey key;
   BlockKey parent;
   uint64_t namespace_id = 0;
-  // G3 moves: the block's tokens (written into the header; checked on read). Empty for others.
+  // G3/G4 moves: the block's tokens (written into the header; checked on read). Empty for
+  // others.
   std::vector<TokenId> tokens;
   uint32_t g1_block = 0;
   // kG3ToG1 may give kAnyStagingSlot: the transfer engine then stages through one of its
@@ -46,9 +50,11 @@ struct BlockTransfer {
   static constexpr uint32_t kAnyStagingSlot = UINT32_MAX;
   uint32_t g2_slot = 0;
 
-  bool IntoG1() const { return op == Op::kG2ToG1 || op == Op::kG3ToG1; }
+  bool IntoG1() const { return op == Op::kG2ToG1 || op == Op::kG3ToG1 || op == Op::kG4ToG1; }
+  bool Remote() const { return op == Op::kG2ToG4 || op == Op::kG4ToG2 || op == Op::kG4ToG1; }
 };
 
+inline constexpr size_t kNumTransferOps = 8;
 const char* BlockTransferOpName(BlockTransfer::Op op);
 
 class TransferJob {
@@ -56,7 +62,7 @@ class TransferJob {
   // Called once per move when it ends, on the thread that ended it. Must be quick and must
   // not wait on this job.
   using MoveCallback = std::function<void(size_t index, const Status& status)>;
-  // Called once when the last move ends, after its MoveCallback.
+  // Called once, after every move ended and every MoveCallback returned.
   using DoneCallback = std::function<void(const TransferJob& job)>;
 
   TransferJob(std::vector<BlockTransfer> moves, uint32_t num_layers, TransferPriority priority,
@@ -110,7 +116,8 @@ class TransferJob {
   std::vector<uint32_t> layer_pending_ GUARDED_BY(mu_);  // per layer: G1 moves not landed yet
   std::vector<Status> layer_error_ GUARDED_BY(mu_);      // per layer: first failure
   size_t remaining_ GUARDED_BY(mu_);                     // moves not ended yet
-  bool finished_ GUARDED_BY(mu_);  // every move ended and the callbacks returned
+  size_t callbacks_left_ GUARDED_BY(mu_);  // moves whose MoveCallback has not returned yet
+  bool finished_ GUARDED_BY(mu_);          // every move ended and the callbacks returned
   size_t failed_ GUARDED_BY(mu_) = 0;
   Status first_error_ GUARDED_BY(mu_);
 };

@@ -1,0 +1,200 @@
+// BlockManager::Impl, the G4 part: opening the store, the Lookup query, write-through and
+// eviction writes. The design and its reasons: docs/g4.md.
+#include <string>
+
+#include "core/log.h"
+#include "manager/block_manager_impl.h"
+#include "tier/cond_wait.h"
+
+namespace kvtier {
+
+namespace {
+
+std::vector<std::string> SplitEndpoints(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(start, comma - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (!item.empty()) out.push_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Status BlockManager::Impl::InitG4() {
+  const Config& cfg = options_.config;
+  const std::string& backend = cfg.GetString("g4.backend");
+  if (backend == "none") return Status::Ok();
+  g4_write_through_ = cfg.GetBool("g4.write_through");
+  g4_lookup_deadline_ = std::chrono::milliseconds(cfg.GetUint("g4.lookup_deadline_ms"));
+
+  Result<std::unique_ptr<RemoteStore>> opened = Status::Unavailable("no backend");
+  if (backend == "fs") {
+    FsStoreOptions fo;
+    fo.dir = cfg.GetString("g4.dir");
+    if (fo.dir.empty()) {
+      return Status::InvalidArgument(
+          "g4.backend = fs needs g4.dir, the shared directory (e.g. an NFS mount)");
+    }
+    opened = OpenFsStore(fo);
+  } else {
+    RedisStoreOptions ro;
+    ro.endpoints = SplitEndpoints(cfg.GetString("g4.endpoints"));
+    if (ro.endpoints.empty()) {
+      return Status::InvalidArgument(
+          "g4.backend = redis needs g4.endpoints, e.g. 127.0.0.1:6379 (or cluster seed nodes "
+          "with g4.cluster = true)");
+    }
+    ro.cluster = cfg.GetBool("g4.cluster");
+    ro.username = cfg.GetString("g4.username");
+    ro.password = cfg.GetString("g4.password");
+    ro.connections_per_node = std::max<uint32_t>(ro.connections_per_node,
+                                                 static_cast<uint32_t>(cfg.GetUint("g4.threads")));
+    opened = OpenRedisStore(ro);
+    // A malformed endpoint is the operator's mistake: refuse to start rather than run without.
+    if (!opened.ok() && opened.status().Is(StatusCode::kInvalidArgument)) return opened.status();
+  }
+  if (!opened.ok()) {
+    KVTIER_LOG(kWarn) << "G4 (" << backend << ") could not open: " << opened.status().ToString()
+                      << "; running without the networked tier";
+    return Status::Ok();
+  }
+  TransferEngine::RemoteConfig rc;
+  rc.threads = static_cast<uint32_t>(cfg.GetUint("g4.threads"));
+  rc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("g4.max_queued_saves"));
+  rc.load_timeout = std::chrono::milliseconds(cfg.GetUint("g4.load_deadline_ms"));
+  rc.save_timeout = std::chrono::milliseconds(cfg.GetUint("g4.save_deadline_ms"));
+  KVTIER_RETURN_IF_ERROR(engine_->RegisterRemote(opened->get(), rc));
+  g4_ = std::move(opened).value();
+  KVTIER_LOG(kInfo) << "G4: " << g4_->Describe()
+                    << (g4_write_through_ ? " (write-through)" : " (fed by eviction)");
+  return Status::Ok();
+}
+
+uint32_t BlockManager::Impl::MatchInG4(std::span<const BlockKey> keys, uint64_t namespace_id) {
+  if (!g4_ || keys.empty()) return 0;
+  std::vector<std::string> names;
+  names.reserve(keys.size());
+  for (const BlockKey& k : keys) names.push_back(RemoteObjectName(namespace_id, k));
+  std::vector<uint8_t> present(keys.size(), 0);
+  const Status s = g4_->Contains(names, RemoteClock::now() + g4_lookup_deadline_, present);
+  if (!s.ok()) {
+    c_.g4_lookup_failures.fetch_add(1, std::memory_order_relaxed);
+    if (s.Is(StatusCode::kTimedOut)) c_.g4_lookup_timeouts.fetch_add(1, std::memory_order_relaxed);
+    KVTIER_LOG(kDebug) << "G4 lookup: " << s.ToString() << " (a miss)";
+    return 0;
+  }
+  uint32_t n = 0;
+  while (n < present.size() && present[n] != 0) ++n;
+  return n;
+}
+
+std::optional<BlockManager::Impl::G4Write> BlockManager::Impl::PrepareWriteThrough(
+    const BlockKey& key, const BlockKey& parent, uint32_t slot) {
+  if (!g4_ || !g4_write_through_) return std::nullopt;
+  if (!index_->Pin(key).ok()) return std::nullopt;
+  // Pinned now, so it cannot leave G2; but it may have left before the pin (evicted, its slot
+  // reused): then there is nothing to write from.
+  const std::optional<BlockInfo> info = index_->Get(key);
+  if (!info || !info->InTier(kTierG2) || info->slot[kTierG2] != slot) {
+    Status s = index_->Unpin(std::span<const BlockKey>(&key, 1));
+    if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
+    return std::nullopt;
+  }
+  G4Write w;
+  w.key = key;
+  w.parent = parent;
+  w.g2_slot = slot;
+  {
+    MutexLock lock(&slot_mu_);
+    w.namespace_id = slot_meta_[slot].namespace_id;
+    w.tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
+                    slot_tokens_.begin() + size_t{slot + 1} * tpb_);
+  }
+  return w;
+}
+
+void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
+  if (writes.empty()) return;
+  std::vector<BlockTransfer> moves;
+  moves.reserve(writes.size());
+  for (const G4Write& w : writes) {
+    BlockTransfer m;
+    m.op = BlockTransfer::Op::kG2ToG4;
+    m.key = w.key;
+    m.parent = w.parent;
+    m.namespace_id = w.namespace_id;
+    m.tokens = w.tokens;
+    m.g2_slot = w.g2_slot;
+    moves.push_back(std::move(m));
+  }
+  auto shared = std::make_shared<std::vector<G4Write>>(std::move(writes));
+  auto end_one = [this](const G4Write& w, const Status& s) {
+    if (s.ok()) {
+      c_.g4_saved.fetch_add(1, std::memory_order_relaxed);
+      Emit({Event(KvEvent::Kind::kStored, w.key, w.parent, kTierG4)});
+    } else {
+      c_.g4_save_failures.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (w.evicted) {
+      ReleaseG2Slot(w.g2_slot);
+      EndDemotion();
+    } else {
+      Status u = index_->Unpin(std::span<const BlockKey>(&w.key, 1));
+      if (!u.ok()) KVTIER_LOG(kError) << "internal: " << u.ToString();
+    }
+    EndG4Write();
+  };
+  auto job =
+      engine_->Submit(std::move(moves), TransferPriority::kSave,
+                      [shared, end_one](size_t i, const Status& s) { end_one((*shared)[i], s); });
+  if (!job.ok()) {
+    // The G4 save queue is full (a slow or dead server): dropped, never waited for.
+    c_.g4_dropped.fetch_add(shared->size(), std::memory_order_relaxed);
+    for (const G4Write& w : *shared) {
+      if (w.evicted) {
+        ReleaseG2Slot(w.g2_slot);
+        EndDemotion();
+      } else {
+        Status u = index_->Unpin(std::span<const BlockKey>(&w.key, 1));
+        if (!u.ok()) KVTIER_LOG(kError) << "internal: " << u.ToString();
+      }
+      EndG4Write();
+    }
+  }
+}
+
+bool BlockManager::Impl::DemoteToG4(const EvictedBlock& victim) {
+  if (!g4_ || g4_write_through_) return false;
+  G4Write w;
+  w.key = victim.key;
+  w.parent = victim.parent;
+  w.g2_slot = victim.slot;
+  w.evicted = true;
+  {
+    MutexLock lock(&slot_mu_);
+    w.namespace_id = slot_meta_[victim.slot].namespace_id;
+    w.tokens.assign(slot_tokens_.begin() + size_t{victim.slot} * tpb_,
+                    slot_tokens_.begin() + size_t{victim.slot + 1} * tpb_);
+  }
+  demotions_in_flight_.fetch_add(1);
+  g4_writes_in_flight_.fetch_add(1);
+  std::vector<G4Write> one;
+  one.push_back(std::move(w));
+  SubmitG4Writes(std::move(one));
+  return true;
+}
+
+void BlockManager::Impl::EndG4Write() {
+  MutexLock lock(&mu_);
+  g4_writes_in_flight_.fetch_sub(1);
+  saves_cv_.notify_all();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,242 @@
+// TransferEngine's G4 side: the remote threads, puts from G2 slots, verified gets into G2 slots
+// (and on into G1). See transfer_engine.h for the contract.
+#include <algorithm>
+#include <string>
+
+#include "core/log.h"
+#include "tier/cond_wait.h"
+#include "transfer/transfer_engine.h"
+
+namespace kvtier {
+
+Status TransferEngine::RemoteConfig::Validate() const {
+  if (threads < 1 || threads > 64) {
+    return Status::InvalidArgument("transfer remote threads = " + std::to_string(threads) +
+                                   " is out of range; allowed: 1..64");
+  }
+  if (max_queued_saves < 1) {
+    return Status::InvalidArgument("transfer remote max_queued_saves = 0; allowed: 1 or more");
+  }
+  if (load_timeout.count() <= 0 || save_timeout.count() <= 0) {
+    return Status::InvalidArgument("G4 load/save timeouts must be > 0 ms (got " +
+                                   std::to_string(load_timeout.count()) + " / " +
+                                   std::to_string(save_timeout.count()) + ")");
+  }
+  return Status::Ok();
+}
+
+Status TransferEngine::RegisterRemote(RemoteStore* store, const RemoteConfig& config) {
+  if (store == nullptr) return Status::InvalidArgument("RegisterRemote(nullptr)");
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  if (arena_ == nullptr) {
+    return Status::FailedPrecondition(
+        "RegisterRemote needs the G2 arena registered first (G4 moves go through G2 slots)");
+  }
+  if (remote_ != nullptr) return Status::FailedPrecondition("a G4 store is registered already");
+  remote_ = store;
+  remote_config_ = config;
+  for (uint32_t i = 0; i < config.threads; ++i) {
+    remote_workers_.emplace_back([this] { RemoteLoop(); });
+  }
+  return Status::Ok();
+}
+
+void TransferEngine::StopRemote() {
+  {
+    MutexLock lock(&remote_mu_);
+    remote_stopping_ = true;
+  }
+  remote_cv_.notify_all();
+  for (auto& w : remote_workers_) w.join();
+  remote_workers_.clear();
+}
+
+void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
+                                 std::span<const uint32_t> moves, bool save) {
+  const auto timeout = save ? remote_config_.save_timeout : remote_config_.load_timeout;
+  const RemoteDeadline deadline = RemoteClock::now() + timeout;
+  // One call per remote thread at most, so a big load uses every connection.
+  const size_t per_call =
+      std::max<size_t>(1, (moves.size() + remote_config_.threads - 1) / remote_config_.threads);
+  {
+    MutexLock lock(&remote_mu_);
+    for (size_t b = 0; b < moves.size(); b += per_call) {
+      const size_t e = std::min(moves.size(), b + per_call);
+      RemoteBatch batch{job, std::vector<uint32_t>(moves.begin() + b, moves.begin() + e), deadline};
+      (save ? remote_saves_ : remote_loads_).push_back(std::move(batch));
+    }
+  }
+  remote_cv_.notify_all();
+}
+
+void TransferEngine::RemoteLoop() {
+  for (;;) {
+    RemoteBatch batch;
+    {
+      MutexLock lock(&remote_mu_);
+      while (!remote_stopping_ && remote_loads_.empty() && remote_saves_.empty()) {
+        CondWait(&remote_cv_, &remote_mu_);
+      }
+      if (!remote_loads_.empty()) {
+        batch = std::move(remote_loads_.front());
+        remote_loads_.pop_front();
+      } else if (!remote_saves_.empty()) {
+        batch = std::move(remote_saves_.front());
+        remote_saves_.pop_front();
+        queued_remote_saves_.fetch_sub(static_cast<uint32_t>(batch.moves.size()),
+                                       std::memory_order_relaxed);
+      } else {
+        return;  // stopping, and nothing left
+      }
+    }
+    ExecuteRemote(batch);
+  }
+}
+
+void TransferEngine::EndRemoteMove(TransferJob& job, uint32_t move, const Status& status) {
+  if (status.Is(StatusCode::kTimedOut)) {
+    remote_timeouts_.fetch_add(1, std::memory_order_relaxed);
+  } else if (status.Is(StatusCode::kCorruption)) {
+    remote_corrupt_.fetch_add(1, std::memory_order_relaxed);
+  } else if (!status.ok() && !status.Is(StatusCode::kNotFound)) {
+    remote_failures_.fetch_add(1, std::memory_order_relaxed);
+  }
+  EndMove(job, move, status);
+}
+
+void TransferEngine::ExecuteRemote(const RemoteBatch& batch) {
+  if (RemoteClock::now() >= batch.deadline) {
+    // Waited too long behind other calls: a late move is a failed move, never a late one.
+    for (uint32_t i : batch.moves) {
+      EndRemoteMove(*batch.job, i,
+                    Status::TimedOut(std::string(BlockTransferOpName(batch.job->moves()[i].op)) +
+                                     " passed its deadline while queued"));
+    }
+    return;
+  }
+  std::vector<uint32_t> puts, gets;
+  for (uint32_t i : batch.moves) {
+    (batch.job->moves()[i].op == BlockTransfer::Op::kG2ToG4 ? puts : gets).push_back(i);
+  }
+  if (!puts.empty()) RemotePuts(batch, puts);
+  if (!gets.empty()) RemoteGets(batch, gets);
+}
+
+void TransferEngine::RemotePuts(const RemoteBatch& batch, std::span<const uint32_t> moves) {
+  const uint64_t block_bytes = kG2PayloadOffset + layout_.BlockBytes();
+  std::vector<RemotePut> items;
+  std::vector<uint32_t> sent;
+  items.reserve(moves.size());
+  for (uint32_t i : moves) {
+    const BlockTransfer& m = batch.job->moves()[i];
+    uint8_t* slot = arena_->SlotData(m.g2_slot);
+    BlockHeaderFields f;
+    f.layout_fingerprint = layout_.Fingerprint();
+    f.namespace_id = m.namespace_id;
+    f.key = m.key;
+    f.parent = m.parent;
+    const uint64_t checksum = PayloadChecksum(slot + kG2PayloadOffset, layout_.BlockBytes());
+    Status enc = EncodeBlockHeader(f, m.tokens, layout_.BlockBytes(), checksum, slot);
+    if (!enc.ok()) {
+      EndRemoteMove(*batch.job, i, enc);
+      continue;
+    }
+    items.push_back(RemotePut{RemoteObjectName(m.namespace_id, m.key), {slot, block_bytes}});
+    sent.push_back(i);
+  }
+  if (items.empty()) return;
+  std::vector<Status> results(items.size());
+  remote_->Put(items, batch.deadline, results);
+  for (size_t k = 0; k < sent.size(); ++k) {
+    if (results[k].ok()) {
+      bytes_by_op_[static_cast<size_t>(BlockTransfer::Op::kG2ToG4)].fetch_add(
+          block_bytes, std::memory_order_relaxed);
+    }
+    EndRemoteMove(*batch.job, sent[k], results[k]);
+  }
+}
+
+void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32_t> moves) {
+  using Op = BlockTransfer::Op;
+  const uint64_t block_bytes = kG2PayloadOffset + layout_.BlockBytes();
+  std::vector<RemoteGet> items;
+  std::vector<uint32_t> sent, slots;  // moves called for, and the G2 slot each lands in
+  items.reserve(moves.size());
+  for (uint32_t i : moves) {
+    const BlockTransfer& m = batch.job->moves()[i];
+    uint32_t slot = m.g2_slot;
+    if (slot == BlockTransfer::kAnyStagingSlot) {
+      // A slot of the staging pool, only if one is free now: a G4 load never waits for one
+      // (its deadline runs); without one it is a miss, recomputed.
+      MutexLock lock(&disk_mu_);
+      if (!staging_free_.empty()) {
+        slot = staging_free_.back();
+        staging_free_.pop_back();
+      }
+    }
+    if (slot == BlockTransfer::kAnyStagingSlot) {
+      EndRemoteMove(*batch.job, i,
+                    Status::ResourceExhausted("G4->G1: no staging slot free; recomputed"));
+      continue;
+    }
+    items.push_back(RemoteGet{
+        RemoteObjectName(m.namespace_id, m.key), {arena_->SlotData(slot), block_bytes}, 0});
+    sent.push_back(i);
+    slots.push_back(slot);
+  }
+  if (items.empty()) return;
+  std::vector<Status> results(items.size());
+  remote_->Get(items, batch.deadline, results);
+  std::vector<std::pair<uint32_t, uint32_t>> staged;  // move, slot
+  for (size_t k = 0; k < sent.size(); ++k) {
+    const uint32_t i = sent[k];
+    const BlockTransfer& m = batch.job->moves()[i];
+    const bool pooled = m.g2_slot == BlockTransfer::kAnyStagingSlot;
+    Status st = results[k];
+    if (st.ok()) {
+      ExpectedBlock e;
+      e.layout_fingerprint = layout_.Fingerprint();
+      e.namespace_id = m.namespace_id;
+      e.key = m.key;
+      e.tokens = m.tokens;
+      e.payload_bytes = layout_.BlockBytes();
+      const BlockCheck check = VerifyBlock({items[k].dest.data(), items[k].bytes_read}, e);
+      if (check != BlockCheck::kOk) {
+        st = Status::Corruption("G4 object " + items[k].name + " failed verification (" +
+                                BlockCheckName(check) + "); not served");
+      }
+    }
+    if (st.ok()) {
+      bytes_by_op_[static_cast<size_t>(Op::kG4ToG2)].fetch_add(block_bytes,
+                                                               std::memory_order_relaxed);
+    }
+    if (st.ok() && m.op == Op::kG4ToG1) {
+      staged.emplace_back(i, slots[k]);
+    } else {
+      if (pooled) ReleaseStaging(slots[k]);
+      EndRemoteMove(*batch.job, i, st);
+    }
+  }
+  if (staged.empty()) return;
+  if (device_ != nullptr) {
+    // A device G1: the staged half goes to the CUDA backend (a pooled slot goes back when the
+    // move lands or fails).
+    for (const auto& [i, slot] : staged) {
+      const bool pooled = batch.job->moves()[i].g2_slot == BlockTransfer::kAnyStagingSlot;
+      SubmitDevice(batch.job, CopyDirection::kHostToDevice, {i}, 0, /*as_load=*/true,
+                   pooled ? slot : BlockTransfer::kAnyStagingSlot);
+    }
+    return;
+  }
+  {
+    // The staged half of a load into G1 is a load, whatever the job's priority. A pooled slot
+    // goes back to the pool when its scatter ends (Execute).
+    MutexLock lock(&mu_);
+    for (const auto& [i, slot] : staged) {
+      load_queue_.push_back(WorkItem{batch.job, i, -1, {}, slot});
+    }
+  }
+  work_cv_.notify_all();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,432 @@
+// The shared-filesystem G4 backend on real files: round trips, a second process reading what
+// the first wrote, several processes replacing one object while others read it, torn objects
+// refused by verification, a read-only filesystem, ENOSPC on a small tmpfs, deadlines, stale
+// temporary files, bad names.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "disk_test_util.h"
+#include "tier/block_format.h"
+#include "tier/remote_store.h"
+
+namespace kvtier {
+namespace {
+
+using kvtier::testing::TempDir;
+
+RemoteDeadline Soon() { return RemoteClock::now() + std::chrono::seconds(5); }
+
+std::unique_ptr<RemoteStore> OpenOrDie(const std::string& dir, CircuitBreakerOptions breaker = {}) {
+  auto store = OpenFsStore(FsStoreOptions{dir, breaker});
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  return store.ok() ? std::move(store).value() : nullptr;
+}
+
+std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 9));
+  return v;
+}
+
+Status PutOne(RemoteStore* s, const std::string& name, std::span<const uint8_t> bytes) {
+  RemotePut p{name, bytes};
+  Status st;
+  s->Put(std::span<const RemotePut>(&p, 1), Soon(), std::span<Status>(&st, 1));
+  return st;
+}
+
+Status GetOne(RemoteStore* s, const std::string& name, std::span<uint8_t> dest,
+              uint64_t* bytes_read = nullptr) {
+  RemoteGet g{name, dest, 0};
+  Status st;
+  s->Get(std::span<RemoteGet>(&g, 1), Soon(), std::span<Status>(&st, 1));
+  if (bytes_read != nullptr) *bytes_read = g.bytes_read;
+  return st;
+}
+
+// A whole stored block (header + payload) for `key`.
+std::vector<uint8_t> MakeBlock(const BlockKey& key, uint64_t ns, uint64_t payload_bytes,
+                               std::span<const TokenId> tokens) {
+  std::vector<uint8_t> block(kBlockHeaderBytes + payload_bytes);
+  auto payload = Pattern(payload_bytes, static_cast<uint8_t>(key.lo));
+  std::copy(payload.begin(), payload.end(), block.begin() + kBlockHeaderBytes);
+  BlockHeaderFields f;
+  f.layout_fingerprint = 0x1234;
+  f.namespace_id = ns;
+  f.key = key;
+  EXPECT_TRUE(EncodeBlockHeader(f, tokens, payload_bytes,
+                                PayloadChecksum(block.data() + kBlockHeaderBytes, payload_bytes),
+                                block.data())
+                  .ok());
+  return block;
+}
+
+// A tmpfs of `bytes` mounted on a fresh directory (needs CAP_SYS_ADMIN), unmounted at the end.
+class SmallFs {
+ public:
+  explicit SmallFs(uint64_t bytes) {
+    const std::string options = "size=" + std::to_string(bytes) + ",mode=0755";
+    if (mount("kvtier-g4-test", dir_.path().c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
+              options.c_str()) != 0) {
+      error_ = std::string("mount tmpfs: ") + std::strerror(errno);
+      return;
+    }
+    mounted_ = true;
+  }
+  ~SmallFs() {
+    if (mounted_) umount2(dir_.path().c_str(), MNT_DETACH);
+  }
+  // Remounts read-only (true) or read-write.
+  bool SetReadOnly(bool ro) {
+    return mount(nullptr, dir_.path().c_str(), nullptr,
+                 MS_REMOUNT | MS_NOSUID | MS_NODEV | (ro ? MS_RDONLY : 0), nullptr) == 0;
+  }
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  std::string path() const { return dir_.path(); }
+
+ private:
+  TempDir dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+TEST(RemoteObjectName, CarriesNamespaceAndKey) {
+  const BlockKey key{0x0123456789abcdefull, 0xfedcba9876543210ull};
+  EXPECT_EQ(RemoteObjectName(0xa1b2c3d4e5f60718ull, key),
+            "kvt1:a1b2c3d4e5f60718:0123456789abcdeffedcba9876543210");
+  EXPECT_NE(RemoteObjectName(1, key), RemoteObjectName(2, key)) << "tenants never share a name";
+}
+
+TEST(FsStore, OpenRefusesBadDirectories) {
+  EXPECT_TRUE(OpenFsStore(FsStoreOptions{"", {}}).status().Is(StatusCode::kInvalidArgument));
+  TempDir dir;
+  std::ofstream(dir.sub("file")) << "x";
+  auto on_file = OpenFsStore(FsStoreOptions{dir.sub("file"), {}});
+  EXPECT_FALSE(on_file.ok());
+  EXPECT_NE(on_file.status().message().find("file"), std::string::npos)
+      << on_file.status().ToString();
+  CircuitBreakerOptions bad;
+  bad.failure_threshold = 0;
+  EXPECT_TRUE(
+      OpenFsStore(FsStoreOptions{dir.sub("ok"), bad}).status().Is(StatusCode::kInvalidArgument));
+}
+
+TEST(FsStore, PutGetContainsRemove) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->Describe(), "fs:" + dir.sub("g4"));
+  const std::string a = RemoteObjectName(7, BlockKey{0xab00000000000001ull, 1});
+  const std::string b = "plain-name";
+  const auto bytes_a = Pattern(100000, 1), bytes_b = Pattern(5000, 2);
+  ASSERT_TRUE(PutOne(store.get(), a, bytes_a).ok());
+  ASSERT_TRUE(PutOne(store.get(), b, bytes_b).ok());
+  EXPECT_TRUE(std::filesystem::exists(dir.sub("g4/ab/" + a))) << "fanned out by the key";
+
+  std::vector<uint8_t> dest(200000, 0xee);
+  uint64_t n = 0;
+  ASSERT_TRUE(GetOne(store.get(), a, dest, &n).ok());
+  ASSERT_EQ(n, bytes_a.size());
+  EXPECT_TRUE(std::equal(bytes_a.begin(), bytes_a.end(), dest.begin()));
+  EXPECT_EQ(dest[bytes_a.size()], 0xee) << "nothing written past the object";
+
+  // Replace: the new bytes win.
+  const auto bytes_a2 = Pattern(100000, 9);
+  ASSERT_TRUE(PutOne(store.get(), a, bytes_a2).ok());
+  ASSERT_TRUE(GetOne(store.get(), a, dest, &n).ok());
+  EXPECT_TRUE(std::equal(bytes_a2.begin(), bytes_a2.end(), dest.begin()));
+
+  std::vector<std::string> names{a, "missing", b};
+  std::vector<uint8_t> present(3, 9);
+  ASSERT_TRUE(store->Contains(names, Soon(), present).ok());
+  EXPECT_EQ(present, (std::vector<uint8_t>{1, 0, 1}));
+
+  EXPECT_TRUE(GetOne(store.get(), "missing", dest).Is(StatusCode::kNotFound));
+  ASSERT_TRUE(store->Remove(std::vector<std::string>{a, "missing"}, Soon()).ok());
+  EXPECT_TRUE(GetOne(store.get(), a, dest).Is(StatusCode::kNotFound));
+
+  const RemoteStoreStats s = store->Stats();
+  EXPECT_EQ(s.puts, 3u);
+  EXPECT_EQ(s.put_bytes, 205000u);
+  EXPECT_EQ(s.get_hits, 2u);
+  EXPECT_EQ(s.get_misses, 2u);
+  EXPECT_EQ(s.get_failures, 0u);
+  EXPECT_FALSE(s.breaker_open);
+  // No temporary file is left anywhere.
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir.sub("g4"))) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp.", 0), 0u) << e.path();
+  }
+}
+
+TEST(FsStore, ObjectLargerThanDestinationIsCorruptionAndNotCopied) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_TRUE(PutOne(store.get(), "big", Pattern(10000, 3)).ok());
+  std::vector<uint8_t> dest(9999, 0x55);
+  uint64_t n = 1;
+  Status s = GetOne(store.get(), "big", dest, &n);
+  EXPECT_TRUE(s.Is(StatusCode::kCorruption)) << s.ToString();
+  EXPECT_EQ(n, 0u);
+  EXPECT_TRUE(std::all_of(dest.begin(), dest.end(), [](uint8_t b) { return b == 0x55; }));
+}
+
+TEST(FsStore, BadNamesAreRefused) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  const auto bytes = Pattern(10, 1);
+  for (const std::string& bad : {std::string(""), std::string("../escape"), std::string(".tmp.x"),
+                                 std::string("a/b"), std::string(300, 'x')}) {
+    EXPECT_TRUE(PutOne(store.get(), bad, bytes).Is(StatusCode::kInvalidArgument)) << bad;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.sub("escape")));
+  EXPECT_FALSE(store->Stats().breaker_open) << "a bad name is not a filesystem failure";
+}
+
+TEST(FsStore, PastDeadlineTouchesNothing) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  const auto bytes = Pattern(10, 1);
+  RemotePut p{"late", bytes};
+  Status st;
+  store->Put(std::span<const RemotePut>(&p, 1), RemoteClock::now() - std::chrono::milliseconds(1),
+             std::span<Status>(&st, 1));
+  EXPECT_TRUE(st.Is(StatusCode::kTimedOut)) << st.ToString();
+  std::vector<std::string> names{"late"};
+  std::vector<uint8_t> present(1, 7);
+  EXPECT_TRUE(store->Contains(names, RemoteClock::now(), present).Is(StatusCode::kTimedOut));
+  EXPECT_EQ(present[0], 0);
+  EXPECT_GE(store->Stats().timeouts, 2u);
+  EXPECT_FALSE(store->Stats().breaker_open) << "running out of time is not a dead filesystem";
+}
+
+TEST(FsStore, SecondProcessReadsWhatTheFirstWrote) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  const BlockKey key{0x42, 0x43};
+  const std::vector<TokenId> tokens{1, 2, 3, 4};
+  const auto block = MakeBlock(key, 99, 64 * 1024, tokens);
+  const std::string name = RemoteObjectName(99, key);
+  ASSERT_TRUE(PutOne(store.get(), name, block).ok());
+
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child opens its own store on the same directory, reads and verifies, then writes an
+    // object of its own for the parent.
+    auto child = OpenFsStore(FsStoreOptions{dir.sub("g4"), {}});
+    if (!child.ok()) _exit(2);
+    std::vector<uint8_t> dest(block.size() + 4096);
+    RemoteGet g{name, dest, 0};
+    Status st;
+    (*child)->Get(std::span<RemoteGet>(&g, 1), Soon(), std::span<Status>(&st, 1));
+    if (!st.ok() || g.bytes_read != block.size()) _exit(3);
+    ExpectedBlock e;
+    e.layout_fingerprint = 0x1234;
+    e.namespace_id = 99;
+    e.key = key;
+    e.tokens = tokens;
+    e.payload_bytes = 64 * 1024;
+    if (VerifyBlock(std::span<const uint8_t>(dest.data(), g.bytes_read), e) != BlockCheck::kOk) {
+      _exit(4);
+    }
+    const auto mine = Pattern(3333, 77);
+    RemotePut p{"from-child", mine};
+    (*child)->Put(std::span<const RemotePut>(&p, 1), Soon(), std::span<Status>(&st, 1));
+    _exit(st.ok() ? 0 : 5);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "child failed (see the exit code in the test)";
+  std::vector<uint8_t> dest(4000);
+  uint64_t n = 0;
+  ASSERT_TRUE(GetOne(store.get(), "from-child", dest, &n).ok());
+  const auto want = Pattern(3333, 77);
+  ASSERT_EQ(n, want.size());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), dest.begin()));
+}
+
+TEST(FsStore, ConcurrentWritersAndReadersAcrossProcessesNeverSeeATornObject) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  constexpr size_t kBytes = 256 * 1024;
+  ASSERT_TRUE(PutOne(store.get(), "shared", std::vector<uint8_t>(kBytes, 1)).ok());
+  // Two writer processes replace the object with uniform buffers of their own byte; two reader
+  // processes check that every read is one whole buffer of a single value.
+  std::vector<pid_t> pids;
+  for (int role = 0; role < 4; ++role) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      auto s = OpenFsStore(FsStoreOptions{dir.sub("g4"), {}});
+      if (!s.ok()) _exit(2);
+      const auto until = RemoteClock::now() + std::chrono::milliseconds(700);
+      std::vector<uint8_t> buf(kBytes, static_cast<uint8_t>(10 + role));
+      uint64_t reads = 0;
+      while (RemoteClock::now() < until) {
+        Status st;
+        if (role < 2) {
+          RemotePut p{"shared", buf};
+          (*s)->Put(std::span<const RemotePut>(&p, 1), Soon(), std::span<Status>(&st, 1));
+          if (!st.ok()) _exit(3);
+        } else {
+          RemoteGet g{"shared", buf, 0};
+          (*s)->Get(std::span<RemoteGet>(&g, 1), Soon(), std::span<Status>(&st, 1));
+          if (!st.ok() || g.bytes_read != kBytes) _exit(4);
+          for (size_t i = 1; i < kBytes; ++i) {
+            if (buf[i] != buf[0]) _exit(5);  // torn: two writers' bytes mixed
+          }
+          ++reads;
+        }
+      }
+      _exit(role >= 2 && reads == 0 ? 6 : 0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "process " << pid;
+  }
+}
+
+TEST(FsStore, TruncatedObjectFailsVerificationAtTheCaller) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  const BlockKey key{0xcd00000000000000ull, 5};
+  const std::vector<TokenId> tokens{9, 8, 7, 6};
+  const auto block = MakeBlock(key, 1, 32 * 1024, tokens);
+  const std::string name = RemoteObjectName(1, key);
+  ASSERT_TRUE(PutOne(store.get(), name, block).ok());
+  ExpectedBlock e;
+  e.layout_fingerprint = 0x1234;
+  e.namespace_id = 1;
+  e.key = key;
+  e.tokens = tokens;
+  e.payload_bytes = 32 * 1024;
+  std::vector<uint8_t> dest(block.size());
+  uint64_t n = 0;
+  ASSERT_TRUE(GetOne(store.get(), name, dest, &n).ok());
+  EXPECT_EQ(VerifyBlock(std::span<const uint8_t>(dest.data(), n), e), BlockCheck::kOk);
+
+  // Torn: a crashed writer or a lost tail on the shared filesystem.
+  ASSERT_EQ(truncate(dir.sub("g4/cd/" + name).c_str(), static_cast<off_t>(block.size() - 100)), 0);
+  std::fill(dest.begin(), dest.end(), 0);
+  ASSERT_TRUE(GetOne(store.get(), name, dest, &n).ok()) << "the store moves bytes only";
+  EXPECT_EQ(n, block.size() - 100);
+  EXPECT_EQ(VerifyBlock(std::span<const uint8_t>(dest.data(), n), e),
+            BlockCheck::kWrongPayloadLength);
+
+  // One flipped payload byte at full length.
+  auto bad = block;
+  bad[kBlockHeaderBytes + 1000] ^= 0x40;
+  ASSERT_TRUE(PutOne(store.get(), name, bad).ok());
+  ASSERT_TRUE(GetOne(store.get(), name, dest, &n).ok());
+  EXPECT_EQ(VerifyBlock(std::span<const uint8_t>(dest.data(), n), e), BlockCheck::kBadPayload);
+}
+
+TEST(FsStore, StaleTemporaryFilesAreIgnoredAndCleanedAtOpen) {
+  TempDir dir;
+  {
+    auto store = OpenOrDie(dir.sub("g4"));
+    ASSERT_NE(store, nullptr);
+  }
+  const std::string name = RemoteObjectName(3, BlockKey{0x1100000000000000ull, 1});
+  const std::string stale = dir.sub("g4/11/.tmp." + name + ".1.1.0");
+  const std::string fresh = dir.sub("g4/11/.tmp." + name + ".2.2.0");
+  std::ofstream(stale) << "half a block";
+  std::ofstream(fresh) << "a writer at work";
+  const timeval old[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
+  ASSERT_EQ(utimes(stale.c_str(), old), 0);
+  auto store = OpenOrDie(dir.sub("g4"));
+  EXPECT_FALSE(std::filesystem::exists(stale)) << "a crashed writer's file is removed";
+  EXPECT_TRUE(std::filesystem::exists(fresh)) << "a live writer's file is left alone";
+  std::vector<uint8_t> dest(100);
+  EXPECT_TRUE(GetOne(store.get(), name, dest).Is(StatusCode::kNotFound))
+      << "a temporary file is never served";
+}
+
+TEST(FsStore, ReadOnlyFilesystemIsIOErrorThenTheBreakerOpens) {
+  SmallFs fs(16u << 20);
+  if (!fs.ok()) GTEST_SKIP() << "SKIPPED (cannot mount a tmpfs): " << fs.error();
+  CircuitBreakerOptions breaker;
+  breaker.failure_threshold = 2;
+  breaker.open_for = std::chrono::milliseconds(100);
+  auto store = OpenOrDie(fs.path() + "/g4", breaker);
+  ASSERT_NE(store, nullptr);
+  const auto bytes = Pattern(4096, 1);
+  ASSERT_TRUE(PutOne(store.get(), "before", bytes).ok());
+  ASSERT_TRUE(fs.SetReadOnly(true)) << std::strerror(errno);
+
+  Status s = PutOne(store.get(), "x1", bytes);
+  EXPECT_TRUE(s.Is(StatusCode::kIOError)) << s.ToString();
+  EXPECT_NE(s.message().find("Read-only"), std::string::npos) << s.message();
+  EXPECT_TRUE(PutOne(store.get(), "x2", bytes).Is(StatusCode::kIOError));
+  // Two failures: the breaker is open and refuses without touching the filesystem.
+  EXPECT_TRUE(PutOne(store.get(), "x3", bytes).Is(StatusCode::kUnavailable));
+  RemoteStoreStats st = store->Stats();
+  EXPECT_TRUE(st.breaker_open);
+  EXPECT_EQ(st.breaker_opens, 1u);
+  EXPECT_GE(st.breaker_rejections, 1u);
+  // A new store cannot open on a read-only directory.
+  auto ro = OpenFsStore(FsStoreOptions{fs.path() + "/g4", {}});
+  EXPECT_TRUE(ro.status().Is(StatusCode::kIOError)) << ro.status().ToString();
+
+  // Writable again: after open_for a probe goes through and closes the breaker.
+  ASSERT_TRUE(fs.SetReadOnly(false));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_TRUE(PutOne(store.get(), "x4", bytes).ok());
+  EXPECT_FALSE(store->Stats().breaker_open);
+  std::vector<uint8_t> dest(4096);
+  EXPECT_TRUE(GetOne(store.get(), "before", dest).ok()) << "what was stored before is intact";
+}
+
+TEST(FsStore, EnospcOnASmallFilesystemLeavesNoPartialObject) {
+  SmallFs fs(1u << 20);
+  if (!fs.ok()) GTEST_SKIP() << "SKIPPED (cannot mount a tmpfs): " << fs.error();
+  CircuitBreakerOptions breaker;
+  breaker.failure_threshold = 100;
+  auto store = OpenOrDie(fs.path() + "/g4", breaker);
+  ASSERT_NE(store, nullptr);
+  const auto bytes = Pattern(400 * 1024, 4);
+  ASSERT_TRUE(PutOne(store.get(), "one", bytes).ok());
+  Status last;
+  int stored = 1;
+  for (int i = 0; i < 4; ++i) {
+    last = PutOne(store.get(), "more" + std::to_string(i), bytes);
+    if (last.ok()) ++stored;
+  }
+  EXPECT_LT(stored, 3) << "1 MiB holds at most two 400 KiB objects";
+  EXPECT_TRUE(last.Is(StatusCode::kIOError) || last.Is(StatusCode::kNoSpace)) << last.ToString();
+  EXPECT_NE(last.message().find("No space"), std::string::npos) << last.message();
+  std::vector<uint8_t> dest(bytes.size());
+  uint64_t n = 0;
+  ASSERT_TRUE(GetOne(store.get(), "one", dest, &n).ok());
+  EXPECT_EQ(n, bytes.size());
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), dest.begin()));
+  // The failed writes left no temporary file and no partial object behind.
+  for (auto& e : std::filesystem::recursive_directory_iterator(fs.path() + "/g4")) {
+    const std::string f = e.path().filename().string();
+    EXPECT_NE(f.rfind(".tmp.", 0), 0u) << e.path();
+  }
+  std::vector<std::string> names{"more0", "more1", "more2", "more3"};
+  std::vector<uint8_t> present(4);
+  ASSERT_TRUE(store->Contains(names, Soon(), present).ok());
+  EXPECT_EQ(std::count(present.begin(), present.end(), 1), stored - 1);
+}
+
+}  // namespace
+}  // namespace kvtier
