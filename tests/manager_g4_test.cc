@@ -471,6 +471,46 @@ TEST(ManagerG4Fs, WithoutWriteThroughBlocksLeavingG2GoToG4) {
   EXPECT_EQ(out.mismatched_blocks, 0u);
 }
 
+// Without write-through, with G3: G4 is fed by demotion. Blocks pushed through G2 into G3 and
+// then out of G3 too (both small) are still in G4, so a fresh manager (its own empty G2/G3)
+// loads the first prompt from G4, byte-exact.
+TEST(ManagerG4Fs, WithoutWriteThroughG3VictimsAreInG4) {
+  TempDirectory dir;
+  Config config = FsConfig(dir.path() + "/g4", 12);  // 12 G2 slots: 4 staging, 8 cache
+  ASSERT_TRUE(config.Set("g4.write_through", "false").ok());
+  ASSERT_TRUE(config.Set("g3.enabled", "true").ok());
+  ASSERT_TRUE(config.Set("g3.dir", dir.path() + "/g3a").ok());
+  ASSERT_TRUE(config
+                  .Set("g3.capacity_bytes",
+                       std::to_string(8 * (4096 + TestLayout().BlockBytes()) + (1 << 20)))
+                  .ok());
+  ASSERT_TRUE(config.Set("g3.admit_min_seen", "1").ok());
+  const std::vector<TokenId> first = Prompt(9, 4 * kTpb + 1);
+  {
+    auto a = MakeManager(config);
+    MiniEngine ea(a.get(), kG1Blocks);
+    ea.Run("a", first);
+    a->WaitForSaves();
+    EXPECT_EQ(a->Stats().g4_saved_blocks, 0u) << "no write-through";
+    for (uint32_t i = 0; i < 30; ++i)
+      ea.Run("x" + std::to_string(i), Prompt(300 + i, 4 * kTpb + 1));
+    a->WaitForSaves();
+    const ManagerStats s = a->Stats();
+    EXPECT_GT(s.demoted_blocks, 0u);
+    EXPECT_GT(s.evicted_blocks_g3, 0u) << "G3 had to drop blocks too";
+    EXPECT_GE(s.g4_saved_blocks, s.demoted_blocks) << "every block demoted to G3 went to G4";
+    EXPECT_EQ(s.pinned_blocks, 0u);
+  }
+  Config fresh = config;
+  ASSERT_TRUE(fresh.Set("g3.dir", dir.path() + "/g3b").ok());  // nothing local
+  auto b = MakeManager(fresh);
+  MiniEngine eb(b.get(), kG1Blocks);
+  auto out = eb.Run("b", first);
+  EXPECT_EQ(out.loaded_tokens, 4 * kTpb);
+  EXPECT_EQ(out.mismatched_blocks, 0u);
+  EXPECT_EQ(b->Stats().hit_blocks[kTierG4], 4u);
+}
+
 TEST(ManagerG4Config, IncompleteG4ConfigIsRefusedClearly) {
   Config fs = SmallConfig("", 16, 0);
   ASSERT_TRUE(fs.Set("g4.backend", "fs").ok());

@@ -159,6 +159,9 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
 
 BlockManager::Impl::~Impl() {
   if (g3_ && options_.config.GetBool("g3.flush_on_close")) FlushG2ToG3();
+  // A demotion fed on to G4 submits its G4 write when its G3 write ends: let those chains end
+  // while the transfer engine is whole.
+  if (g4_ != nullptr && !g4_write_through_) WaitForSaves();
   // The engine drains first: its callbacks use the index, the arena and the request table.
   engine_.reset();
   if (g3_) {
@@ -291,8 +294,21 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
   demotions_in_flight_.fetch_add(1);
   const uint32_t slot = victim.slot;
   const BlockKey key = victim.key, parent = victim.parent;
+  // Without write-through, G4 is fed by demotion: once the G3 write has ended (whatever its
+  // outcome), the same slot is written to G4, and only then freed. One after the other, because
+  // both writes encode their header into the slot's header area. So G4 holds every block G3
+  // was given, and G3's own victims are already in G4 when G3 drops them.
+  const bool feed_g4 = g4_ != nullptr && !g4_write_through_;
+  auto end = [this, slot, key, parent, feed_g4] {
+    if (feed_g4) {
+      WriteEvictedToG4(slot, key, parent);  // frees the slot and ends the demotion
+    } else {
+      ReleaseG2Slot(slot);
+      EndDemotion();
+    }
+  };
   auto job = engine_->Submit({std::move(m)}, TransferPriority::kSave,
-                             [this, slot, key, parent](size_t, const Status& s) {
+                             [this, key, parent, end](size_t, const Status& s) {
                                if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
                                  if (index_->Insert(key, parent, kTierG3, 0).ok()) {
                                    c_.demoted.fetch_add(1, std::memory_order_relaxed);
@@ -301,13 +317,11 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
                                } else {
                                  c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
                                }
-                               ReleaseG2Slot(slot);
-                               EndDemotion();
+                               end();
                              });
   if (!job.ok()) {
     c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
-    ReleaseG2Slot(slot);
-    EndDemotion();
+    end();
   }
 }
 

@@ -191,6 +191,25 @@ bool BlockManager::Impl::DemoteToG4(const EvictedBlock& victim) {
   return true;
 }
 
+void BlockManager::Impl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
+                                          const BlockKey& parent) {
+  G4Write w;
+  w.key = key;
+  w.parent = parent;
+  w.g2_slot = slot;
+  w.evicted = true;  // SubmitG4Writes frees the slot and ends the demotion
+  {
+    MutexLock lock(&slot_mu_);
+    w.namespace_id = slot_meta_[slot].namespace_id;
+    w.tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
+                    slot_tokens_.begin() + size_t{slot + 1} * tpb_);
+  }
+  g4_writes_in_flight_.fetch_add(1);
+  std::vector<G4Write> one;
+  one.push_back(std::move(w));
+  SubmitG4Writes(std::move(one));
+}
+
 void BlockManager::Impl::EndG4Write() {
   MutexLock lock(&mu_);
   g4_writes_in_flight_.fetch_sub(1);

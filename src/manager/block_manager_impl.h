@@ -203,6 +203,10 @@ class BlockManager::Impl {
   void SubmitG4Writes(std::vector<G4Write> writes);
   // A G2 victim leaving the local tiers goes to G4 (write_through off). False: not taken.
   bool DemoteToG4(const EvictedBlock& victim) EXCLUDES(slot_mu_);
+  // The second half of a demotion when G4 is fed by demotion (write_through off): writes the
+  // G2 slot, just written to G3, to G4; frees the slot and ends the demotion when done.
+  void WriteEvictedToG4(uint32_t slot, const BlockKey& key, const BlockKey& parent)
+      EXCLUDES(slot_mu_);
   void EndG4Write() EXCLUDES(mu_);
 
   const ManagerOptions options_;
