@@ -1,6 +1,7 @@
 // The engine on kvtier with every local tier: a prefix loaded from G2 or from G3 (after a warm
 // restart) gives the recompute-only logits (within 1e-4 relative) and greedy continuation, on
-// models of several shapes (16- and 64-token blocks, GQA ratios, depths); a load that fails
+// models of several shapes (16- and 64-token blocks, GQA ratios, depths, fp32 and bf16 KV);
+// a load that fails
 // verification falls back to recompute and still gives the same answer; and a long
 // conversation plus others, together larger than G1, reuse their whole prefix every turn.
 #include <fcntl.h>
@@ -36,6 +37,7 @@ struct Shape {
   const char* name;
   LlamaConfig config;
   uint32_t tpb;
+  DType kv = DType::kFp32;
 };
 
 std::vector<Shape> Shapes() {
@@ -51,7 +53,11 @@ std::vector<Shape> Shapes() {
   mha.num_layers = 3;
   mha.num_heads = 4;
   mha.num_kv_heads = 4;
-  return {{"default_16", LlamaConfig{}, 16}, {"gqa4_64", wide, 64}, {"mha_32", mha, 32}};
+  return {{"default_16", LlamaConfig{}, 16},
+          {"gqa4_64", wide, 64},
+          {"mha_32", mha, 32},
+          {"gqa4_64_bf16", wide, 64, DType::kBf16},
+          {"default_16_bf16", LlamaConfig{}, 16, DType::kBf16}};
 }
 
 // A manager with G2 of g2_blocks blocks and, when g3_dir is set, G3 there.
@@ -91,17 +97,17 @@ TEST_P(EngineTiersTest, PrefixFromG3AndG2MatchesRecompute) {
   const uint32_t tpb = shape.tpb;
   auto model = LlamaModel::Random(shape.config, 77);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const KvLayout layout = (*model)->MakeKvLayout(tpb);
+  const KvLayout layout = (*model)->MakeKvLayout(tpb, shape.kv);
   TempDir dir;
   const auto prompt = Tokens(4 * tpb + 5, 11, shape.config.vocab_size);
-  auto recompute = Engine::Create(model->get(), nullptr, 16, tpb);
+  auto recompute = Engine::Create(model->get(), nullptr, 16, tpb, shape.kv);
   ASSERT_TRUE(recompute.ok());
   auto ref = (*recompute)->Run({"ref", prompt, "", ""}, 12, -1);
   ASSERT_TRUE(ref.ok());
   {
     auto manager = MakeManager(layout, 32, dir.path());
-    auto engine = Engine::Create(model->get(), manager.get(), 16, tpb);
-    ASSERT_TRUE(engine.ok());
+    auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
     auto a = (*engine)->Run({"a", prompt, "", ""}, 12, -1);
     ASSERT_TRUE(a.ok());
     EXPECT_EQ(a->loaded_tokens, 0u);
@@ -110,7 +116,7 @@ TEST_P(EngineTiersTest, PrefixFromG3AndG2MatchesRecompute) {
     EXPECT_EQ(manager->Stats().g3_blocks, 0u) << "everything is still in G2 before the restart";
   }
   auto manager = MakeManager(layout, 32, dir.path());
-  auto engine = Engine::Create(model->get(), manager.get(), 16, tpb);
+  auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
   ASSERT_TRUE(engine.ok());
   auto b = (*engine)->Run({"b", prompt, "", ""}, 12, -1);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
@@ -136,16 +142,16 @@ TEST_P(EngineTiersTest, FailedLoadFallsBackToRecomputeWithTheSameAnswer) {
   const uint32_t tpb = shape.tpb;
   auto model = LlamaModel::Random(shape.config, 78);
   ASSERT_TRUE(model.ok());
-  const KvLayout layout = (*model)->MakeKvLayout(tpb);
+  const KvLayout layout = (*model)->MakeKvLayout(tpb, shape.kv);
   TempDir dir;
   const auto prompt = Tokens(3 * tpb + 2, 12, shape.config.vocab_size);
-  auto recompute = Engine::Create(model->get(), nullptr, 16, tpb);
+  auto recompute = Engine::Create(model->get(), nullptr, 16, tpb, shape.kv);
   ASSERT_TRUE(recompute.ok());
   auto ref = (*recompute)->Run({"ref", prompt, "", ""}, 8, -1);
   ASSERT_TRUE(ref.ok());
   {
     auto manager = MakeManager(layout, 32, dir.path());
-    auto engine = Engine::Create(model->get(), manager.get(), 16, tpb);
+    auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
     ASSERT_TRUE(engine.ok());
     ASSERT_TRUE((*engine)->Run({"a", prompt, "", ""}, 8, -1).ok());
     (*engine)->ReleaseFinished(true);
@@ -167,7 +173,7 @@ TEST_P(EngineTiersTest, FailedLoadFallsBackToRecomputeWithTheSameAnswer) {
   }
   ASSERT_GT(damaged, 0);
   auto manager = MakeManager(layout, 32, dir.path());
-  auto engine = Engine::Create(model->get(), manager.get(), 16, tpb);
+  auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
   ASSERT_TRUE(engine.ok());
   auto b = (*engine)->Run({"b", prompt, "", ""}, 8, -1);
   ASSERT_TRUE(b.ok()) << "a failed load is not an error: " << b.status().ToString();
@@ -181,6 +187,26 @@ TEST_P(EngineTiersTest, FailedLoadFallsBackToRecomputeWithTheSameAnswer) {
   EXPECT_GT(s.load_failures, 0u);
   EXPECT_EQ(s.hit_blocks[kTierG3], 0u);
   EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+// bf16 KV really is bf16: half the bytes per block, and logits close to (not equal to) fp32 KV's.
+TEST(EngineTiersBf16Test, Bf16KvIsHalfTheBytesAndCloseToFp32) {
+  auto model = LlamaModel::Random(LlamaConfig{}, 80);
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ((*model)->MakeKvLayout(16, DType::kBf16).BlockBytes() * 2,
+            (*model)->MakeKvLayout(16).BlockBytes());
+  const auto prompt = Tokens(50, 13, LlamaConfig{}.vocab_size);
+  auto fp32 = Engine::Create(model->get(), nullptr, 8, 16);
+  auto bf16 = Engine::Create(model->get(), nullptr, 8, 16, DType::kBf16);
+  ASSERT_TRUE(fp32.ok() && bf16.ok());
+  auto a = (*fp32)->Run({"a", prompt, "", ""}, 1, -1);
+  auto b = (*bf16)->Run({"b", prompt, "", ""}, 1, -1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const double err = RelativeError(b->prompt_logits, a->prompt_logits);
+  EXPECT_GT(err, 0.0) << "bf16 KV rounds: the logits cannot be bit-equal";
+  EXPECT_LT(err, 0.05);
+  EXPECT_FALSE(Engine::Create(model->get(), nullptr, 8, 16, DType::kFp16).ok())
+      << "fp16 KV is refused with a clear error";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EngineTiersTest, ::testing::ValuesIn(Shapes()),

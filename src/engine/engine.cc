@@ -5,9 +5,10 @@
 namespace kvtier::engine {
 
 Result<std::unique_ptr<Engine>> Engine::Create(const LlamaModel* model, BlockManager* manager,
-                                               uint32_t g1_blocks, uint32_t tokens_per_block) {
+                                               uint32_t g1_blocks, uint32_t tokens_per_block,
+                                               DType kv_dtype) {
   if (model == nullptr) return Status::InvalidArgument("Engine needs a model");
-  const KvLayout layout = model->MakeKvLayout(tokens_per_block);
+  const KvLayout layout = model->MakeKvLayout(tokens_per_block, kv_dtype);
   if (manager != nullptr) {
     const KvLayout& m = manager->layout();
     if (m.Fingerprint() != layout.Fingerprint() || m.g1_arrangement != layout.g1_arrangement) {

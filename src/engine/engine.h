@@ -40,11 +40,13 @@ struct RequestOutcome {
 class Engine {
  public:
   // `model` must outlive the engine; `manager` (may be null: recompute only) too. Builds a KV
-  // cache of g1_blocks blocks of tokens_per_block tokens and registers it with the manager.
-  // InvalidArgument when the manager's layout is not the model's fp32 layer-separate layout
-  // for tokens_per_block; the cache's and RegisterDeviceMemory's errors otherwise.
+  // cache of g1_blocks blocks of tokens_per_block tokens with `kv_dtype` (fp32 or bf16) values
+  // and registers it with the manager. InvalidArgument when the manager's layout is not
+  // model->MakeKvLayout(tokens_per_block, kv_dtype); the cache's and RegisterDeviceMemory's
+  // errors otherwise.
   static Result<std::unique_ptr<Engine>> Create(const LlamaModel* model, BlockManager* manager,
-                                                uint32_t g1_blocks, uint32_t tokens_per_block);
+                                                uint32_t g1_blocks, uint32_t tokens_per_block,
+                                                DType kv_dtype = DType::kFp32);
 
   // Runs `request` (its prompt must be non-empty) and generates up to max_new tokens greedily,
   // stopping after stop_id when >= 0. ResourceExhausted when G1 cannot hold the sequence (the

@@ -8,8 +8,8 @@ namespace kvtier::engine {
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvLayout& layout,
                                                            uint32_t num_blocks) {
   KVTIER_RETURN_IF_ERROR(layout.Validate());
-  if (layout.dtype != DType::kFp32) {
-    return Status::InvalidArgument(std::string("engine KV cache needs fp32 KV, not ") +
+  if (layout.dtype != DType::kFp32 && layout.dtype != DType::kBf16) {
+    return Status::InvalidArgument(std::string("engine KV cache needs fp32 or bf16 KV, not ") +
                                    DTypeName(layout.dtype));
   }
   if (layout.g1_arrangement != G1Arrangement::kLayerSeparate || layout.num_planes != 2) {

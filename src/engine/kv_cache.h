@@ -24,8 +24,8 @@ namespace kvtier::engine {
 
 class PagedKvCache {
  public:
-  // InvalidArgument when the layout is invalid, its dtype is not fp32, its arrangement is not
-  // layer-separate, it has not 2 planes, or num_blocks is 0. The memory is zeroed.
+  // InvalidArgument when the layout is invalid, its dtype is not fp32 or bf16, its arrangement
+  // is not layer-separate, it has not 2 planes, or num_blocks is 0. The memory is zeroed.
   static Result<std::unique_ptr<PagedKvCache>> Create(const KvLayout& layout, uint32_t num_blocks);
   ~PagedKvCache();
   PagedKvCache(const PagedKvCache&) = delete;
@@ -38,11 +38,16 @@ class PagedKvCache {
   // The regions, for kvtier. Valid while this cache lives.
   const G1Memory& memory() const { return memory_; }
 
-  // Chunk (layer, plane) of `block` as floats. REQUIRES: block < num_blocks, layer <
-  // num_layers, plane < 2.
+  // Chunk (layer, plane) of `block` as floats. REQUIRES: an fp32 cache, block < num_blocks,
+  // layer < num_layers, plane < 2.
   float* Chunk(uint32_t block, uint32_t layer, uint32_t plane) const {
     return reinterpret_cast<float*>(memory_.Chunk(block, layer, plane));
   }
+  // The same chunk as bf16 values (the upper 16 bits of an fp32). REQUIRES: a bf16 cache.
+  uint16_t* ChunkBf16(uint32_t block, uint32_t layer, uint32_t plane) const {
+    return reinterpret_cast<uint16_t*>(memory_.Chunk(block, layer, plane));
+  }
+  bool bf16() const { return layout_.dtype == DType::kBf16; }
 
   // Takes `n` free blocks (lowest ids first). ResourceExhausted, taking none, when fewer than
   // n are free.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "engine/model.h"
@@ -70,6 +71,52 @@ struct AttnShape {
   uint32_t kv_width() const { return kv_heads * head_dim; }
 };
 
+// fp32 -> bf16, round to nearest even (NaN stays NaN).
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float FromBf16(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The K and V chunks (fp32) of one layer for block-table entries [0, blocks): pointers into an
+// fp32 cache, or into `scratch` where a bf16 cache's chunks were widened.
+struct KvView {
+  std::vector<const float*> k, v;
+  std::vector<float> scratch;
+
+  void Build(const PagedKvCache& cache, std::span<const uint32_t> table, uint32_t layer,
+             uint32_t blocks) {
+    k.resize(blocks);
+    v.resize(blocks);
+    if (!cache.bf16()) {
+      for (uint32_t b = 0; b < blocks; ++b) {
+        k[b] = cache.Chunk(table[b], layer, 0);
+        v[b] = cache.Chunk(table[b], layer, 1);
+      }
+      return;
+    }
+    const KvLayout& kl = cache.layout();
+    const size_t elems = size_t{kl.tokens_per_block} * kl.num_kv_heads * kl.head_dim;
+    scratch.resize(2 * size_t{blocks} * elems);
+    for (uint32_t b = 0; b < blocks; ++b) {
+      for (uint32_t p = 0; p < 2; ++p) {
+        const uint16_t* src = cache.ChunkBf16(table[b], layer, p);
+        float* dst = scratch.data() + (2 * size_t{b} + p) * elems;
+        for (size_t i = 0; i < elems; ++i) dst[i] = FromBf16(src[i]);
+        (p == 0 ? k : v)[b] = dst;
+      }
+    }
+  }
+};
+
 // Softmax of row[0, valid) in place; row[valid, len) set to 0.
 void CausalSoftmax(float* row, uint32_t valid, uint32_t len) {
   float mx = -std::numeric_limits<float>::infinity();
@@ -85,9 +132,8 @@ void CausalSoftmax(float* row, uint32_t valid, uint32_t len) {
 }
 
 // Attention of queries q[t] (position start + t, t in [t0, t1)) into out, loops version.
-void AttendLoops(const PagedKvCache& cache, std::span<const uint32_t> table, const AttnShape& s,
-                 const float* q, float* out, uint32_t start, uint32_t t0, uint32_t t1,
-                 std::vector<float>& scores) {
+void AttendLoops(const KvView& kv, const AttnShape& s, const float* q, float* out, uint32_t start,
+                 uint32_t t0, uint32_t t1, std::vector<float>& scores) {
   const uint32_t group = s.heads / s.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   for (uint32_t t = t0; t < t1; ++t) {
@@ -97,8 +143,7 @@ void AttendLoops(const PagedKvCache& cache, std::span<const uint32_t> table, con
       const uint32_t g = h / group;
       const float* qh = q + size_t{t} * s.q_width() + size_t{h} * s.head_dim;
       for (uint32_t p = 0; p < ctx; ++p) {
-        const float* k = cache.Chunk(table[p / s.tpb], s.layer, 0) +
-                         (size_t{p % s.tpb} * s.kv_heads + g) * s.head_dim;
+        const float* k = kv.k[p / s.tpb] + (size_t{p % s.tpb} * s.kv_heads + g) * s.head_dim;
         float dot = 0;
         for (uint32_t d = 0; d < s.head_dim; ++d) dot += qh[d] * k[d];
         scores[p] = dot * scale;
@@ -107,8 +152,7 @@ void AttendLoops(const PagedKvCache& cache, std::span<const uint32_t> table, con
       float* o = out + size_t{t} * s.q_width() + size_t{h} * s.head_dim;
       std::fill(o, o + s.head_dim, 0.0f);
       for (uint32_t p = 0; p < ctx; ++p) {
-        const float* v = cache.Chunk(table[p / s.tpb], s.layer, 1) +
-                         (size_t{p % s.tpb} * s.kv_heads + g) * s.head_dim;
+        const float* v = kv.v[p / s.tpb] + (size_t{p % s.tpb} * s.kv_heads + g) * s.head_dim;
         const float w = scores[p];
         for (uint32_t d = 0; d < s.head_dim; ++d) o[d] += w * v[d];
       }
@@ -117,9 +161,9 @@ void AttendLoops(const PagedKvCache& cache, std::span<const uint32_t> table, con
 }
 
 // Attention for queries t in [t0, t1), BLAS version (see the file comment).
-void AttendGemm(const PagedKvCache& cache, std::span<const uint32_t> table, const AttnShape& s,
-                const float* q, float* out, uint32_t start, uint32_t t0, uint32_t t1,
-                std::vector<float>& qg, std::vector<float>& scores, std::vector<float>& og) {
+void AttendGemm(const KvView& kv, const AttnShape& s, const float* q, float* out, uint32_t start,
+                uint32_t t0, uint32_t t1, std::vector<float>& qg, std::vector<float>& scores,
+                std::vector<float>& og) {
   const uint32_t group = s.heads / s.kv_heads;
   const uint32_t nt = t1 - t0;
   const uint32_t rows = group * nt;
@@ -138,7 +182,7 @@ void AttendGemm(const PagedKvCache& cache, std::span<const uint32_t> table, cons
     }
     for (uint32_t b = 0; b * s.tpb < ctx; ++b) {
       const uint32_t nk = std::min(s.tpb, ctx - b * s.tpb);
-      const float* k = cache.Chunk(table[b], s.layer, 0) + size_t{g} * hd;
+      const float* k = kv.k[b] + size_t{g} * hd;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
                   static_cast<int>(nk), static_cast<int>(hd), scale, qg.data(),
                   static_cast<int>(hd), k, static_cast<int>(s.kv_width()), 0.0f,
@@ -151,7 +195,7 @@ void AttendGemm(const PagedKvCache& cache, std::span<const uint32_t> table, cons
     }
     for (uint32_t b = 0; b * s.tpb < ctx; ++b) {
       const uint32_t nk = std::min(s.tpb, ctx - b * s.tpb);
-      const float* v = cache.Chunk(table[b], s.layer, 1) + size_t{g} * hd;
+      const float* v = kv.v[b] + size_t{g} * hd;
       cblas_sgemm(
           CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(hd),
           static_cast<int>(nk), 1.0f, scores.data() + size_t{b} * s.tpb, static_cast<int>(ctx), v,
@@ -175,8 +219,8 @@ Result<std::vector<float>> LlamaModel::Forward(PagedKvCache& cache, std::span<co
   const KvLayout& kl = cache.layout();
   if (tokens.empty()) return Status::InvalidArgument("Forward needs at least one token");
   if (kl.num_layers != c.num_layers || kl.num_kv_heads != c.num_kv_heads ||
-      kl.head_dim != c.head_dim || kl.dtype != DType::kFp32 || kl.num_planes != 2 ||
-      kl.g1_arrangement != G1Arrangement::kLayerSeparate) {
+      kl.head_dim != c.head_dim || (kl.dtype != DType::kFp32 && kl.dtype != DType::kBf16) ||
+      kl.num_planes != 2 || kl.g1_arrangement != G1Arrangement::kLayerSeparate) {
     return Status::InvalidArgument("KV cache layout " + kl.ToString() +
                                    " does not match the model's");
   }
@@ -208,6 +252,7 @@ Result<std::vector<float>> LlamaModel::Forward(PagedKvCache& cache, std::span<co
   std::vector<float> x(size_t{n} * D), h(size_t{n} * D), q(size_t{n} * QW), k(size_t{n} * KW),
       v(size_t{n} * KW), att(size_t{n} * QW), gate(size_t{n} * F), up(size_t{n} * F);
   std::vector<float> qg, scores, og;
+  KvView kv;
   for (uint32_t t = 0; t < n; ++t) {
     const float* e = weights_.token_embd.data() + size_t{tokens[t]} * D;
     std::copy(e, e + D, x.data() + size_t{t} * D);
@@ -236,17 +281,27 @@ Result<std::vector<float>> LlamaModel::Forward(PagedKvCache& cache, std::span<co
     for (uint32_t t = 0; t < n; ++t) {
       const uint32_t pos = start_pos + t;
       const size_t slot = size_t{pos % tpb} * KW;
-      std::copy_n(k.data() + size_t{t} * KW, KW, cache.Chunk(table[pos / tpb], l, 0) + slot);
-      std::copy_n(v.data() + size_t{t} * KW, KW, cache.Chunk(table[pos / tpb], l, 1) + slot);
+      if (cache.bf16()) {
+        uint16_t* kd = cache.ChunkBf16(table[pos / tpb], l, 0) + slot;
+        uint16_t* vd = cache.ChunkBf16(table[pos / tpb], l, 1) + slot;
+        for (uint32_t i = 0; i < KW; ++i) {
+          kd[i] = ToBf16(k[size_t{t} * KW + i]);
+          vd[i] = ToBf16(v[size_t{t} * KW + i]);
+        }
+      } else {
+        std::copy_n(k.data() + size_t{t} * KW, KW, cache.Chunk(table[pos / tpb], l, 0) + slot);
+        std::copy_n(v.data() + size_t{t} * KW, KW, cache.Chunk(table[pos / tpb], l, 1) + slot);
+      }
     }
+    kv.Build(cache, table, l, static_cast<uint32_t>((end_pos + tpb - 1) / tpb));
     AttnShape shape = shape0;
     shape.layer = l;
     for (uint32_t t0 = 0; t0 < n; t0 += kQueryChunk) {
       const uint32_t t1 = std::min(n, t0 + kQueryChunk);
       if ((t1 - t0) * (c.num_heads / c.num_kv_heads) < kMinGemmRows) {
-        AttendLoops(cache, table, shape, q.data(), att.data(), start_pos, t0, t1, scores);
+        AttendLoops(kv, shape, q.data(), att.data(), start_pos, t0, t1, scores);
       } else {
-        AttendGemm(cache, table, shape, q.data(), att.data(), start_pos, t0, t1, qg, scores, og);
+        AttendGemm(kv, shape, q.data(), att.data(), start_pos, t0, t1, qg, scores, og);
       }
     }
     MatMul(att.data(), w.wo.data(), h.data(), n, QW, D);

@@ -88,8 +88,9 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   const LlamaWeights& weights() const { return weights_; }
 
-  // The KV layout of this model with fp32 KV in the layer-separate arrangement.
-  KvLayout MakeKvLayout(uint32_t tokens_per_block) const;
+  // The KV layout of this model in the layer-separate arrangement, with fp32 KV (default) or
+  // bf16 KV (the engine converts on write and read; computation stays fp32).
+  KvLayout MakeKvLayout(uint32_t tokens_per_block, DType kv_dtype = DType::kFp32) const;
 
   // Runs `tokens` at positions start_pos, start_pos + 1, ... of a sequence whose KV lives in
   // `cache` at the blocks of `block_table` (block i holds positions [i*T, (i+1)*T)). Writes

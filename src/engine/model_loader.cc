@@ -200,14 +200,14 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromGguf(const GgufFile& file) {
   return FromWeights(c, std::move(w));
 }
 
-KvLayout LlamaModel::MakeKvLayout(uint32_t tokens_per_block) const {
+KvLayout LlamaModel::MakeKvLayout(uint32_t tokens_per_block, DType kv_dtype) const {
   KvLayout k;
   k.num_layers = config_.num_layers;
   k.num_planes = 2;
   k.num_kv_heads = config_.num_kv_heads;
   k.head_dim = config_.head_dim;
   k.tokens_per_block = tokens_per_block;
-  k.dtype = DType::kFp32;
+  k.dtype = kv_dtype;
   k.g1_arrangement = G1Arrangement::kLayerSeparate;
   return k;
 }
