@@ -43,6 +43,8 @@ class SlowStore final : public RemoteStore {
  public:
   explicit SlowStore(RemoteStore* inner) : inner_(inner) {}
   std::chrono::milliseconds delay{0};
+  // How late a call returns past its deadline at most (the contract allows a poll's worth).
+  std::chrono::milliseconds overrun{0};
   std::atomic<int> calls{0};
   void CloseGate() {
     std::lock_guard<std::mutex> l(mu_);
@@ -81,7 +83,7 @@ class SlowStore final : public RemoteStore {
     cv_.wait(l, [&] { return !gated_; });
     l.unlock();
     const auto until = std::min(deadline, RemoteClock::now() + delay);
-    std::this_thread::sleep_until(until);
+    std::this_thread::sleep_until(until + overrun);
     return RemoteClock::now() < deadline;
   }
   static void Fail(std::span<Status> results) {
@@ -257,6 +259,9 @@ TEST(TransferRemote, ALateLoadFailsByItsDeadlineAndNeverHangs) {
           ->Wait()
           .ok());
   rig.slow->delay = std::chrono::milliseconds(2000);
+  // The first call returns 40 ms past its deadline, so the second batch's deadline (submitted
+  // right after) has surely passed by then, even under a sanitizer's slower Submit.
+  rig.slow->overrun = std::chrono::milliseconds(40);
   const auto t0 = std::chrono::steady_clock::now();
   // Two batches on one remote thread: the first runs into its deadline inside the call, the
   // second waits behind it and fails without a call.
