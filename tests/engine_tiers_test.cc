@@ -209,6 +209,53 @@ TEST(EngineTiersBf16Test, Bf16KvIsHalfTheBytesAndCloseToFp32) {
       << "fp16 KV is refused with a clear error";
 }
 
+// A prefix from G1: the engine keeps a conversation's KV in G1 between turns (a session), so
+// the next turn tells kvtier that many tokens are computed already (Lookup's
+// num_computed_tokens), kvtier offers only what follows, and the result equals recompute. Then
+// the session is lost (another engine, same manager): the same turn loads from kvtier instead,
+// with the same answer.
+TEST(EngineTiersG1Test, PrefixKeptInG1MatchesRecomputeAndKvtierLoadsOnlyWhatFollows) {
+  constexpr uint32_t kTpb = 16;
+  auto model = LlamaModel::Random(LlamaConfig{}, 81);
+  ASSERT_TRUE(model.ok());
+  TempDir dir;
+  auto manager = MakeManager((*model)->MakeKvLayout(kTpb), 64, dir.path());
+  auto engine = Engine::Create(model->get(), manager.get(), 32, kTpb);
+  auto recompute = Engine::Create(model->get(), nullptr, 32, kTpb);
+  ASSERT_TRUE(engine.ok() && recompute.ok());
+  auto conv = Tokens(3 * kTpb + 7, 21, LlamaConfig{}.vocab_size);
+  auto t1 = (*engine)->Run({"t1", conv, "", ""}, 10, -1, "user-1");
+  ASSERT_TRUE(t1.ok()) << t1.status().ToString();
+  EXPECT_EQ(t1->g1_reused_tokens, 0u);
+  (*engine)->ReleaseFinished(true);
+  conv.insert(conv.end(), t1->generated.begin(), t1->generated.end() - 1);
+  const auto more = Tokens(20, 22, LlamaConfig{}.vocab_size);
+  conv.insert(conv.end(), more.begin(), more.end());
+  const uint32_t kept = (3 * kTpb + 7 + 10 - 1) / kTpb * kTpb;  // block-aligned, in G1
+
+  auto t2 = (*engine)->Run({"t2", conv, "", ""}, 8, -1, "user-1");
+  ASSERT_TRUE(t2.ok()) << t2.status().ToString();
+  EXPECT_EQ(t2->g1_reused_tokens, kept);
+  EXPECT_EQ(t2->loaded_tokens, 0u) << "kvtier loads nothing the engine still holds";
+  EXPECT_EQ(t2->computed_tokens, conv.size() - kept);
+  auto ref = (*recompute)->Run({"ref", conv, "", ""}, 8, -1);
+  ASSERT_TRUE(ref.ok());
+  ExpectSameResult(*t2, *ref);
+  (*engine)->ReleaseFinished(true);
+
+  // A different engine (no session): the committed prefix now comes from kvtier.
+  engine->reset();
+  auto other = Engine::Create(model->get(), manager.get(), 32, kTpb);
+  ASSERT_TRUE(other.ok());
+  auto t3 = (*other)->Run({"t3", conv, "", ""}, 8, -1, "user-1");
+  ASSERT_TRUE(t3.ok());
+  EXPECT_EQ(t3->g1_reused_tokens, 0u);
+  EXPECT_GE(t3->loaded_tokens, kept);
+  ExpectSameResult(*t3, *ref);
+  (*other)->ReleaseFinished(true);
+  EXPECT_EQ(manager->Stats().pinned_blocks, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, EngineTiersTest, ::testing::ValuesIn(Shapes()),
                          [](const auto& info) { return std::string(info.param.name); });
 

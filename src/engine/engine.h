@@ -29,6 +29,7 @@ namespace kvtier::engine {
 struct RequestOutcome {
   std::vector<TokenId> generated;    // greedy tokens (stop token included when hit)
   std::vector<float> prompt_logits;  // logits of the last prompt token
+  uint32_t g1_reused_tokens = 0;     // prompt tokens whose KV was still in G1 (the session's)
   uint32_t offered_tokens = 0;       // Lookup said kvtier could load this many
   uint32_t loaded_tokens = 0;        // prompt tokens whose KV came from kvtier
   uint32_t computed_tokens = 0;      // prompt tokens the engine prefilled
@@ -54,6 +55,15 @@ class Engine {
   // otherwise.
   Result<RequestOutcome> Run(const RequestSpec& request, uint32_t max_new, int64_t stop_id);
 
+  // The same, with the engine's own G1 prefix reuse (as vLLM's prefix cache): the request's KV
+  // stays in G1 afterwards under `session`, and a later Run with that session whose prompt
+  // starts with those tokens computes only past them (their block-aligned part, and never the
+  // prompt's last token), telling kvtier through Lookup's num_computed_tokens; kvtier then
+  // loads what it holds past that. Retained sessions give their blocks back when G1 runs short
+  // (waiting for saves that still read them). An empty session is Run above.
+  Result<RequestOutcome> Run(const RequestSpec& request, uint32_t max_new, int64_t stop_id,
+                             const std::string& session);
+
   // Frees the blocks of finished requests whose saves are done (Finished().saves_done); with
   // wait, waits for every save first. Returns how many requests' blocks were freed.
   uint32_t ReleaseFinished(bool wait);
@@ -67,13 +77,21 @@ class Engine {
   // Prefills prompt[from, n) and returns the last token's logits; with a load in flight, waits
   // for each layer before computing it and falls back to recompute when the load fails.
   Result<std::vector<float>> Prefill(const RequestSpec& request, SequenceState& seq,
-                                     uint32_t planned, RequestOutcome& out);
+                                     uint32_t computed, uint32_t planned, RequestOutcome& out);
+  // Frees every retained session's blocks (after the saves that read them).
+  void DropSessions();
   void Abandon(const std::string& id, SequenceState& seq);
 
   const LlamaModel* model_;
   BlockManager* manager_;
   std::unique_ptr<PagedKvCache> cache_;
   std::map<std::string, std::vector<uint32_t>> held_;  // kept for saves in flight
+  struct Session {
+    std::vector<TokenId> tokens;  // positions with KV in `blocks`
+    std::vector<uint32_t> blocks;
+    bool saves_pending = false;  // RequestFinished said saves still read the blocks
+  };
+  std::map<std::string, Session> sessions_;
 };
 
 }  // namespace kvtier::engine
