@@ -5,11 +5,6 @@
 // turn's first token with a recompute-only run. Per turn: the tier that served each block.
 // Without --redis, a private redis-server is started on a free loopback port and stopped at the
 // end. See docs/demo.md.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +20,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "embedded_redis.h"
 #include "engine/chat_template.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
@@ -72,78 +68,6 @@ struct Turn {
   std::array<uint64_t, kNumTiers> blocks{};
   double ttft_ms = 0, ttft_recompute_ms = -1;
   int first_token_match = -1;  // -1: not compared
-};
-
-uint16_t FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  uint16_t port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
-}
-
-bool CanConnect(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  const bool ok = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  if (fd >= 0) close(fd);
-  return ok;
-}
-
-// A private redis-server on a free loopback port, no persistence; stopped at destruction.
-class PrivateRedis {
- public:
-  ~PrivateRedis() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-  }
-  Status Start() {
-    port_ = FreePort();
-    if (port_ == 0) return Status::IOError("no free loopback port for redis-server");
-    const std::string port = std::to_string(port_);
-    pid_ = fork();
-    if (pid_ < 0) return Status::FromErrno(errno, "fork");
-    if (pid_ == 0) {
-      const int devnull = open("/dev/null", O_WRONLY);
-      if (devnull >= 0) {
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-      }
-      execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    for (int i = 0; i < 250; ++i) {
-      if (CanConnect(port_)) return Status::Ok();
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return Status::Unavailable(
-            "redis-server did not start (is it installed? scripts/install-deps.sh installs "
-            "redis-server); or pass --redis HOST:PORT");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return Status::TimedOut("redis-server did not accept connections within 5 s");
-  }
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
-
- private:
-  pid_t pid_ = -1;
-  uint16_t port_ = 0;
 };
 
 // One worker process: runs the conversation, writes one "turn ..." line per turn to `report`.
@@ -291,7 +215,7 @@ int RunDemoWorkers(const CliArgs& args) {
   }
   const bool json = args.Has("json");
   FILE* log = json ? stderr : stdout;
-  PrivateRedis own;
+  EmbeddedRedis own;
   std::string redis = args.GetString("redis", "");
   if (redis.empty()) {
     if (Status s = own.Start(); !s.ok()) return Failure(s);
