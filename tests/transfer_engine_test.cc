@@ -418,5 +418,47 @@ TEST_F(TransferEngineDiskTest, MismatchedDiskGeometryIsRefused) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
 }
 
+// The destructor's contract: every accepted move has ended when it returns. G2 -> G3 writes
+// that are still queued for a memcpy worker when the destructor starts become disk I/O only when
+// a worker takes them, so the destructor must wait for the queues and the disk together (it once
+// waited for the disk first and could return with writes still in flight). One worker, many
+// writes, the engine destroyed right after Submit: the job must be finished, every write ok and
+// readable from G3 with a fresh engine.
+TEST_F(TransferEngineDiskTest, DestructorFinishesQueuedG3WritesBeforeReturning) {
+  for (int round = 0; round < 3; ++round) {  // 48 blocks: the tier holds 64
+    TransferEngine::Config cfg;
+    cfg.copy_threads = 1;
+    auto rig = std::make_unique<Rig>(cfg);
+    ASSERT_TRUE(rig->engine->RegisterDisk(disk_.get()).ok());
+    std::vector<BlockTransfer> gathers, writes;
+    for (uint32_t b = 0; b < 16; ++b) {
+      const uint64_t id = round * 100 + b;
+      rig->FillG1(b, id);
+      gathers.push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
+      writes.push_back(DiskMove(BlockTransfer::Op::kG2ToG3, id, 0, b));
+    }
+    ASSERT_TRUE((*rig->engine->Submit(gathers, TransferPriority::kSave))->Wait().ok());
+    auto w = rig->engine->Submit(writes, TransferPriority::kSave);
+    ASSERT_TRUE(w.ok());
+    std::shared_ptr<TransferJob> job = *w;
+    rig->engine.reset();
+    ASSERT_TRUE(job->Done()) << "round " << round << ": the destructor returned before its moves";
+    EXPECT_EQ(job->failed_moves(), 0u) << job->Wait().ToString();
+    // A fresh engine on the same disk tier reads every block back.
+    rig->engine = std::move(TransferEngine::Create({})).value();
+    ASSERT_TRUE(rig->engine->RegisterHostArena(rig->arena.get(), rig->layout).ok());
+    ASSERT_TRUE(rig->engine->RegisterG1(rig->g1).ok());
+    ASSERT_TRUE(rig->engine->RegisterDisk(disk_.get()).ok());
+    for (uint32_t b = 0; b < 16; ++b)
+      std::memset(rig->arena->SlotData(b), 0, rig->arena->slot_bytes());
+    std::vector<BlockTransfer> reads;
+    for (uint32_t b = 0; b < 16; ++b)
+      reads.push_back(DiskMove(BlockTransfer::Op::kG3ToG2, round * 100 + b, 0, b));
+    ASSERT_TRUE((*rig->engine->Submit(reads, TransferPriority::kLoad))->Wait().ok());
+    for (uint32_t b = 0; b < 16; ++b) EXPECT_EQ(rig->SlotMismatches(b, round * 100 + b), 0u) << b;
+    rig->engine.reset();
+  }
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -41,14 +41,27 @@ TransferEngine::~TransferEngine() {
   // Remote gets may still queue scatters, so the remote threads finish first (every batch
   // ends by its deadline).
   StopRemote();
-  {
-    // Disk completions may still queue scatters, so they finish first.
-    // Staged moves hold or wait for staging slots; each one returned may start another read.
-    MutexLock lock(&disk_mu_);
-    while (!disk_ops_.empty() || !staging_waiting_.empty() ||
-           staging_free_.size() < staging_total_) {
-      CondWait(&disk_cv_, &disk_mu_);
+  // Queued memcpy work may start disk I/O (a G2 -> G3 write becomes I/O when a worker takes
+  // it), and disk completions may queue memcpy work (a staged scatter) or start the next staged
+  // read, so neither side can be waited for alone: wait for both until a whole round started
+  // nothing new (activity_ counts every queued item and every disk op started).
+  for (;;) {
+    const uint64_t seen = activity_.load(std::memory_order_acquire);
+    {
+      MutexLock lock(&mu_);
+      while (!load_queue_.empty() || !save_queue_.empty() || executing_ != 0) {
+        CondWait(&idle_cv_, &mu_);
+      }
     }
+    {
+      // Staged moves hold or wait for staging slots; each one returned may start another read.
+      MutexLock lock(&disk_mu_);
+      while (!disk_ops_.empty() || !staging_waiting_.empty() ||
+             staging_free_.size() < staging_total_) {
+        CondWait(&disk_cv_, &disk_mu_);
+      }
+    }
+    if (activity_.load(std::memory_order_acquire) == seen) break;
   }
   // Then the device's batches (their callbacks end moves through this engine).
   device_.reset();
@@ -287,6 +300,7 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
       MutexLock lock(&mu_);
       auto& q = save ? save_queue_ : load_queue_;
       for (auto& it : items) q.push_back(std::move(it));
+      activity_.fetch_add(1, std::memory_order_release);
     }
     work_cv_.notify_all();
   }
@@ -395,6 +409,7 @@ void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
       }
       const uint64_t cookie = next_cookie_++;
       disk_ops_.emplace(cookie, DiskOp{job, i, slot});
+      activity_.fetch_add(1, std::memory_order_release);
       if (m.op == Op::kG2ToG3) {
         DiskWriteRequest w;
         w.key = m.key;
@@ -445,6 +460,7 @@ void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
       // The staged half of a load into G1 is a load, whatever the job's priority.
       MutexLock lock(&mu_);
       load_queue_.push_back(WorkItem{op.job, op.move, -1, {}, op.slot});
+      activity_.fetch_add(1, std::memory_order_release);
     }
     work_cv_.notify_one();
   } else {
@@ -478,8 +494,14 @@ void TransferEngine::WorkerLoop() {
       } else {
         return;  // stopping, and nothing left
       }
+      ++executing_;
     }
     Execute(item);
+    MutexLock lock(&mu_);
+    if (--executing_ == 0 && load_queue_.empty() && save_queue_.empty()) {
+      // Under the lock, so the destructor cannot destroy idle_cv_ before this returns.
+      idle_cv_.notify_all();
+    }
   }
 }
 

@@ -210,6 +210,11 @@ class TransferEngine final : private DiskCompletionSink {
   std::deque<WorkItem> load_queue_ GUARDED_BY(mu_);
   std::deque<WorkItem> save_queue_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
+  uint32_t executing_ GUARDED_BY(mu_) = 0;  // items taken by a worker and not finished
+  std::condition_variable idle_cv_;         // queues empty and nothing executing
+  // Bumped whenever work is queued for the workers or a disk op starts; the destructor waits
+  // until a round of its quiescence wait saw no change.
+  std::atomic<uint64_t> activity_{0};
   std::vector<std::thread> workers_;
   std::atomic<uint32_t> queued_saves_{0};
 

@@ -234,6 +234,7 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
     MutexLock lock(&mu_);
     for (const auto& [i, slot] : staged) {
       load_queue_.push_back(WorkItem{batch.job, i, -1, {}, slot});
+      activity_.fetch_add(1, std::memory_order_release);
     }
   }
   work_cv_.notify_all();
