@@ -44,6 +44,9 @@ int RunConfig(const CliArgs& args) {
   if (Status s = args.CheckKnown({"help", "json", "config"}); !s.ok()) return UsageError(s);
   Result<Config> config = LoadConfig(args.GetString("config", ""));
   if (!config.ok()) return UsageError(config.status());
+  for (const std::string& warning : config->Warnings()) {
+    std::fprintf(stderr, "kvtier: warning: %s\n", warning.c_str());
+  }
   if (args.Has("json")) {
     std::string arr = "[";
     bool first = true;
