@@ -63,11 +63,22 @@ std::string CreditLruJson(const CreditLruConfig& config) {
   return o.Str();
 }
 
-const char* CreditLruFlagsHelp() {
-  return "  --credit-lru KEY=VALUE     a setting of the credit-lru policy (repeatable): used_twice,\n"
-         "                             used_thrice, long_follow_up, stale_tail (credits in\n"
-         "                             [-64, 64], x capacity), ghost_factor ([0, 64]); defaults\n"
-         "                             and meaning: docs/policies.md (e.g. stale_tail=0)\n";
+std::string CreditLruFlagsHelp(size_t column) {
+  const char* const lines[] = {
+      "a setting of the credit-lru policy (repeatable): used_twice,",
+      "used_thrice, long_follow_up, stale_tail (credits, x capacity,",
+      "in [-64, 64]), ghost_factor (in [0, 64]); defaults and when to",
+      "change them: docs/policies.md (e.g. stale_tail=0)"};
+  std::string text;
+  std::string flag = "  --credit-lru KEY=VALUE";
+  for (const char* line : lines) {
+    text += flag;
+    text.append(flag.size() < column ? column - flag.size() : 1, ' ');
+    text += line;
+    text += '\n';
+    flag.clear();
+  }
+  return text;
 }
 
 }  // namespace kvtier::cli

@@ -28,7 +28,7 @@ Result<CreditLruFlags> ParseCreditLruFlags(const CliArgs& args);
 // The settings as one JSON object: {"used_twice": 0.75, ..., "ghost_factor": 4}.
 std::string CreditLruJson(const CreditLruConfig& config);
 
-// Help text lines for --credit-lru.
-const char* CreditLruFlagsHelp();
+// Help text lines for --credit-lru, descriptions starting at `column` (the command's layout).
+std::string CreditLruFlagsHelp(size_t column);
 
 }  // namespace kvtier::cli

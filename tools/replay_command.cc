@@ -63,7 +63,7 @@ void PrintReplayHelp(const std::string& default_policy) {
       "                             policy and Belady, SIMULATED (src/index/policy_sim), plotted\n"
       "  --sweep-fractions LIST     default 0.02,0.05,0.1,0.15,0.2,0.3\n"
       "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n",
-      default_policy.c_str(), CreditLruFlagsHelp());
+      default_policy.c_str(), CreditLruFlagsHelp(29).c_str());
 }
 
 Result<double> PositiveDouble(const CliArgs& a, const char* flag, double fallback, double max) {

@@ -48,7 +48,7 @@ void PrintSimHelp() {
       "  used but is not a hit. A block's parent is the previous block of its request.\n"
       "  Nothing is pinned. hit_ratio = prefix-hit blocks / all blocks.\n",
       "lru, lineage-lru, s3fifo, credit-lru", PolicyKindName(kDefaultPolicy),
-      CreditLruFlagsHelp(), PolicyKindName(kDefaultPolicy));
+      CreditLruFlagsHelp(28).c_str(), PolicyKindName(kDefaultPolicy));
 }
 
 struct PolicyRun {
