@@ -148,7 +148,10 @@ TEST(ConfigTest, CreditLruKeysAcceptGoodValuesAndRefuseBadOnesByName) {
       EXPECT_EQ(c.GetDouble(name), std::strtod(k.default_text, nullptr)) << name;
       // Good values: the bounds, a fraction, exponent notation, a leading '+'.
       for (const auto& [text, value] : std::vector<std::pair<std::string, double>>{
-               {"0", 0.0}, {"0.25", 0.25}, {"2.5e-1", 0.25}, {"+3", 3.0},
+               {"0", 0.0},
+               {"0.25", 0.25},
+               {"2.5e-1", 0.25},
+               {"+3", 3.0},
                {std::to_string(static_cast<int>(k.max)), k.max},
                {std::to_string(static_cast<int>(k.min)), k.min}}) {
         Status s = c.Set(name, text);
@@ -166,8 +169,8 @@ TEST(ConfigTest, CreditLruKeysAcceptGoodValuesAndRefuseBadOnesByName) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << name << " = '" << bad << "'";
         EXPECT_NE(s.message().find(name + " = '" + bad + "'"), std::string::npos) << s.message();
         EXPECT_NE(s.message().find("SOMEWHERE"), std::string::npos) << s.message();
-        const std::string range = std::string("a finite number from ") +
-                                  (k.min == 0 ? "0" : "-64") + " to 64";
+        const std::string range =
+            std::string("a finite number from ") + (k.min == 0 ? "0" : "-64") + " to 64";
         EXPECT_NE(s.message().find(range), std::string::npos) << s.message();
         EXPECT_EQ(c.GetDouble(name), 0.5) << "a refused value changes nothing: " << bad;
       }

@@ -50,7 +50,8 @@ TEST(PolicyOptionsTest, ConfigSchemaAgreesWithCreditLruConfig) {
       EXPECT_EQ(config.GetDouble(spec.name), *value) << spec.name;
       const bool ghost = field == "ghost_factor";
       EXPECT_EQ(spec.real_min, ghost ? 0 : -CreditLruConfig::kMaxCredit) << spec.name;
-      EXPECT_EQ(spec.real_max, ghost ? CreditLruConfig::kMaxGhostFactor : CreditLruConfig::kMaxCredit)
+      EXPECT_EQ(spec.real_max,
+                ghost ? CreditLruConfig::kMaxGhostFactor : CreditLruConfig::kMaxCredit)
           << spec.name;
     }
   }
@@ -207,11 +208,11 @@ ManagerOutcome RunManager(const std::string& stale_tail) {
   const uint32_t tpb = TestLayout().tokens_per_block;
   MiniEngine engine(mgr.get(), 64);
   const auto x = Prompt(1, tpb + 1);
-  engine.Run("x", x);                                   // stores x
+  engine.Run("x", x);                                      // stores x
   EXPECT_EQ(engine.Run("x again", x).loaded_tokens, tpb);  // uses x once more
-  engine.Run("turn 1", Prompt(2, 7 * tpb + 1));         // stores c1..c7: G2 is full
-  engine.Run("other", Prompt(3, tpb + 1));              // needs a slot: one block goes
-  const auto next_turn = Prompt(2, 8 * tpb + 1);       // turn 2 repeats turn 1 and adds a block
+  engine.Run("turn 1", Prompt(2, 7 * tpb + 1));            // stores c1..c7: G2 is full
+  engine.Run("other", Prompt(3, tpb + 1));                 // needs a slot: one block goes
+  const auto next_turn = Prompt(2, 8 * tpb + 1);           // turn 2 repeats turn 1 and adds a block
   out.next_turn_offered = engine.Run("turn 2", next_turn).offered_tokens;
   mgr.reset();
   // Only the first removal is the reference string's eviction; turn 2's saves evict more.

@@ -438,10 +438,9 @@ TEST_F(SimCommandTest, CreditLruFlagsReachThePolicyAndAreEchoed) {
         std::string("--credit-lru stale_tail=-1 --credit-lru stale_tail=+0.0")}) {
     r = Kvtier(base + " " + flags);
     ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.output;
-    EXPECT_NE(r.output.find("\"hit_ratio\": 0.444444"), std::string::npos) << flags << ": "
-                                                                            << r.output;
-    EXPECT_NE(r.output.find("\"stale_tail\": 0,"), std::string::npos) << flags << ": "
-                                                                      << r.output;
+    EXPECT_NE(r.output.find("\"hit_ratio\": 0.444444"), std::string::npos)
+        << flags << ": " << r.output;
+    EXPECT_NE(r.output.find("\"stale_tail\": 0,"), std::string::npos) << flags << ": " << r.output;
   }
   r = Kvtier(base + " --credit-lru used_twice=2 --credit-lru ghost_factor=0.5");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -462,8 +461,9 @@ TEST_F(SimCommandTest, BadCreditLruFlagsAreUsageErrorsNamingThem) {
   const std::string trace = Write("one.jsonl", Line("1"));
   const std::pair<const char*, const char*> cases[] = {
       {"--credit-lru stale_tail", "--credit-lru 'stale_tail': expected KEY=VALUE"},
-      {"--credit-lru stale=0", "--credit-lru 'stale=0': unknown key 'stale'; keys: used_twice, "
-                               "used_thrice, long_follow_up, stale_tail, ghost_factor"},
+      {"--credit-lru stale=0",
+       "--credit-lru 'stale=0': unknown key 'stale'; keys: used_twice, "
+       "used_thrice, long_follow_up, stale_tail, ghost_factor"},
       {"--credit-lru =0", "unknown key ''"},
       {"--credit-lru stale_tail=abc", "--credit-lru 'stale_tail=abc': 'abc' is not a number"},
       {"--credit-lru stale_tail=", "'' is not a number"},
@@ -472,10 +472,12 @@ TEST_F(SimCommandTest, BadCreditLruFlagsAreUsageErrorsNamingThem) {
        "--credit-lru 'stale_tail=nan': credit_lru.stale_tail = nan: must be a finite number in "
        "[-64, 64]"},
       {"--credit-lru used_thrice=inf", "credit_lru.used_thrice = inf: must be a finite number"},
-      {"--credit-lru long_follow_up=-64.5", "credit_lru.long_follow_up = -64.5: must be a finite "
-                                            "number in [-64, 64]"},
-      {"--credit-lru ghost_factor=-1", "credit_lru.ghost_factor = -1: must be a finite number in "
-                                       "[0, 64]"},
+      {"--credit-lru long_follow_up=-64.5",
+       "credit_lru.long_follow_up = -64.5: must be a finite "
+       "number in [-64, 64]"},
+      {"--credit-lru ghost_factor=-1",
+       "credit_lru.ghost_factor = -1: must be a finite number in "
+       "[0, 64]"},
       {"--credit-lru stale_tail=0 --credit-lru ghost_factor=65", "ghost_factor = 65"},
       {"--credit-lru", "flag --credit-lru needs a value"},
   };

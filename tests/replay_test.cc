@@ -506,18 +506,15 @@ TEST(ReplayCliTest, CreditLruFlagsReachTheManagerAndAreEchoed) {
   // Another policy: they do nothing, and both the command and the manager say so.
   r = KvtierAll(base + " --policy lru --credit-lru stale_tail=0");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("warning: --credit-lru has no effect with --policy lru"),
-            std::string::npos)
+  EXPECT_NE(r.out.find("warning: --credit-lru has no effect with --policy lru"), std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("g2.credit_lru.stale_tail = 0 (from set) has no effect"),
-            std::string::npos)
+  EXPECT_NE(r.out.find("g2.credit_lru.stale_tail = 0 (from set) has no effect"), std::string::npos)
       << r.out;
   // Bad ones are usage errors naming them, before any work.
   for (const char* bad : {"stale_tail=inf", "stale=0", "ghost_factor=100", "used_twice"}) {
     r = KvtierAll(base + " --credit-lru " + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
-    EXPECT_NE(r.out.find(std::string("--credit-lru '") + bad + "'"), std::string::npos)
-        << r.out;
+    EXPECT_NE(r.out.find(std::string("--credit-lru '") + bad + "'"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("hit_ratio"), std::string::npos) << bad << ": nothing ran";
   }
 }

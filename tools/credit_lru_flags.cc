@@ -11,7 +11,8 @@ namespace {
 
 std::string Keys() {
   std::string keys;
-  for (const char* k : CreditLruConfig::kFieldNames) keys += (keys.empty() ? "" : ", ") + std::string(k);
+  for (const char* k : CreditLruConfig::kFieldNames)
+    keys += (keys.empty() ? "" : ", ") + std::string(k);
   return keys;
 }
 
@@ -26,8 +27,8 @@ Result<CreditLruFlags> ParseCreditLruFlags(const CliArgs& args) {
   for (const std::string& setting : args.GetAll("credit-lru")) {
     const size_t eq = setting.find('=');
     if (eq == std::string::npos) {
-      return FlagError(setting, "expected KEY=VALUE (e.g. --credit-lru stale_tail=0); keys: " +
-                                    Keys());
+      return FlagError(setting,
+                       "expected KEY=VALUE (e.g. --credit-lru stale_tail=0); keys: " + Keys());
     }
     const std::string key = setting.substr(0, eq);
     std::string_view text = std::string_view(setting).substr(eq + 1);
@@ -39,8 +40,7 @@ Result<CreditLruFlags> ParseCreditLruFlags(const CliArgs& args) {
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
     if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
       return FlagError(setting, "'" + std::string(text) +
-                                    "' is not a number; give a finite number, e.g. " + key +
-                                    "=0");
+                                    "' is not a number; give a finite number, e.g. " + key + "=0");
     }
     if (value == 0) value = 0;  // -0 reads as 0
     Status set = out.config.Set(key, value);
@@ -51,8 +51,8 @@ Result<CreditLruFlags> ParseCreditLruFlags(const CliArgs& args) {
     }
     char buf[64];
     auto [text_end, text_ec] = std::to_chars(buf, buf + sizeof(buf), value);
-    out.given.emplace_back(key, text_ec == std::errc() ? std::string(buf, text_end)
-                                                       : std::to_string(value));
+    out.given.emplace_back(
+        key, text_ec == std::errc() ? std::string(buf, text_end) : std::to_string(value));
   }
   return out;
 }
@@ -64,11 +64,10 @@ std::string CreditLruJson(const CreditLruConfig& config) {
 }
 
 std::string CreditLruFlagsHelp(size_t column) {
-  const char* const lines[] = {
-      "a setting of the credit-lru policy (repeatable): used_twice,",
-      "used_thrice, long_follow_up, stale_tail (credits, x capacity,",
-      "in [-64, 64]), ghost_factor (in [0, 64]); defaults and when to",
-      "change them: docs/policies.md (e.g. stale_tail=0)"};
+  const char* const lines[] = {"a setting of the credit-lru policy (repeatable): used_twice,",
+                               "used_thrice, long_follow_up, stale_tail (credits, x capacity,",
+                               "in [-64, 64]), ghost_factor (in [0, 64]); defaults and when to",
+                               "change them: docs/policies.md (e.g. stale_tail=0)"};
   std::string text;
   std::string flag = "  --credit-lru KEY=VALUE";
   for (const char* line : lines) {

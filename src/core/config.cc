@@ -208,8 +208,8 @@ std::vector<ConfigFieldSpec> CreditLruFields(const std::string& tier) {
       {"used_twice", "0.75",
        "credit-lru: credit of a block used twice (x the tier's capacity; higher keeps it longer)",
        -kMaxCredit, kMaxCredit},
-      {"used_thrice", "1.5", "credit-lru: credit of a block used three times or more",
-       -kMaxCredit, kMaxCredit},
+      {"used_thrice", "1.5", "credit-lru: credit of a block used three times or more", -kMaxCredit,
+       kMaxCredit},
       {"long_follow_up", "-0.5",
        "credit-lru: credit of a run of 16+ blocks stored behind a deep hit (a follow-up turn "
        "that pasted a lot)",
@@ -224,8 +224,15 @@ std::vector<ConfigFieldSpec> CreditLruFields(const std::string& tier) {
   };
   std::vector<ConfigFieldSpec> out;
   for (const Field& f : fields) {
-    out.push_back(ConfigFieldSpec{tier + ".credit_lru." + f.name, ConfigType::kDouble,
-                                  f.default_value, f.doc, 0, 0, {}, f.min, f.max});
+    out.push_back(ConfigFieldSpec{tier + ".credit_lru." + f.name,
+                                  ConfigType::kDouble,
+                                  f.default_value,
+                                  f.doc,
+                                  0,
+                                  0,
+                                  {},
+                                  f.min,
+                                  f.max});
   }
   return out;
 }
@@ -566,8 +573,8 @@ std::vector<std::string> Config::Warnings() const {
       if (name.rfind(prefix, 0) != 0 || v.source == ConfigSource::kDefault) continue;
       out.push_back(name + " = " + v.text + " (from " +
                     (v.origin.empty() ? ConfigSourceName(v.source) : v.origin) +
-                    ") has no effect: " + policy_field + " = " + policy +
-                    "; set " + policy_field + " = credit-lru, or remove the setting");
+                    ") has no effect: " + policy_field + " = " + policy + "; set " + policy_field +
+                    " = credit-lru, or remove the setting");
     }
   }
   return out;

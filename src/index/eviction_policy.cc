@@ -26,7 +26,8 @@ std::string Shortest(double v) {
 
 std::string FieldList() {
   std::string names;
-  for (const char* n : CreditLruConfig::kFieldNames) names += (names.empty() ? "" : ", ") + std::string(n);
+  for (const char* n : CreditLruConfig::kFieldNames)
+    names += (names.empty() ? "" : ", ") + std::string(n);
   return names;
 }
 
