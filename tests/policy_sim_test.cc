@@ -442,9 +442,10 @@ TEST_F(SimCommandTest, CreditLruFlagsReachThePolicyAndAreEchoed) {
         << flags << ": " << r.output;
     EXPECT_NE(r.output.find("\"stale_tail\": 0,"), std::string::npos) << flags << ": " << r.output;
   }
-  r = Kvtier(base + " --credit-lru used_twice=2 --credit-lru ghost_factor=0.5");
+  r = Kvtier(base + " --credit-lru used_twice=0.123456789 --credit-lru ghost_factor=0.5");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("\"used_twice\": 2,"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"used_twice\": 0.123456789,"), std::string::npos)
+      << "echoed exactly: " << r.output;
   EXPECT_NE(r.output.find("\"ghost_factor\": 0.5}"), std::string::npos) << r.output;
   // Text output names the settings; another policy warns that they do nothing.
   r = Kvtier("sim --trace " + trace + " --credit-lru stale_tail=0");

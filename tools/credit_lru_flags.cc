@@ -1,7 +1,7 @@
 #include "credit_lru_flags.h"
 
 #include <charconv>
-#include <cmath>
+#include <string_view>
 
 #include "json_writer.h"
 
@@ -14,6 +14,13 @@ std::string Keys() {
   for (const char* k : CreditLruConfig::kFieldNames)
     keys += (keys.empty() ? "" : ", ") + std::string(k);
   return keys;
+}
+
+// The shortest text that reads back as `v`.
+std::string Shortest(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
 }
 
 Status FlagError(const std::string& value, const std::string& what) {
@@ -49,17 +56,18 @@ Result<CreditLruFlags> ParseCreditLruFlags(const CliArgs& args) {
     if (Status s = out.config.Validate(); !s.ok()) {
       return FlagError(setting, s.message() + "; change the value");
     }
-    char buf[64];
-    auto [text_end, text_ec] = std::to_chars(buf, buf + sizeof(buf), value);
-    out.given.emplace_back(
-        key, text_ec == std::errc() ? std::string(buf, text_end) : std::to_string(value));
+    out.given.emplace_back(key, Shortest(value));
   }
   return out;
 }
 
 std::string CreditLruJson(const CreditLruConfig& config) {
   JsonObject o;
-  for (const char* field : CreditLruConfig::kFieldNames) o.Add(field, *config.Get(field));
+  for (const char* field : CreditLruConfig::kFieldNames) {
+    // Shortest round-trip text, so the echo is exactly the value used (finite: validated).
+    const double value = *config.Get(field);
+    o.Raw(field, Shortest(value));
+  }
   return o.Str();
 }
 

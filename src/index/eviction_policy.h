@@ -46,7 +46,7 @@ struct CreditLruConfig {
   // behind a hit deeper than the request's first block.
   double long_follow_up = -0.5;
   // Credit of a stale tail (it replaces all the others). 0 for engines that store only full
-  // blocks and reuse a prompt's last full block on the next turn (docs/policy-study.md 6).
+  // blocks and reuse a prompt's last full block on the next turn (docs/policy-study.md section 6).
   double stale_tail = -1.0;
   // Ghost table size, as a multiple of the capacity; 0 disables it (uses then start at 1 on
   // every insert).
