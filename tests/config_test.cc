@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -124,6 +126,202 @@ TEST_F(ConfigFileTest, BadFilesGetClearErrors) {
 
   Status wrong_type = c.LoadFile(Write("[g3]\nqueue_depth = [1, 2]\n"));
   EXPECT_EQ(wrong_type.code(), StatusCode::kInvalidArgument);
+}
+
+// g2.credit_lru.* and g3.credit_lru.*: real numbers, finite, in range; a refusal names the
+// key, the value, where it came from and the accepted range, and changes nothing.
+TEST(ConfigTest, CreditLruKeysAcceptGoodValuesAndRefuseBadOnesByName) {
+  struct Key {
+    const char* field;
+    const char* default_text;
+    double min, max;
+  };
+  const Key keys[] = {{"used_twice", "0.75", -64, 64},
+                      {"used_thrice", "1.5", -64, 64},
+                      {"long_follow_up", "-0.5", -64, 64},
+                      {"stale_tail", "-1", -64, 64},
+                      {"ghost_factor", "4", 0, 64}};
+  for (const char* tier : {"g2", "g3"}) {
+    for (const Key& k : keys) {
+      const std::string name = std::string(tier) + ".credit_lru." + k.field;
+      Config c;
+      EXPECT_EQ(c.GetDouble(name), std::strtod(k.default_text, nullptr)) << name;
+      // Good values: the bounds, a fraction, exponent notation, a leading '+'.
+      for (const auto& [text, value] : std::vector<std::pair<std::string, double>>{
+               {"0", 0.0},
+               {"0.25", 0.25},
+               {"2.5e-1", 0.25},
+               {"+3", 3.0},
+               {std::to_string(static_cast<int>(k.max)), k.max},
+               {std::to_string(static_cast<int>(k.min)), k.min}}) {
+        Status s = c.Set(name, text);
+        EXPECT_TRUE(s.ok()) << name << " = " << text << ": " << s.ToString();
+        EXPECT_EQ(c.GetDouble(name), value) << name << " = " << text;
+      }
+      ASSERT_TRUE(c.Set(name, "0.5").ok());
+      // Out of range, not finite, not a number.
+      const std::string below = std::to_string(k.min - 0.5), above = std::to_string(k.max + 1);
+      for (const std::string& bad :
+           {below, above, std::string("1e400"), std::string("nan"), std::string("NaN"),
+            std::string("inf"), std::string("-inf"), std::string("abc"), std::string("true"),
+            std::string(""), std::string("1,5"), std::string("0x10"), std::string("1.5x")}) {
+        Status s = c.Set(name, bad, ConfigSource::kEnvironment, "SOMEWHERE");
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << name << " = '" << bad << "'";
+        EXPECT_NE(s.message().find(name + " = '" + bad + "'"), std::string::npos) << s.message();
+        EXPECT_NE(s.message().find("SOMEWHERE"), std::string::npos) << s.message();
+        const std::string range =
+            std::string("a finite number from ") + (k.min == 0 ? "0" : "-64") + " to 64";
+        EXPECT_NE(s.message().find(range), std::string::npos) << s.message();
+        EXPECT_EQ(c.GetDouble(name), 0.5) << "a refused value changes nothing: " << bad;
+      }
+    }
+  }
+  Config c;
+  Status nan = c.Set("g2.credit_lru.stale_tail", "nan");
+  EXPECT_NE(nan.message().find("not a finite number"), std::string::npos) << nan.message();
+  Status range = c.Set("g2.credit_lru.ghost_factor", "-1");
+  EXPECT_NE(range.message().find("out of range"), std::string::npos) << range.message();
+  Status word = c.Set("g3.credit_lru.used_twice", "lots");
+  EXPECT_NE(word.message().find("not a number"), std::string::npos) << word.message();
+  Status typo = c.Set("g2.credit_lru.stale_tails", "0");
+  EXPECT_NE(typo.message().find("unknown setting 'g2.credit_lru.stale_tails'"), std::string::npos)
+      << typo.message();
+  ASSERT_TRUE(c.Set("g2.credit_lru.stale_tail", "-0").ok());
+  for (const ConfigEntry& e : c.Entries()) {
+    if (e.spec->name == "g2.credit_lru.stale_tail") {
+      EXPECT_EQ(e.value, "0") << "-0 prints as 0";
+    }
+  }
+}
+
+TEST(ConfigTest, CreditLruKeysFollowTheEnvironment) {
+  Config c;
+  ASSERT_TRUE(c.LoadEnvironment({"KVTIER_G2_CREDIT_LRU_STALE_TAIL=0",
+                                 "KVTIER_G3_CREDIT_LRU_GHOST_FACTOR=0.5",
+                                 "KVTIER_G3_CREDIT_LRU_USED_THRICE=-2.25"})
+                  .ok());
+  EXPECT_EQ(c.GetDouble("g2.credit_lru.stale_tail"), 0.0);
+  EXPECT_EQ(c.GetDouble("g3.credit_lru.stale_tail"), -1.0) << "g3 keeps its default";
+  EXPECT_EQ(c.GetDouble("g3.credit_lru.ghost_factor"), 0.5);
+  EXPECT_EQ(c.GetDouble("g3.credit_lru.used_thrice"), -2.25);
+  for (const ConfigEntry& e : c.Entries()) {
+    if (e.spec->name == "g2.credit_lru.stale_tail") {
+      EXPECT_EQ(e.source, ConfigSource::kEnvironment);
+      EXPECT_EQ(e.origin, "KVTIER_G2_CREDIT_LRU_STALE_TAIL");
+      EXPECT_EQ(e.value, "0");
+    }
+  }
+  Status bad = c.LoadEnvironment({"KVTIER_G2_CREDIT_LRU_USED_TWICE=inf"});
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("g2.credit_lru.used_twice = 'inf' (from "
+                               "KVTIER_G2_CREDIT_LRU_USED_TWICE) is not a finite number"),
+            std::string::npos)
+      << bad.message();
+  EXPECT_EQ(c.GetDouble("g2.credit_lru.used_twice"), 0.75);
+  Status typo = c.LoadEnvironment({"KVTIER_G2_CREDIT_LRU_STALE=0"});
+  EXPECT_NE(typo.message().find("KVTIER_G2_CREDIT_LRU_STALE names no kvtier setting"),
+            std::string::npos)
+      << typo.message();
+}
+
+// In a file, credit_lru is a sub-table of [g2]/[g3]: dotted keys or [g2.credit_lru]; TOML
+// floats, negative integers (only for real-number fields) and integers are accepted.
+TEST_F(ConfigFileTest, CreditLruKeysLoadFromSubTables) {
+  const std::string path = Write(
+      "[g2]\npolicy = \"credit-lru\"\ncredit_lru.stale_tail = 0\ncredit_lru.used_twice = 1.25\n"
+      "\n[g3.credit_lru]\nlong_follow_up = -2\nghost_factor = 0.5\n");
+  Config c;
+  Status s = c.LoadFile(path);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.GetDouble("g2.credit_lru.stale_tail"), 0.0);
+  EXPECT_EQ(c.GetDouble("g2.credit_lru.used_twice"), 1.25);
+  EXPECT_EQ(c.GetDouble("g3.credit_lru.long_follow_up"), -2.0);
+  EXPECT_EQ(c.GetDouble("g3.credit_lru.ghost_factor"), 0.5);
+  for (const ConfigEntry& e : c.Entries()) {
+    if (e.spec->name == "g3.credit_lru.ghost_factor") {
+      EXPECT_EQ(e.source, ConfigSource::kFile);
+      EXPECT_EQ(e.origin, path + ":8");
+    }
+  }
+  ASSERT_TRUE(c.LoadEnvironment({"KVTIER_G2_CREDIT_LRU_STALE_TAIL=-0.5"}).ok());
+  EXPECT_EQ(c.GetDouble("g2.credit_lru.stale_tail"), -0.5) << "the environment wins";
+}
+
+TEST_F(ConfigFileTest, BadCreditLruValuesInAFileAreNamedWithTheLine) {
+  Config c;
+  Status nan = c.LoadFile(Write("[g2]\ncredit_lru.stale_tail = nan\n"));
+  EXPECT_EQ(nan.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(nan.message().find("g2.credit_lru.stale_tail = 'nan'"), std::string::npos)
+      << nan.message();
+  EXPECT_NE(nan.message().find("kvtier.toml:2"), std::string::npos) << nan.message();
+  EXPECT_NE(nan.message().find("not a finite number"), std::string::npos) << nan.message();
+
+  Status inf = c.LoadFile(Write("[g3.credit_lru]\nused_twice = -inf\n"));
+  EXPECT_NE(inf.message().find("g3.credit_lru.used_twice = '-inf'"), std::string::npos)
+      << inf.message();
+
+  Status range = c.LoadFile(Write("[g2.credit_lru]\nghost_factor = -1\n"));
+  EXPECT_NE(range.message().find("g2.credit_lru.ghost_factor = '-1'"), std::string::npos)
+      << range.message();
+  EXPECT_NE(range.message().find("from 0 to 64"), std::string::npos) << range.message();
+
+  Status type = c.LoadFile(Write("[g2.credit_lru]\nused_thrice = true\n"));
+  EXPECT_NE(type.message().find("g2.credit_lru.used_thrice = 'true'"), std::string::npos)
+      << type.message();
+  EXPECT_NE(type.message().find("not a number"), std::string::npos) << type.message();
+
+  Status unknown = c.LoadFile(Write("[g2.credit_lru]\nstale = 0\n"));
+  EXPECT_NE(unknown.message().find("unknown setting 'g2.credit_lru.stale'"), std::string::npos)
+      << unknown.message();
+
+  // A real number where a whole number belongs is refused, not truncated.
+  Status real = c.LoadFile(Write("[g3]\nqueue_depth = 32.5\n"));
+  EXPECT_NE(real.message().find("g3.queue_depth = 32.5"), std::string::npos) << real.message();
+  EXPECT_NE(real.message().find("real number"), std::string::npos) << real.message();
+  EXPECT_EQ(c.GetUint("g3.queue_depth"), 32u);
+  for (const ConfigEntry& e : c.Entries()) {
+    EXPECT_EQ(e.source, ConfigSource::kDefault) << e.spec->name << ": every file was refused";
+  }
+}
+
+// A credit_lru setting for a tier whose policy is not credit-lru is allowed but warned about.
+TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
+  Config c;
+  EXPECT_TRUE(c.Warnings().empty());
+  ASSERT_TRUE(c.Set("g2.policy", "lru").ok());
+  EXPECT_TRUE(c.Warnings().empty()) << "defaults are not settings the user gave";
+  ASSERT_TRUE(c.Set("g2.credit_lru.stale_tail", "0", ConfigSource::kEnvironment,
+                    "KVTIER_G2_CREDIT_LRU_STALE_TAIL")
+                  .ok());
+  ASSERT_TRUE(c.Set("g3.credit_lru.used_twice", "1").ok());  // g3 is credit-lru: no warning
+  std::vector<std::string> w = c.Warnings();
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("g2.credit_lru.stale_tail = 0 (from KVTIER_G2_CREDIT_LRU_STALE_TAIL)"),
+            std::string::npos)
+      << w[0];
+  EXPECT_NE(w[0].find("g2.policy = lru"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("set g2.policy = credit-lru, or remove the setting"), std::string::npos)
+      << w[0];
+  ASSERT_TRUE(c.Set("g3.policy", "s3fifo").ok());
+  EXPECT_EQ(c.Warnings().size(), 2u);
+  ASSERT_TRUE(c.Set("g2.policy", "credit-lru").ok());
+  ASSERT_TRUE(c.Set("g3.policy", "credit-lru").ok());
+  EXPECT_TRUE(c.Warnings().empty());
+}
+
+// `kvtier config` shows the keys and their sources, prints the warning and still succeeds.
+TEST(ConfigTest, ConfigCommandShowsCreditLruKeysAndWarns) {
+  const std::string cmd = "KVTIER_G3_POLICY=lru KVTIER_G3_CREDIT_LRU_GHOST_FACTOR=2 " +
+                          std::string(KVTIER_CLI_PATH) + " config 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("warning: g3.credit_lru.ghost_factor = 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("env KVTIER_G3_CREDIT_LRU_GHOST_FACTOR"), std::string::npos) << out;
+  EXPECT_NE(out.find("g2.credit_lru.stale_tail     -1"), std::string::npos) << out;
 }
 
 TEST(ConfigTest, ParseByteSize) {

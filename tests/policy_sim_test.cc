@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -410,6 +411,83 @@ TEST_F(SimCommandTest, BadInputIsAUsageErrorThatSaysWhere) {
   r = Kvtier("sim --trace " + (dir_ / "missing.jsonl").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+}
+
+// --credit-lru KEY=VALUE reaches the policy. The trace (10 distinct blocks, 8 slots): x (id 100)
+// is stored and hit; a turn stores 1..7 (7 is its last block, a stale tail); an unrelated block
+// needs a slot; the next turn repeats 1..7 and adds 8. By default the stale tail 7 goes and the
+// next turn hits 6 blocks (7 hits of 18 blocks); with stale_tail = 0, x goes and it hits all 7
+// (8 of 18).
+TEST_F(SimCommandTest, CreditLruFlagsReachThePolicyAndAreEchoed) {
+  std::string text;
+  for (const char* ids : {"100", "100", "1, 2, 3, 4, 5, 6, 7", "200", "1, 2, 3, 4, 5, 6, 7, 8"}) {
+    text += Line(ids);
+  }
+  const std::string trace = Write("tail.jsonl", text);
+  const std::string base = "sim --trace " + trace + " --capacity-fraction 0.8 --json";
+  CliRun r = Kvtier(base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* key :
+       {"\"capacity_blocks\": 8", "\"policy\": \"credit-lru\"", "\"hit_ratio\": 0.388889",
+        "\"credit_lru\": {\"used_twice\": 0.75, \"used_thrice\": 1.5, \"long_follow_up\": -0.5, "
+        "\"stale_tail\": -1, \"ghost_factor\": 4}"}) {
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+  }
+  for (const std::string& flags :
+       {std::string("--credit-lru stale_tail=0"), std::string("--credit-lru=stale_tail=0"),
+        std::string("--credit-lru stale_tail=-1 --credit-lru stale_tail=+0.0")}) {
+    r = Kvtier(base + " " + flags);
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.output;
+    EXPECT_NE(r.output.find("\"hit_ratio\": 0.444444"), std::string::npos)
+        << flags << ": " << r.output;
+    EXPECT_NE(r.output.find("\"stale_tail\": 0,"), std::string::npos) << flags << ": " << r.output;
+  }
+  r = Kvtier(base + " --credit-lru used_twice=0.123456789 --credit-lru ghost_factor=0.5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"used_twice\": 0.123456789,"), std::string::npos)
+      << "echoed exactly: " << r.output;
+  EXPECT_NE(r.output.find("\"ghost_factor\": 0.5}"), std::string::npos) << r.output;
+  // Text output names the settings; another policy warns that they do nothing.
+  r = Kvtier("sim --trace " + trace + " --credit-lru stale_tail=0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("credit-lru settings: {"), std::string::npos) << r.output;
+  r = Kvtier("sim --trace " + trace + " --policy lru --credit-lru stale_tail=0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: --credit-lru has no effect with --policy lru"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(SimCommandTest, BadCreditLruFlagsAreUsageErrorsNamingThem) {
+  const std::string trace = Write("one.jsonl", Line("1"));
+  const std::pair<const char*, const char*> cases[] = {
+      {"--credit-lru stale_tail", "--credit-lru 'stale_tail': expected KEY=VALUE"},
+      {"--credit-lru stale=0",
+       "--credit-lru 'stale=0': unknown key 'stale'; keys: used_twice, "
+       "used_thrice, long_follow_up, stale_tail, ghost_factor"},
+      {"--credit-lru =0", "unknown key ''"},
+      {"--credit-lru stale_tail=abc", "--credit-lru 'stale_tail=abc': 'abc' is not a number"},
+      {"--credit-lru stale_tail=", "'' is not a number"},
+      {"--credit-lru used_twice=1,5", "'1,5' is not a number"},
+      {"--credit-lru stale_tail=nan",
+       "--credit-lru 'stale_tail=nan': credit_lru.stale_tail = nan: must be a finite number in "
+       "[-64, 64]"},
+      {"--credit-lru used_thrice=inf", "credit_lru.used_thrice = inf: must be a finite number"},
+      {"--credit-lru long_follow_up=-64.5",
+       "credit_lru.long_follow_up = -64.5: must be a finite "
+       "number in [-64, 64]"},
+      {"--credit-lru ghost_factor=-1",
+       "credit_lru.ghost_factor = -1: must be a finite number in "
+       "[0, 64]"},
+      {"--credit-lru stale_tail=0 --credit-lru ghost_factor=65", "ghost_factor = 65"},
+      {"--credit-lru", "flag --credit-lru needs a value"},
+  };
+  for (const auto& [flags, message] : cases) {
+    CliRun r = Kvtier("sim --trace " + trace + " " + flags + " --json");
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(r.output.find("hit_ratio"), std::string::npos) << flags << ": nothing ran";
+  }
 }
 
 // The study's headline (docs/policy-study.md) on the real Mooncake conversation trace, when the

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -461,6 +462,77 @@ TEST(ReplayCliTest, UsageErrorsSayWhatToFix) {
   EXPECT_NE(r.out.find("trace line 2, column 16: tokens[1] must be a non-negative integer"),
             std::string::npos)
       << r.out;
+}
+
+// --credit-lru reaches the real manager's G2 policy through g2.credit_lru.*. The trace is the
+// one of policy_sim_test's CreditLruFlagsReachThePolicyAndAreEchoed (8 G2 slots): by default
+// the turn's last block is evicted and the next turn hits 6 of its blocks (7 hits of 18); with
+// stale_tail = 0 it hits all 7 (8 of 18), replayed as simulated.
+TEST(ReplayCliTest, CreditLruFlagsReachTheManagerAndAreEchoed) {
+  TempDir dir;
+  const std::string trace = dir.path() + "/tail.jsonl";
+  {
+    std::ofstream out(trace);
+    for (const char* ids : {"100", "100", "1, 2, 3, 4, 5, 6, 7", "200", "1, 2, 3, 4, 5, 6, 7, 8"}) {
+      out << "{\"hash_ids\": [" << ids << "]}\n";
+    }
+  }
+  const std::string base = "replay --trace " + trace + " --capacity-fraction 0.8 --json";
+  CliRun r = Kvtier(base);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(JsonNumber(r.out, "g2_slots"), 8.0) << r.out;
+  EXPECT_NEAR(JsonNumber(r.out, "hit_ratio"), 7.0 / 18, 1e-6) << r.out;
+  EXPECT_NE(r.out.find("\"credit_lru\": {\"used_twice\": 0.75, \"used_thrice\": 1.5, "
+                       "\"long_follow_up\": -0.5, \"stale_tail\": -1, \"ghost_factor\": 4}"),
+            std::string::npos)
+      << r.out;
+  r = Kvtier(base + " --credit-lru stale_tail=0");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NEAR(JsonNumber(r.out, "hit_ratio"), 8.0 / 18, 1e-6) << r.out;
+  EXPECT_NEAR(JsonNumber(r.out, "sim_hit_ratio"), 8.0 / 18, 1e-6) << "the simulation too";
+  EXPECT_NE(r.out.find("\"stale_tail\": 0,"), std::string::npos) << r.out;
+  // With G3, both tiers take the settings (the manager accepts g3.credit_lru.* as well).
+  r = KvtierAll(base + " --g3-fraction 1 --credit-lru stale_tail=0 --credit-lru used_twice=1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"used_twice\": 1,"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("WARN"), std::string::npos) << r.out;
+  EXPECT_EQ(JsonNumber(r.out, "mismatched_blocks"), 0.0);
+  // The sweep echoes them too.
+  r = Kvtier("replay --trace " + trace + " --sweep --sweep-fractions 0.8 --json --sweep-out " +
+             dir.path() + "/sweep.png --credit-lru stale_tail=0");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"stale_tail\": 0,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"credit-lru\": 0.444444"), std::string::npos) << r.out;
+  // Another policy: they do nothing, and both the command and the manager say so.
+  r = KvtierAll(base + " --policy lru --credit-lru stale_tail=0");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: --credit-lru has no effect with --policy lru"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("g2.credit_lru.stale_tail = 0 (from set) has no effect"), std::string::npos)
+      << r.out;
+  // Bad ones are usage errors naming them, before any work.
+  for (const char* bad : {"stale_tail=inf", "stale=0", "ghost_factor=100", "used_twice"}) {
+    r = KvtierAll(base + " --credit-lru " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find(std::string("--credit-lru '") + bad + "'"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("hit_ratio"), std::string::npos) << bad << ": nothing ran";
+  }
+}
+
+// ReplayOptions::settings go through the config's checks: a bad one fails the replay, naming it.
+TEST(ReplayTest, BadSettingsFailTheReplayNamingThem) {
+  const ReplayTrace t = Load("replay_tokens_small.jsonl", 16);
+  ReplayOptions o;
+  o.payload_bytes = 256;
+  o.g2_blocks = 8;
+  o.settings = {{"g2.credit_lru.stale_tail", "0"}, {"g3.credit_lru.ghost_factor", "nan"}};
+  auto r = RunReplay(t, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("g3.credit_lru.ghost_factor = 'nan'"), std::string::npos)
+      << r.status().message();
+  o.settings = {{"g2.credit_lru.stale_tail", "0"}};
+  EXPECT_TRUE(RunReplay(t, o).ok());
 }
 
 TEST(ReplayCliTest, SweepWritesAPlot) {

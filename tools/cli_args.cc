@@ -34,6 +34,7 @@ Result<CliArgs> CliArgs::Parse(int argc, char** argv, int first,
     }
     if (name.empty()) return Status::InvalidArgument("empty flag name in '" + word + "'");
     args.flags_[name] = value;
+    args.in_order_.emplace_back(name, value);
   }
   return args;
 }
@@ -43,6 +44,14 @@ bool CliArgs::Has(std::string_view flag) const { return flags_.find(flag) != fla
 std::string CliArgs::GetString(std::string_view flag, std::string fallback) const {
   auto it = flags_.find(flag);
   return it == flags_.end() ? fallback : it->second;
+}
+
+std::vector<std::string> CliArgs::GetAll(std::string_view flag) const {
+  std::vector<std::string> values;
+  for (const auto& [name, value] : in_order_) {
+    if (name == flag) values.push_back(value);
+  }
+  return values;
 }
 
 Result<uint64_t> CliArgs::GetUint(std::string_view flag, uint64_t fallback) const {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvtier/status.h"
@@ -25,6 +26,9 @@ class CliArgs {
   bool Has(std::string_view flag) const;
   // The flag's value, or `fallback` when absent.
   std::string GetString(std::string_view flag, std::string fallback) const;
+  // Every value given to a repeatable flag, in command-line order (empty when absent). The
+  // single-value getters above see only the last one.
+  std::vector<std::string> GetAll(std::string_view flag) const;
   // The flag's value as an unsigned integer (accepts K/M/G/KiB/MiB/GiB suffixes as powers of
   // 1024), or `fallback` when absent; InvalidArgument naming the flag when malformed.
   Result<uint64_t> GetUint(std::string_view flag, uint64_t fallback) const;
@@ -35,6 +39,7 @@ class CliArgs {
  private:
   std::vector<std::string> positional_;
   std::map<std::string, std::string, std::less<>> flags_;
+  std::vector<std::pair<std::string, std::string>> in_order_;  // every flag given, with repeats
 };
 
 // Prints "kvtier: <message>" to stderr and returns 2, the exit code of a usage error.

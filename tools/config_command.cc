@@ -38,12 +38,16 @@ int RunConfig(const CliArgs& args) {
         "usage: kvtier config [--config FILE] [--json]\n"
         "  Prints every setting, its effective value and its source: default, file (with the\n"
         "  line), or env (KVTIER_<SECTION>_<KEY>). The file is --config, else $KVTIER_CONFIG.\n"
-        "  Precedence: default < file < environment.\n");
+        "  Precedence: default < file < environment. Settings that have no effect (a\n"
+        "  gN.credit_lru.* value while gN.policy is not credit-lru) are warned about on stderr.\n");
     return 0;
   }
   if (Status s = args.CheckKnown({"help", "json", "config"}); !s.ok()) return UsageError(s);
   Result<Config> config = LoadConfig(args.GetString("config", ""));
   if (!config.ok()) return UsageError(config.status());
+  for (const std::string& warning : config->Warnings()) {
+    std::fprintf(stderr, "kvtier: warning: %s\n", warning.c_str());
+  }
   if (args.Has("json")) {
     std::string arr = "[";
     bool first = true;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "credit_lru_flags.h"
 #include "index/eviction_policy.h"
 #include "index/policy_sim.h"
 #include "json_writer.h"
@@ -45,6 +46,8 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --g3-fraction F            add a G3 of ceil(F x distinct blocks) slots (default 0: none)\n"
       "  --g3-dir DIR               G3 slot files (default a temp dir under /tmp, removed after)\n"
       "  --g3-admit-min-seen N      sightings before a G2 victim goes to G3 (default 1)\n"
+      "%s"
+      "                             (G2 and G3, and the simulated figures; echoed in --json)\n"
       "  --payload-bytes B          bytes of a scaled block (default 4096; multiple of 4 x tpb)\n"
       "  --requests N               replay only the first N requests\n"
       "  --verify-every N           check every N-th loaded block (default 1 = all; 0 = none)\n"
@@ -60,7 +63,7 @@ void PrintReplayHelp(const std::string& default_policy) {
       "                             policy and Belady, SIMULATED (src/index/policy_sim), plotted\n"
       "  --sweep-fractions LIST     default 0.02,0.05,0.1,0.15,0.2,0.3\n"
       "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n",
-      default_policy.c_str());
+      default_policy.c_str(), CreditLruFlagsHelp(29).c_str());
 }
 
 Result<double> PositiveDouble(const CliArgs& a, const char* flag, double fallback, double max) {
@@ -92,12 +95,13 @@ Result<std::vector<double>> ParseFractions(const std::string& text) {
   return out;
 }
 
-Result<SimResult> Simulate(const Trace& t, PolicyKind kind, uint64_t capacity) {
+Result<SimResult> Simulate(const Trace& t, PolicyKind kind, uint64_t capacity,
+                           const PolicyOptions& options) {
   std::unique_ptr<EvictionPolicy> policy;
   if (kind == PolicyKind::kBelady) {
     policy = MakeBeladyPolicy(TraceReferences(t));
   } else {
-    KVTIER_ASSIGN_OR_RETURN(policy, MakeEvictionPolicy(kind, capacity));
+    KVTIER_ASSIGN_OR_RETURN(policy, MakeEvictionPolicy(kind, capacity, options));
   }
   return SimulatePolicy(t, *policy, std::max<uint64_t>(capacity, 1));
 }
@@ -148,7 +152,7 @@ Status WriteSweepPlot(const std::vector<SweepRow>& rows, const std::string& png,
   return Status::Ok();
 }
 
-int RunSweep(const CliArgs& args, const ReplayTrace& trace) {
+int RunSweep(const CliArgs& args, const ReplayTrace& trace, const PolicyOptions& options) {
   auto fractions = ParseFractions(args.GetString("sweep-fractions", "0.02,0.05,0.1,0.15,0.2,0.3"));
   if (!fractions.ok()) return UsageError(fractions.status());
   const std::string png = args.GetString("sweep-out", "replay-sweep.png");
@@ -158,11 +162,11 @@ int RunSweep(const CliArgs& args, const ReplayTrace& trace) {
   for (double fraction : *fractions) {
     SweepRow row{fraction, CapacityForFraction(t, fraction), {}};
     for (PolicyKind k : kOnlinePolicies) {
-      auto r = Simulate(t, k, row.capacity);
+      auto r = Simulate(t, k, row.capacity, options);
       if (!r.ok()) return Failure(r.status());
       row.hit.push_back(r->hit_ratio());
     }
-    auto b = Simulate(t, PolicyKind::kBelady, row.capacity);
+    auto b = Simulate(t, PolicyKind::kBelady, row.capacity, options);
     if (!b.ok()) return Failure(b.status());
     row.hit.push_back(b->hit_ratio());
     row.hit.push_back(unbounded);
@@ -201,6 +205,7 @@ int RunSweep(const CliArgs& args, const ReplayTrace& trace) {
         .Add("mode", kMode)
         .Add("distinct_blocks", t.distinct_blocks)
         .Add("plot", plot)
+        .Raw("credit_lru", CreditLruJson(options.credit_lru))
         .Raw("sweep", arr);
     std::printf("%s\n", out.Str().c_str());
     return 0;
@@ -248,10 +253,15 @@ int RunReplayCommand(const CliArgs& args) {
                                   "sweep",
                                   "sweep-fractions",
                                   "sweep-out",
-                                  "keep"});
+                                  "keep",
+                                  "credit-lru"});
       !s.ok()) {
     return UsageError(s);
   }
+  auto credit_lru = ParseCreditLruFlags(args);
+  if (!credit_lru.ok()) return UsageError(credit_lru.status());
+  PolicyOptions policy_options;
+  policy_options.credit_lru = credit_lru->config;
   if (!args.Has("trace")) return UsageError(Status::InvalidArgument("--trace FILE is required"));
   auto tpb = args.GetUint("tokens-per-block", 512);
   if (!tpb.ok()) return UsageError(tpb.status());
@@ -272,7 +282,7 @@ int RunReplayCommand(const CliArgs& args) {
                  "prefix-chained and the simulated figures will not match the replay\n",
                  static_cast<unsigned long long>(trace->blocks().lineage_conflicts));
   }
-  if (args.Has("sweep")) return RunSweep(args, *trace);
+  if (args.Has("sweep")) return RunSweep(args, *trace, policy_options);
 
   ReplayOptions o;
   o.policy = args.GetString("policy", default_policy);
@@ -281,6 +291,16 @@ int RunReplayCommand(const CliArgs& args) {
   if (*kind == PolicyKind::kBelady) {
     return UsageError(Status::InvalidArgument(
         "--policy belady: Belady is offline (it needs the future); use --compare-belady"));
+  }
+  for (const auto& [key, value] : credit_lru->given) {
+    o.settings.emplace_back("g2.credit_lru." + key, value);
+    o.settings.emplace_back("g3.credit_lru." + key, value);
+  }
+  if (!credit_lru->given.empty() && *kind != PolicyKind::kCreditLru) {
+    std::fprintf(stderr,
+                 "kvtier: warning: --credit-lru has no effect with --policy %s; use --policy "
+                 "credit-lru\n",
+                 o.policy.c_str());
   }
   auto fraction = PositiveDouble(args, "capacity-fraction", 0.05, 1e6);
   if (!fraction.ok()) return UsageError(fraction.status());
@@ -356,11 +376,11 @@ int RunReplayCommand(const CliArgs& args) {
     replayed.request_ends.resize(r.requests);
     replayed.ids.resize(r.requests == 0 ? 0 : replayed.request_ends.back());
   }
-  auto sim = Simulate(replayed, *kind, total_slots);
+  auto sim = Simulate(replayed, *kind, total_slots, policy_options);
   if (!sim.ok()) return Failure(sim.status());
   double belady = -1, unbounded = -1;
   if (args.Has("compare-belady")) {
-    auto b = Simulate(replayed, PolicyKind::kBelady, total_slots);
+    auto b = Simulate(replayed, PolicyKind::kBelady, total_slots, policy_options);
     if (!b.ok()) return Failure(b.status());
     belady = b->hit_ratio();
     unbounded = SimulateUnbounded(replayed).hit_ratio();
@@ -404,6 +424,7 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("prompt_blocks", r.prompt_blocks)
         .Add("distinct_blocks", t.distinct_blocks)
         .Add("policy", o.policy)
+        .Raw("credit_lru", CreditLruJson(policy_options.credit_lru))
         .Add("capacity_fraction", *fraction)
         .Add("g3_fraction", g3_fraction)
         .Add("g2_slots", r.g2_slots)
@@ -460,6 +481,9 @@ int RunReplayCommand(const CliArgs& args) {
                 g3_fraction);
   }
   std::printf("; %llu-byte blocks\n\n", static_cast<unsigned long long>(o.payload_bytes));
+  if (!credit_lru->given.empty()) {
+    std::printf("credit-lru settings: %s\n\n", CreditLruJson(policy_options.credit_lru).c_str());
+  }
   std::printf("hit ratio      %.4f  (G2 %.4f, G3 %.4f)   simulated, same policy/slots: %.4f\n",
               hit_ratio, tier_ratio(kTierG2), tier_ratio(kTierG3), sim->hit_ratio());
   if (belady >= 0) {

@@ -85,6 +85,7 @@ Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout) {
     KVTIER_RETURN_IF_ERROR(c.Set("g3.policy", o.policy));
     KVTIER_RETURN_IF_ERROR(c.Set("g3.admit_min_seen", std::to_string(o.g3_admit_min_seen)));
   }
+  for (const auto& [name, value] : o.settings) KVTIER_RETURN_IF_ERROR(c.Set(name, value));
   return c;
 }
 

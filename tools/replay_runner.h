@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvtier/connector.h"
@@ -36,6 +37,9 @@ struct ReplayOptions {
   uint32_t verify_every = 1;          // check every n-th loaded block byte for byte (0 = none)
   uint64_t max_requests = 0;          // replay only the first n requests (0 = all)
   CostModel cost;
+  // Further manager config settings (name, value), applied after the ones above, e.g.
+  // {"g2.credit_lru.stale_tail", "0"} from --credit-lru. A refused one fails the replay.
+  std::vector<std::pair<std::string, std::string>> settings;
   // Test hooks. reseed_at_request: from this request on (0 = never), blocks are computed from
   // a different seed, as if the engine's KV had changed under the same keys: every later load
   // of an older block must count as a mismatch (proves the check catches wrong bytes).

@@ -1,6 +1,7 @@
 // kvtier sim: replays a block trace through one cache tier under each eviction policy and
 // compares the hit ratios with Belady's offline optimum and with an unbounded cache. A study
 // tool for eviction policies; `kvtier replay` (real tiers, TTFT) is the end-to-end one.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "credit_lru_flags.h"
 #include "index/eviction_policy.h"
 #include "index/policy_sim.h"
 #include "json_writer.h"
@@ -23,7 +25,8 @@ constexpr PolicyKind kDefaultPolicy = PolicyKind::kCreditLru;
 
 void PrintSimHelp() {
   std::printf(
-      "usage: kvtier sim --trace FILE [--capacity-fraction F] [--policy NAME|all] [--json]\n"
+      "usage: kvtier sim --trace FILE [--capacity-fraction F] [--policy NAME|all]\n"
+      "                  [--credit-lru KEY=VALUE]... [--json]\n"
       "  Replays a Mooncake-format block trace (JSONL: {\"hash_ids\": [...], ...} per line,\n"
       "  prefix-chained ids) through ONE cache tier and reports the hit ratio of each policy,\n"
       "  of Belady's offline optimum and of an unbounded cache.\n"
@@ -32,9 +35,11 @@ void PrintSimHelp() {
       "  --capacity-fraction F     tier capacity = ceil(F x distinct blocks of the trace);\n"
       "                            default 0.05\n"
       "  --policy NAME|all         %s, or all (default %s)\n"
+      "%s"
       "  --json                    one JSON object: hit_ratio (of --policy; of %s for all),\n"
       "                            belady_hit_ratio, unbounded_hit_ratio, ratio_to_belady,\n"
-      "                            policies {name: {hit_ratio, ratio_to_belady, ...}}\n"
+      "                            policies {name: {hit_ratio, ratio_to_belady, ...}},\n"
+      "                            credit_lru {the settings credit-lru ran with}\n"
       "\n"
       "  Semantics: requests are served one at a time in trace order. A request's prefix hits\n"
       "  are its blocks from the first up to its first block that is not cached; only they\n"
@@ -43,7 +48,7 @@ void PrintSimHelp() {
       "  used but is not a hit. A block's parent is the previous block of its request.\n"
       "  Nothing is pinned. hit_ratio = prefix-hit blocks / all blocks.\n",
       "lru, lineage-lru, s3fifo, credit-lru", PolicyKindName(kDefaultPolicy),
-      PolicyKindName(kDefaultPolicy));
+      CreditLruFlagsHelp(28).c_str(), PolicyKindName(kDefaultPolicy));
 }
 
 struct PolicyRun {
@@ -53,12 +58,12 @@ struct PolicyRun {
 };
 
 Result<PolicyRun> RunOne(const Trace& trace, PolicyKind kind, uint64_t capacity,
-                         const std::vector<BlockKey>* references) {
+                         const PolicyOptions& options, const std::vector<BlockKey>* references) {
   std::unique_ptr<EvictionPolicy> policy;
   if (kind == PolicyKind::kBelady) {
     policy = MakeBeladyPolicy(*references);
   } else {
-    auto made = MakeEvictionPolicy(kind, capacity);
+    auto made = MakeEvictionPolicy(kind, capacity, options);
     if (!made.ok()) return made.status();
     policy = std::move(*made);
   }
@@ -80,10 +85,15 @@ int RunSim(const CliArgs& args) {
     PrintSimHelp();
     return 0;
   }
-  if (Status s = args.CheckKnown({"help", "json", "trace", "capacity-fraction", "policy"});
+  if (Status s =
+          args.CheckKnown({"help", "json", "trace", "capacity-fraction", "policy", "credit-lru"});
       !s.ok()) {
     return UsageError(s);
   }
+  auto credit_lru = ParseCreditLruFlags(args);
+  if (!credit_lru.ok()) return UsageError(credit_lru.status());
+  PolicyOptions options;
+  options.credit_lru = credit_lru->config;
   if (!args.Has("trace")) return UsageError(Status::InvalidArgument("--trace FILE is required"));
   auto fraction = args.GetDouble("capacity-fraction", 0.05);
   if (!fraction.ok()) return UsageError(fraction.status());
@@ -105,6 +115,13 @@ int RunSim(const CliArgs& args) {
     }
     kinds.push_back(*kind);
   }
+  if (!credit_lru->given.empty() &&
+      std::find(kinds.begin(), kinds.end(), PolicyKind::kCreditLru) == kinds.end()) {
+    std::fprintf(stderr,
+                 "kvtier: warning: --credit-lru has no effect with --policy %s; use --policy "
+                 "credit-lru or all\n",
+                 policy_name.c_str());
+  }
 
   auto trace = LoadMooncakeTrace(args.GetString("trace", ""));
   if (!trace.ok()) {
@@ -116,11 +133,11 @@ int RunSim(const CliArgs& args) {
 
   std::vector<PolicyRun> runs;
   for (PolicyKind kind : kinds) {
-    auto run = RunOne(*trace, kind, capacity, nullptr);
+    auto run = RunOne(*trace, kind, capacity, options, nullptr);
     if (!run.ok()) return Failure(run.status());
     runs.push_back(*run);
   }
-  auto belady = RunOne(*trace, PolicyKind::kBelady, capacity, &references);
+  auto belady = RunOne(*trace, PolicyKind::kBelady, capacity, options, &references);
   if (!belady.ok()) return Failure(belady.status());
   const SimResult unbounded = SimulateUnbounded(*trace);
   const double belady_ratio = belady->result.hit_ratio();
@@ -151,7 +168,8 @@ int RunSim(const CliArgs& args) {
         .Add("belady_hit_ratio", belady_ratio)
         .Add("unbounded_hit_ratio", unbounded.hit_ratio())
         .Add("ratio_to_belady", Ratio(headline.result.hit_ratio(), belady_ratio))
-        .Raw("policies", per_policy.Str());
+        .Raw("policies", per_policy.Str())
+        .Raw("credit_lru", CreditLruJson(options.credit_lru));
     std::printf("%s\n", out.Str().c_str());
     return 0;
   }
@@ -163,8 +181,12 @@ int RunSim(const CliArgs& args) {
     std::printf("warning: %llu ids appear under two parents; the trace is not prefix-chained\n",
                 static_cast<unsigned long long>(trace->lineage_conflicts));
   }
-  std::printf("capacity %llu blocks (%.4g x distinct), one tier\n\n",
+  std::printf("capacity %llu blocks (%.4g x distinct), one tier\n",
               static_cast<unsigned long long>(capacity), *fraction);
+  if (!credit_lru->given.empty()) {
+    std::printf("credit-lru settings: %s\n", CreditLruJson(options.credit_lru).c_str());
+  }
+  std::printf("\n");
   std::printf("%-12s %10s %10s %11s %11s %8s\n", "policy", "hit_ratio", "vs_belady", "hit_blocks",
               "evictions", "seconds");
   for (const PolicyRun& run : runs) {

@@ -7,7 +7,8 @@
 //
 // In a TOML file, a field "a.b" is key b of table [a]. In the environment, it is KVTIER_A_B
 // (upper case, dots as underscores): KVTIER_G2_CAPACITY_BYTES=8GiB. Sizes accept K, M, G, T
-// (or KiB, MiB, GiB, TiB) suffixes, powers of 1024.
+// (or KiB, MiB, GiB, TiB) suffixes, powers of 1024. Real numbers (kDouble: "0.75", "-1",
+// "2.5e-1") must be finite; "nan" and "inf" are refused.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,7 @@ namespace kvtier {
 enum class ConfigSource : uint8_t { kDefault, kFile, kEnvironment, kOverride };
 const char* ConfigSourceName(ConfigSource source);  // "default", "file", "env", "set"
 
-enum class ConfigType : uint8_t { kBytes, kUint, kBool, kString, kChoice };
+enum class ConfigType : uint8_t { kBytes, kUint, kBool, kString, kChoice, kDouble };
 
 // The description of one field.
 struct ConfigFieldSpec {
@@ -34,6 +35,8 @@ struct ConfigFieldSpec {
   uint64_t min = 0;           // kBytes, kUint: allowed range
   uint64_t max = UINT64_MAX;
   std::vector<std::string> choices;  // kChoice: allowed values
+  double real_min = 0;               // kDouble: allowed range (finite numbers only)
+  double real_max = 0;
 };
 
 // One field's effective value.
@@ -76,6 +79,13 @@ class Config {
   uint64_t GetUint(std::string_view name) const;
   bool GetBool(std::string_view name) const;
   const std::string& GetString(std::string_view name) const;  // kString and kChoice
+  double GetDouble(std::string_view name) const;
+
+  // Settings that are valid but have no effect, one line each saying which and what to do:
+  // a gN.credit_lru.* setting given (by a file, the environment or Set) while gN.policy is not
+  // credit-lru. Empty when there is none. The manager logs them as warnings at start-up and
+  // `kvtier config` prints them; neither refuses the configuration.
+  std::vector<std::string> Warnings() const;
 
   // Every field with its value and source, in schema order.
   std::vector<ConfigEntry> Entries() const;

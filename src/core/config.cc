@@ -3,9 +3,12 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 extern char** environ;
@@ -15,7 +18,7 @@ namespace {
 
 constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
 
-std::vector<ConfigFieldSpec> BuildSchema() {
+std::vector<ConfigFieldSpec> BaseSchema() {
   using T = ConfigType;
   const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo", "credit-lru"};
   return {
@@ -190,6 +193,69 @@ std::vector<ConfigFieldSpec> BuildSchema() {
   };
 }
 
+// credit-lru's settings for tier `tier` ("g2"): gN.credit_lru.<field>. The defaults and ranges
+// are CreditLruConfig's (src/index/eviction_policy.h; core cannot include index, so
+// tests/config_test.cc checks that they agree).
+std::vector<ConfigFieldSpec> CreditLruFields(const std::string& tier) {
+  constexpr double kMaxCredit = 64, kMaxGhostFactor = 64;
+  struct Field {
+    const char* name;
+    const char* default_value;
+    const char* doc;
+    double min, max;
+  };
+  const Field fields[] = {
+      {"used_twice", "0.75",
+       "credit-lru: credit of a block used twice (x the tier's capacity; higher keeps it longer)",
+       -kMaxCredit, kMaxCredit},
+      {"used_thrice", "1.5", "credit-lru: credit of a block used three times or more", -kMaxCredit,
+       kMaxCredit},
+      {"long_follow_up", "-0.5",
+       "credit-lru: credit of a run of 16+ blocks stored behind a deep hit (a follow-up turn "
+       "that pasted a lot)",
+       -kMaxCredit, kMaxCredit},
+      {"stale_tail", "-1",
+       "credit-lru: credit of a run's last block, never used since (0 when the engine's next "
+       "turn reuses a prompt's last full block)",
+       -kMaxCredit, kMaxCredit},
+      {"ghost_factor", "4",
+       "credit-lru: evicted keys whose use counts are remembered, x the tier's capacity (0: none)",
+       0, kMaxGhostFactor},
+  };
+  std::vector<ConfigFieldSpec> out;
+  for (const Field& f : fields) {
+    out.push_back(ConfigFieldSpec{tier + ".credit_lru." + f.name,
+                                  ConfigType::kDouble,
+                                  f.default_value,
+                                  f.doc,
+                                  0,
+                                  0,
+                                  {},
+                                  f.min,
+                                  f.max});
+  }
+  return out;
+}
+
+std::vector<ConfigFieldSpec> BuildSchema() {
+  std::vector<ConfigFieldSpec> schema = BaseSchema();
+  for (const char* tier : {"g2", "g3"}) {
+    auto after = std::find_if(schema.begin(), schema.end(), [&](const ConfigFieldSpec& s) {
+      return s.name == std::string(tier) + ".policy";
+    });
+    std::vector<ConfigFieldSpec> fields = CreditLruFields(tier);
+    schema.insert(after + 1, fields.begin(), fields.end());
+  }
+  return schema;
+}
+
+// The shortest text that reads back as `v` ("0.75", "-1").
+std::string ShortestText(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
+
 std::string EnvName(std::string_view field) {
   std::string env = "KVTIER_";
   for (char c : field) env += c == '.' ? '_' : static_cast<char>(std::toupper(c));
@@ -258,6 +324,9 @@ std::string Allowed(const ConfigFieldSpec& spec) {
       for (size_t i = 0; i < spec.choices.size(); ++i) s += (i ? ", " : " ") + spec.choices[i];
       return s;
     }
+    case ConfigType::kDouble:
+      return "a finite number from " + ShortestText(spec.real_min) + " to " +
+             ShortestText(spec.real_max) + " (e.g. " + spec.default_value + ", the default)";
   }
   return "";
 }
@@ -294,6 +363,19 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
         if (c == value) return c;
       }
       return Status::InvalidArgument("not a known choice");
+    case ConfigType::kDouble: {
+      std::string_view text = value;
+      if (!text.empty() && text[0] == '+') text.remove_prefix(1);
+      double v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+        return Status::InvalidArgument(ec == std::errc::result_out_of_range ? "out of range"
+                                                                            : "not a number");
+      }
+      if (!std::isfinite(v)) return Status::InvalidArgument("not a finite number");
+      if (v < spec.real_min || v > spec.real_max) return Status::InvalidArgument("out of range");
+      return ShortestText(v == 0 ? 0.0 : v);  // -0 reads as 0
+    }
   }
   return Status::Internal("unknown field type");
 }
@@ -366,6 +448,44 @@ Status Config::LoadFile(const std::string& path) {
         << ": " << e.description();
     return Status::InvalidArgument(msg.str());
   }
+  // Applies every value of `table`, whose fields are named `prefix` + key; a sub-table ([g2]
+  // credit_lru.stale_tail = 0, or [g2.credit_lru]) extends the prefix.
+  std::function<Status(const toml::table&, const std::string&)> apply =
+      [&](const toml::table& table, const std::string& prefix) -> Status {
+    for (const auto& [key, value] : table) {
+      const std::string name = prefix + std::string(key.str());
+      if (const toml::table* sub = value.as_table()) {
+        KVTIER_RETURN_IF_ERROR(apply(*sub, name + "."));
+        continue;
+      }
+      const std::string origin = path + ":" + std::to_string(value.source().begin.line);
+      std::string text;
+      const ConfigFieldSpec* spec = FindSpec(name);
+      if (auto s = value.value<std::string>()) {
+        text = *s;
+      } else if (auto f = value.value<double>(); f && value.is_floating_point()) {
+        if (spec != nullptr && spec->type != ConfigType::kDouble) {
+          return Status::InvalidArgument(name + " = " + ShortestText(*f) + " (from " + origin +
+                                         ") is a real number; allowed: " + Allowed(*spec));
+        }
+        text = ShortestText(*f);  // nan and inf too: Set refuses them by name
+      } else if (auto b = value.value<bool>(); b && value.is_boolean()) {
+        text = *b ? "true" : "false";
+      } else if (auto i = value.value<int64_t>(); i && value.is_integer()) {
+        if (*i < 0 && !(spec != nullptr && spec->type == ConfigType::kDouble)) {
+          return Status::InvalidArgument(
+              name + " = " + std::to_string(*i) + " (from " + origin +
+              ") is negative; allowed: " + (spec != nullptr ? Allowed(*spec) : "?"));
+        }
+        text = std::to_string(*i);
+      } else {
+        return Status::InvalidArgument(name + " (from " + origin +
+                                       ") must be a string, a number or a boolean");
+      }
+      KVTIER_RETURN_IF_ERROR(Set(name, text, ConfigSource::kFile, origin));
+    }
+    return Status::Ok();
+  };
   for (const auto& [table_key, node] : root) {
     const toml::table* table = node.as_table();
     if (table == nullptr) {
@@ -373,27 +493,7 @@ Status Config::LoadFile(const std::string& path) {
           "config file " + path + ":" + std::to_string(node.source().begin.line) + ": '" +
           std::string(table_key.str()) + "' must be a table such as [g2] holding settings");
     }
-    for (const auto& [key, value] : *table) {
-      const std::string name = std::string(table_key.str()) + "." + std::string(key.str());
-      const std::string origin = path + ":" + std::to_string(value.source().begin.line);
-      std::string text;
-      if (auto s = value.value<std::string>()) {
-        text = *s;
-      } else if (auto b = value.value<bool>(); b && value.is_boolean()) {
-        text = *b ? "true" : "false";
-      } else if (auto i = value.value<int64_t>(); i && value.is_integer()) {
-        if (*i < 0) {
-          return Status::InvalidArgument(
-              name + " = " + std::to_string(*i) + " (from " + origin +
-              ") is negative; allowed: " + (FindSpec(name) ? Allowed(*FindSpec(name)) : "?"));
-        }
-        text = std::to_string(*i);
-      } else {
-        return Status::InvalidArgument(name + " (from " + origin +
-                                       ") must be a string, an integer or a boolean");
-      }
-      KVTIER_RETURN_IF_ERROR(Set(name, text, ConfigSource::kFile, origin));
-    }
+    KVTIER_RETURN_IF_ERROR(apply(*table, std::string(table_key.str()) + "."));
   }
   return Status::Ok();
 }
@@ -456,6 +556,28 @@ bool Config::GetBool(std::string_view name) const {
 
 const std::string& Config::GetString(std::string_view name) const {
   return Find(name, ConfigType::kString).text;
+}
+
+double Config::GetDouble(std::string_view name) const {
+  return std::strtod(Find(name, ConfigType::kDouble).text.c_str(), nullptr);
+}
+
+std::vector<std::string> Config::Warnings() const {
+  std::vector<std::string> out;
+  for (const char* tier : {"g2", "g3"}) {
+    const std::string policy_field = std::string(tier) + ".policy";
+    const std::string& policy = GetString(policy_field);
+    if (policy == "credit-lru") continue;
+    const std::string prefix = std::string(tier) + ".credit_lru.";
+    for (const auto& [name, v] : values_) {
+      if (name.rfind(prefix, 0) != 0 || v.source == ConfigSource::kDefault) continue;
+      out.push_back(name + " = " + v.text + " (from " +
+                    (v.origin.empty() ? ConfigSourceName(v.source) : v.origin) +
+                    ") has no effect: " + policy_field + " = " + policy + "; set " + policy_field +
+                    " = credit-lru, or remove the setting");
+    }
+  }
+  return out;
 }
 
 std::vector<ConfigEntry> Config::Entries() const {

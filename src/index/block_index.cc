@@ -27,6 +27,12 @@ Status BlockIndex::Config::Validate() const {
                                      " policy = belady needs the future; install it with "
                                      "ReplacePolicy in a replay");
     }
+    if (tiers[t].policy == PolicyKind::kCreditLru) {
+      if (Status s = tiers[t].options.credit_lru.Validate(); !s.ok()) {
+        return Status::InvalidArgument(std::string("index tier ") + TierName(t) + ": " +
+                                       s.message());
+      }
+    }
   }
   return Status::Ok();
 }
@@ -39,7 +45,8 @@ Result<std::unique_ptr<BlockIndex>> BlockIndex::Create(const Config& config) {
   std::unique_ptr<BlockIndex> index(new BlockIndex(config));
   for (TierId t = 0; t < kNumTiers; ++t) {
     KVTIER_ASSIGN_OR_RETURN(
-        auto policy, MakeEvictionPolicy(config.tiers[t].policy, config.tiers[t].capacity_blocks));
+        auto policy, MakeEvictionPolicy(config.tiers[t].policy, config.tiers[t].capacity_blocks,
+                                        config.tiers[t].options));
     MutexLock lock(&index->tiers_[t].mu);
     index->tiers_[t].policy = std::move(policy);
   }

@@ -68,13 +68,16 @@ class BlockIndex {
     // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
     // LRU); the index itself never refuses.
     uint64_t capacity_blocks = 0;
+    // The policy's settings (credit-lru's credits); validated for the kind in `policy`.
+    PolicyOptions options;
   };
   struct Config {
     uint32_t num_shards = 64;  // a power of two in 1..4096
     std::array<TierConfig, kNumTiers> tiers;
 
-    // Ok, or InvalidArgument naming the field. kBelady is refused here: install it with
-    // ReplacePolicy, since it needs the future.
+    // Ok, or InvalidArgument naming the field (for a tier's policy options: the tier and the
+    // setting). kBelady is refused here: install it with ReplacePolicy, since it needs the
+    // future.
     Status Validate() const;
   };
 

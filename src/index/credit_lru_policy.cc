@@ -6,34 +6,6 @@
 
 namespace kvtier {
 
-namespace {
-
-Status CheckCredit(const char* field, double value) {
-  if (std::isfinite(value) && std::abs(value) <= CreditLruPolicy::kMaxCredit) return Status::Ok();
-  return Status::InvalidArgument(std::string("CreditLruPolicy ") + field + " = " +
-                                 std::to_string(value) + ": must be a finite number in [-" +
-                                 std::to_string(CreditLruPolicy::kMaxCredit) + ", " +
-                                 std::to_string(CreditLruPolicy::kMaxCredit) + "]");
-}
-
-}  // namespace
-
-Status CreditLruPolicy::Config::Validate() const {
-  const std::pair<const char*, double> credits[] = {{"used_twice", used_twice},
-                                                    {"used_thrice", used_thrice},
-                                                    {"long_follow_up", long_follow_up},
-                                                    {"stale_tail", stale_tail}};
-  for (const auto& [field, value] : credits) {
-    if (Status s = CheckCredit(field, value); !s.ok()) return s;
-  }
-  if (!std::isfinite(ghost_factor) || ghost_factor < 0 || ghost_factor > kMaxGhostFactor) {
-    return Status::InvalidArgument(
-        "CreditLruPolicy ghost_factor = " + std::to_string(ghost_factor) + ": must be in [0, " +
-        std::to_string(kMaxGhostFactor) + "]");
-  }
-  return Status::Ok();
-}
-
 Result<std::unique_ptr<CreditLruPolicy>> CreditLruPolicy::Create(size_t capacity_blocks,
                                                                  const Config& config) {
   KVTIER_RETURN_IF_ERROR(config.Validate());

@@ -44,28 +44,12 @@ namespace kvtier {
 
 class CreditLruPolicy final : public EvictionPolicy {
  public:
-  struct Config {
-    // Credit of a block used exactly twice, and three times or more (uses are counted across
-    // evictions while the key is remembered in the ghost table).
-    double used_twice = 0.75;
-    double used_thrice = 1.5;
-    // Credit of a block of a follow-up run of at least kLongRun blocks: stored behind a hit
-    // deeper than the request's first block.
-    double long_follow_up = -0.5;
-    // Credit of a stale tail (it replaces all the others).
-    double stale_tail = -1.0;
-    // Ghost table size, as a multiple of the capacity; 0 disables it (uses then start at 1 on
-    // every insert).
-    double ghost_factor = 4.0;
-
-    // Ok, or InvalidArgument naming the field: credits must be finite and within
-    // [-kMaxCredit, kMaxCredit], ghost_factor within [0, kMaxGhostFactor].
-    Status Validate() const;
-  };
+  // The settings (defaults, ranges, Validate): CreditLruConfig in eviction_policy.h.
+  using Config = CreditLruConfig;
 
   static constexpr uint32_t kLongRun = 16;
-  static constexpr double kMaxCredit = 64.0;
-  static constexpr double kMaxGhostFactor = 64.0;
+  static constexpr double kMaxCredit = CreditLruConfig::kMaxCredit;
+  static constexpr double kMaxGhostFactor = CreditLruConfig::kMaxGhostFactor;
 
   // InvalidArgument when config does not validate.
   static Result<std::unique_ptr<CreditLruPolicy>> Create(size_t capacity_blocks,

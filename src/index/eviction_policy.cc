@@ -1,5 +1,7 @@
 #include "index/eviction_policy.h"
 
+#include <charconv>
+#include <cmath>
 #include <string>
 
 #include "index/belady_policy.h"
@@ -15,7 +17,62 @@ namespace {
 constexpr PolicyKind kAllKinds[] = {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo,
                                     PolicyKind::kBelady, PolicyKind::kCreditLru};
 
+// The shortest text that reads back as `v` ("0.75", "-1", "nan", "inf").
+std::string Shortest(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
+
+std::string FieldList() {
+  std::string names;
+  for (const char* n : CreditLruConfig::kFieldNames)
+    names += (names.empty() ? "" : ", ") + std::string(n);
+  return names;
+}
+
+// The member named `name`, or nullptr.
+template <typename Config>
+auto* FieldOf(Config& c, std::string_view name) {
+  decltype(&c.used_twice) fields[] = {&c.used_twice, &c.used_thrice, &c.long_follow_up,
+                                      &c.stale_tail, &c.ghost_factor};
+  static_assert(std::size(fields) == std::size(CreditLruConfig::kFieldNames));
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    if (name == CreditLruConfig::kFieldNames[i]) return fields[i];
+  }
+  return static_cast<decltype(&c.used_twice)>(nullptr);
+}
+
 }  // namespace
+
+Status CreditLruConfig::Validate() const {
+  for (const char* name : kFieldNames) {
+    const double value = *FieldOf(*this, name);
+    const bool ghost = std::string_view(name) == "ghost_factor";
+    const double lo = ghost ? 0 : -kMaxCredit, hi = ghost ? kMaxGhostFactor : kMaxCredit;
+    if (std::isfinite(value) && value >= lo && value <= hi) continue;
+    return Status::InvalidArgument("credit_lru." + std::string(name) + " = " + Shortest(value) +
+                                   ": must be a finite number in [" + Shortest(lo) + ", " +
+                                   Shortest(hi) + "]");
+  }
+  return Status::Ok();
+}
+
+Result<double> CreditLruConfig::Get(std::string_view name) const {
+  if (const double* field = FieldOf(*this, name)) return *field;
+  return Status::InvalidArgument("credit_lru has no setting '" + std::string(name) +
+                                 "'; its settings: " + FieldList());
+}
+
+Status CreditLruConfig::Set(std::string_view name, double value) {
+  double* field = FieldOf(*this, name);
+  if (field == nullptr) {
+    return Status::InvalidArgument("credit_lru has no setting '" + std::string(name) +
+                                   "'; its settings: " + FieldList());
+  }
+  *field = value;
+  return Status::Ok();
+}
 
 const char* PolicyKindName(PolicyKind kind) {
   switch (kind) {
@@ -46,6 +103,11 @@ Result<PolicyKind> ParsePolicyKind(std::string_view name) {
 
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind,
                                                            size_t capacity_blocks) {
+  return MakeEvictionPolicy(kind, capacity_blocks, PolicyOptions());
+}
+
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks,
+                                                           const PolicyOptions& options) {
   switch (kind) {
     case PolicyKind::kLru:
       return std::unique_ptr<EvictionPolicy>(std::make_unique<LruPolicy>());
@@ -53,8 +115,11 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind,
       return std::unique_ptr<EvictionPolicy>(std::make_unique<LineageLruPolicy>());
     case PolicyKind::kS3Fifo:
       return std::unique_ptr<EvictionPolicy>(std::make_unique<S3FifoPolicy>(capacity_blocks));
-    case PolicyKind::kCreditLru:
-      return std::unique_ptr<EvictionPolicy>(std::make_unique<CreditLruPolicy>(capacity_blocks));
+    case PolicyKind::kCreditLru: {
+      auto policy = CreditLruPolicy::Create(capacity_blocks, options.credit_lru);
+      if (!policy.ok()) return policy.status();
+      return std::unique_ptr<EvictionPolicy>(std::move(policy).value());
+    }
     case PolicyKind::kBelady:
       return Status::InvalidArgument(
           "eviction policy 'belady' needs the future reference string: use MakeBeladyPolicy");

@@ -31,6 +31,52 @@ const char* PolicyKindName(PolicyKind kind);
 // Parses PolicyKindName's output; InvalidArgument listing the accepted names otherwise.
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
 
+// The settings of CreditLruPolicy (the class itself: credit_lru_policy.h). Defined here so that
+// PolicyOptions, which every tier's config carries, needs no policy header. Deployments set them
+// through the config keys g2.credit_lru.<field> and g3.credit_lru.<field> (docs/policies.md).
+struct CreditLruConfig {
+  static constexpr double kMaxCredit = 64.0;
+  static constexpr double kMaxGhostFactor = 64.0;
+
+  // Credit of a block used exactly twice, and three times or more (uses are counted across
+  // evictions while the key is remembered in the ghost table).
+  double used_twice = 0.75;
+  double used_thrice = 1.5;
+  // Credit of a block of a follow-up run of at least CreditLruPolicy::kLongRun blocks: stored
+  // behind a hit deeper than the request's first block.
+  double long_follow_up = -0.5;
+  // Credit of a stale tail (it replaces all the others). 0 for engines that store only full
+  // blocks and reuse a prompt's last full block on the next turn (docs/policy-study.md section 6).
+  double stale_tail = -1.0;
+  // Ghost table size, as a multiple of the capacity; 0 disables it (uses then start at 1 on
+  // every insert).
+  double ghost_factor = 4.0;
+
+  // The field names, in declaration order: "used_twice", "used_thrice", "long_follow_up",
+  // "stale_tail", "ghost_factor" (the config keys' and the CLI's names).
+  static constexpr const char* kFieldNames[] = {"used_twice", "used_thrice", "long_follow_up",
+                                                "stale_tail", "ghost_factor"};
+
+  // Ok, or InvalidArgument naming the field, its value and the accepted range: credits must be
+  // finite and within [-kMaxCredit, kMaxCredit], ghost_factor within [0, kMaxGhostFactor].
+  Status Validate() const;
+  // The value of field `name` (one of kFieldNames); InvalidArgument listing the names otherwise.
+  Result<double> Get(std::string_view name) const;
+  // Sets field `name` to `value` without validating it (call Validate after the last one).
+  // InvalidArgument listing the names when `name` is not one of kFieldNames.
+  Status Set(std::string_view name, double value);
+
+  bool operator==(const CreditLruConfig&) const = default;
+};
+
+// Settings of the eviction policies, one member per policy that has any. A tier's config
+// carries one; MakeEvictionPolicy uses the member of the kind it builds and ignores the rest.
+struct PolicyOptions {
+  CreditLruConfig credit_lru;
+
+  bool operator==(const PolicyOptions&) const = default;
+};
+
 class EvictionPolicy {
  public:
   using EvictablePredicate = std::function<bool(const BlockKey&)>;
@@ -60,8 +106,13 @@ class EvictionPolicy {
   virtual bool Contains(const BlockKey& key) const = 0;
 };
 
-// A policy for a tier of `capacity_blocks` slots (S3-FIFO sizes its queues from it; the others
-// ignore it). InvalidArgument for kBelady, which needs the future: use MakeBeladyPolicy.
+// A policy for a tier of `capacity_blocks` slots (S3-FIFO sizes its queues from it, credit-lru
+// scales its credits by it; the others ignore it), with `options` (credit-lru reads
+// options.credit_lru; the other kinds ignore them). InvalidArgument for kBelady, which needs the
+// future (use MakeBeladyPolicy), and, for kCreditLru, when options.credit_lru does not validate.
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks,
+                                                           const PolicyOptions& options);
+// MakeEvictionPolicy with the default options.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks);
 
 // Belady's offline optimum for a replay whose block references, in order, are `references`.

@@ -1,6 +1,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <string>
 
@@ -24,6 +25,18 @@ constexpr auto kG4LookupReuse = std::chrono::seconds(1);
 
 Result<PolicyKind> PolicyFromConfig(const Config& config, const char* field) {
   return ParsePolicyKind(config.GetString(field));
+}
+
+// The policy settings of tier `tier` ("g2"): its gN.credit_lru.* fields. The config has checked
+// each value's range; BlockIndex validates them again for a credit-lru tier.
+PolicyOptions PolicyOptionsFromConfig(const Config& config, const std::string& tier) {
+  PolicyOptions options;
+  for (const char* field : CreditLruConfig::kFieldNames) {
+    Status s = options.credit_lru.Set(field, config.GetDouble(tier + ".credit_lru." + field));
+    assert(s.ok() && "every CreditLruConfig field has a config key");
+    (void)s;
+  }
+  return options;
 }
 
 }  // namespace
@@ -118,6 +131,9 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   ic.tiers[kTierG2].capacity_blocks = g2_->num_slots() - staging_slots_;
   KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG3].policy, PolicyFromConfig(cfg, "g3.policy"));
   ic.tiers[kTierG3].capacity_blocks = g3_ ? g3_->num_slots() : 0;
+  ic.tiers[kTierG2].options = PolicyOptionsFromConfig(cfg, "g2");
+  ic.tiers[kTierG3].options = PolicyOptionsFromConfig(cfg, "g3");
+  for (const std::string& warning : cfg.Warnings()) KVTIER_LOG(kWarn) << warning;
   KVTIER_ASSIGN_OR_RETURN(index_, BlockIndex::Create(ic));
 
   AdmissionFilter::Config fc;
