@@ -46,6 +46,16 @@ ReplayTrace Load(const std::string& file, uint32_t tpb) {
   return t.ok() ? std::move(*t) : ReplayTrace();
 }
 
+// G4 on `backend` at `where` (a directory or host:port), with deadlines long enough that a
+// slow (sanitized, shared) machine does not turn G4 answers into misses: the tests compare hit
+// counts exactly.
+void UseG4(ReplayOptions* o, const std::string& backend, const std::string& where) {
+  o->g4_backend = backend;
+  (backend == "fs" ? o->g4_dir : o->g4_endpoints) = where;
+  o->g4_lookup_deadline_ms = 5000;
+  o->g4_load_deadline_ms = 20000;
+}
+
 // Objects in an fs store (names under its 256 two-hex-digit directories; no temporaries left).
 uint64_t CountObjects(const std::string& dir) {
   uint64_t n = 0;
@@ -82,8 +92,7 @@ TEST(ReplayG4Test, FsServesWhatG2IsTooSmallToKeep) {
   ASSERT_TRUE(g2_only.ok()) << g2_only.status().ToString();
 
   TempDir g4;
-  o.g4_backend = "fs";
-  o.g4_dir = g4.path();
+  UseG4(&o, "fs", g4.path());
   auto r = RunReplay(t, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ExpectConsistent(*r);
@@ -112,8 +121,7 @@ TEST(ReplayG4Test, WithoutWriteThroughG2VictimsFeedG4) {
   TempDir g4;
   ReplayOptions o;
   o.g2_blocks = 40;
-  o.g4_backend = "fs";
-  o.g4_dir = g4.path();
+  UseG4(&o, "fs", g4.path());
   o.g4_write_through = false;
   auto r = RunReplay(t, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -137,8 +145,7 @@ TEST(ReplayG4Test, WorksWithG3) {
   o.g2_blocks = 40;
   o.g3_blocks = 100;
   o.g3_dir = g3.path();
-  o.g4_backend = "fs";
-  o.g4_dir = g4.path();
+  UseG4(&o, "fs", g4.path());
   auto r = RunReplay(t, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ExpectConsistent(*r);
@@ -156,8 +163,7 @@ TEST(ReplayG4Test, ChangedContentLoadedFromG4IsCountedAsMismatch) {
   TempDir g4;
   ReplayOptions o;
   o.g2_blocks = 1;
-  o.g4_backend = "fs";
-  o.g4_dir = g4.path();
+  UseG4(&o, "fs", g4.path());
   o.reseed_at_request = t.requests() / 2;
   auto r = RunReplay(t, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -173,8 +179,7 @@ TEST(ReplayG4Test, AFreshWorkerLoadsWhatTheFirstWroteToG4) {
   TempDir g4;
   ReplayOptions o;
   o.g2_blocks = 40;
-  o.g4_backend = "fs";
-  o.g4_dir = g4.path();
+  UseG4(&o, "fs", g4.path());
   auto first = RunReplay(t, o);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   auto second = RunReplay(t, o);
@@ -200,6 +205,11 @@ TEST(ReplayG4Test, BadG4OptionsAreRefused) {
   o.g4_endpoints = "127.0.0.1:notaport";
   auto bad = RunReplay(t, o);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
+  // A store that cannot open at all is an error of the replay, not a replay without G4.
+  UseG4(&o, "fs", "/proc/kvtier-replay-no-such-dir");
+  auto unopened = RunReplay(t, o);
+  EXPECT_EQ(unopened.status().code(), StatusCode::kUnavailable) << unopened.status().ToString();
+  EXPECT_NE(unopened.status().message().find("/proc/kvtier-replay-no-such-dir"), std::string::npos);
 }
 
 // ---- the replay core, G4 = a real redis-server ----
@@ -211,8 +221,7 @@ TEST(ReplayG4RedisTest, RedisServesWhatG2IsTooSmallToKeep) {
   const ReplayTrace t = Load("replay_mooncake_small.jsonl", 512);
   ReplayOptions o;
   o.g2_blocks = 40;
-  o.g4_backend = "redis";
-  o.g4_endpoints = server.endpoint();
+  UseG4(&o, "redis", server.endpoint());
   auto r = RunReplay(t, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ExpectConsistent(*r);
@@ -232,8 +241,7 @@ TEST(ReplayG4RedisTest, ServerKilledMidReplayFallsBackToRecompute) {
   const ReplayTrace t = Load("replay_mooncake_small.jsonl", 512);
   ReplayOptions o;
   o.g2_blocks = 40;
-  o.g4_backend = "redis";
-  o.g4_endpoints = server.endpoint();
+  UseG4(&o, "redis", server.endpoint());
   size_t killed_at = 0;
   uint32_t planned_from_g4 = 0;
   o.after_lookup = [&](size_t request, uint32_t g4_blocks) {
@@ -273,8 +281,7 @@ TEST(ReplayG4RedisTest, UnreachableServerIsAMissNotAnError) {
   ASSERT_TRUE(g2_only.ok()) << g2_only.status().ToString();
   const uint16_t port = PickFreePort(false);
   ASSERT_NE(port, 0);
-  o.g4_backend = "redis";
-  o.g4_endpoints = "127.0.0.1:" + std::to_string(port);
+  UseG4(&o, "redis", "127.0.0.1:" + std::to_string(port));
   const auto start = std::chrono::steady_clock::now();
   auto r = RunReplay(t, o);
   const double seconds =
@@ -331,8 +338,10 @@ std::string JsonString(const std::string& json, const std::string& key) {
   return json.substr(at + k.size(), end - at - k.size());
 }
 
-const std::string kSmall =
-    "replay --trace " + kData + "replay_mooncake_small.jsonl --capacity-fraction 0.05 --json ";
+// Every use adds --g4 SPEC; the deadlines as in UseG4.
+const std::string kSmall = "replay --trace " + kData +
+                           "replay_mooncake_small.jsonl --capacity-fraction 0.05 --json "
+                           "--g4-lookup-deadline-ms 5000 --g4-load-deadline-ms 20000 ";
 
 // Per-tier ratios add up to the total; G4 served blocks, all verified.
 void ExpectG4Json(const std::string& out, size_t from = 0) {
@@ -357,6 +366,8 @@ TEST(ReplayG4CliTest, FsJsonReportsG4AndRemovesItsTempDir) {
   EXPECT_EQ(JsonString(r.out, "g4_backend"), "fs");
   EXPECT_EQ(r.out.find("\"g4_write_through\": true"), r.out.find("\"g4_write_through\"")) << r.out;
   EXPECT_EQ(JsonNumber(r.out, "g4_load_gbps"), 2.5);
+  EXPECT_EQ(JsonNumber(r.out, "g4_lookup_deadline_ms"), 5000.0);
+  EXPECT_EQ(JsonNumber(r.out, "g4_load_deadline_ms"), 20000.0);
   EXPECT_NEAR(JsonNumber(r.out, "hit_ratio"), JsonNumber(r.out, "unbounded_hit_ratio"), 1e-9);
   for (const char* path : {"\"g2_to_g4\"", "\"g4_to_g2\"", "\"g4_to_g1\"", "\"g4_lookup_failures\"",
                            "\"g4_timeouts\"", "\"g4_dropped_saves\"", "\"g4_corrupt_blocks\""}) {
@@ -430,6 +441,12 @@ TEST(ReplayG4CliTest, EmbeddedRedisWithoutRedisServerSaysWhatToInstall) {
   EXPECT_NE(r.out.find("redis-server"), std::string::npos) << r.out;
 }
 
+TEST(ReplayG4CliTest, AStoreThatCannotOpenFailsTheCommand) {
+  CliRun r = KvtierAll(kSmall + "--g4 fs:/proc/kvtier-replay-no-such-dir");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("could not be opened"), std::string::npos) << r.out;
+}
+
 TEST(ReplayG4CliTest, UsageErrorsSayWhatToFix) {
   const std::string base = "replay --trace " + kData + "replay_mooncake_small.jsonl ";
   const std::pair<std::string, std::string> cases[] = {
@@ -442,6 +459,9 @@ TEST(ReplayG4CliTest, UsageErrorsSayWhatToFix) {
       {"--g4-warm", "--g4-warm needs --g4 SPEC"},
       {"--g4-write-through on", "--g4-write-through needs --g4 SPEC"},
       {"--g4 fs --g4-gbps 0", "--g4-gbps"},
+      {"--g4-gbps 2", "--g4-gbps needs --g4 SPEC"},
+      {"--g4 fs --g4-lookup-deadline-ms 0", "--g4-lookup-deadline-ms 1..60000"},
+      {"--g4 fs --g4-load-deadline-ms x", "--g4-load-deadline-ms"},
   };
   for (const auto& [flags, want] : cases) {
     CliRun r = KvtierAll(base + flags);

@@ -21,6 +21,7 @@
 #include "kvtier/config.h"
 #include "replay_g4.h"
 #include "replay_runner.h"
+#include "tier/block_format.h"
 
 namespace kvtier::cli {
 
@@ -55,6 +56,8 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --g4-write-through on|off  default: the manager's (g4.write_through = %s)\n"
       "  --g4-warm                  replay the trace a second time with empty G2/G3 (a fresh\n"
       "                             worker) against the same G4; reported separately\n"
+      "  --g4-lookup-deadline-ms N, --g4-load-deadline-ms N   default: the manager's (%llu,\n"
+      "                             %llu); a late G4 answer is a miss\n"
       "  --payload-bytes B          bytes of a scaled block (default 4096; multiple of 4 x tpb)\n"
       "  --requests N               replay only the first N requests\n"
       "  --verify-every N           check every N-th loaded block (default 1 = all; 0 = none)\n"
@@ -71,7 +74,9 @@ void PrintReplayHelp(const std::string& default_policy) {
       "                             policy and Belady, SIMULATED (src/index/policy_sim), plotted\n"
       "  --sweep-fractions LIST     default 0.02,0.05,0.1,0.15,0.2,0.3\n"
       "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n",
-      default_policy.c_str(), Config().GetBool("g4.write_through") ? "on" : "off");
+      default_policy.c_str(), Config().GetBool("g4.write_through") ? "on" : "off",
+      static_cast<unsigned long long>(Config().GetUint("g4.lookup_deadline_ms")),
+      static_cast<unsigned long long>(Config().GetUint("g4.load_deadline_ms")));
 }
 
 Result<double> PositiveDouble(const CliArgs& a, const char* flag, double fallback, double max) {
@@ -312,6 +317,8 @@ int RunReplayCommand(const CliArgs& args) {
                                   "g4-write-through",
                                   "g4-warm",
                                   "g4-gbps",
+                                  "g4-lookup-deadline-ms",
+                                  "g4-load-deadline-ms",
                                   "payload-bytes",
                                   "requests",
                                   "verify-every",
@@ -418,6 +425,18 @@ int RunReplayCommand(const CliArgs& args) {
       g4_write_through = wt == "on";
       o.g4_write_through = g4_write_through;
     }
+    auto lookup_ms = args.GetUint("g4-lookup-deadline-ms", 0);
+    auto load_ms = args.GetUint("g4-load-deadline-ms", 0);
+    for (auto* v : {&lookup_ms, &load_ms}) {
+      if (!v->ok()) return UsageError(v->status());
+    }
+    if ((args.Has("g4-lookup-deadline-ms") && (*lookup_ms < 1 || *lookup_ms > 60000)) ||
+        (args.Has("g4-load-deadline-ms") && (*load_ms < 1 || *load_ms > 600000))) {
+      return UsageError(Status::InvalidArgument(
+          "--g4-lookup-deadline-ms 1..60000, --g4-load-deadline-ms 1..600000"));
+    }
+    o.g4_lookup_deadline_ms = static_cast<uint32_t>(*lookup_ms);
+    o.g4_load_deadline_ms = static_cast<uint32_t>(*load_ms);
     auto opened = ReplayG4Setup::Open(args.GetString("g4", ""), args.Has("keep"));
     if (!opened.ok()) {
       return opened.status().code() == StatusCode::kInvalidArgument ? UsageError(opened.status())
@@ -427,9 +446,13 @@ int RunReplayCommand(const CliArgs& args) {
     o.g4_backend = g4->backend();
     o.g4_dir = g4->dir();
     o.g4_endpoints = g4->endpoint();
-  } else if (args.Has("g4-write-through") || warm) {
-    return UsageError(Status::InvalidArgument(
-        std::string(warm ? "--g4-warm" : "--g4-write-through") + " needs --g4 SPEC"));
+  } else {
+    for (const char* flag : {"g4-warm", "g4-write-through", "g4-lookup-deadline-ms",
+                             "g4-load-deadline-ms", "g4-gbps"}) {
+      if (args.Has(flag)) {
+        return UsageError(Status::InvalidArgument(std::string("--") + flag + " needs --g4 SPEC"));
+      }
+    }
   }
 
   // The first pass; with --g4-warm a second one: a fresh manager (empty G2, G3 in a fresh
@@ -500,7 +523,7 @@ int RunReplayCommand(const CliArgs& args) {
   const int num_paths = g4 ? 8 : 5;
   const ManagerStats& s = r.stats;
   // A stored G4 object: the 4 KiB at-rest header and the payload (docs/g4.md).
-  const uint64_t g4_object_bytes = 4096 + o.payload_bytes;
+  const uint64_t g4_object_bytes = kBlockHeaderBytes + o.payload_bytes;
 
   if (args.Has("json")) {
     JsonObject bytes;
@@ -572,7 +595,14 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("g4_backend", g4 ? g4->kind() : std::string("none"))
         .Add("g2_staging_slots", r.g2_staging_slots);
     if (g4) {
-      out.Add("g4_write_through", g4_write_through).Add("g4_object_bytes", g4_object_bytes);
+      out.Add("g4_write_through", g4_write_through)
+          .Add("g4_object_bytes", g4_object_bytes)
+          .Add("g4_lookup_deadline_ms", o.g4_lookup_deadline_ms > 0
+                                            ? uint64_t{o.g4_lookup_deadline_ms}
+                                            : Config().GetUint("g4.lookup_deadline_ms"))
+          .Add("g4_load_deadline_ms", o.g4_load_deadline_ms > 0
+                                          ? uint64_t{o.g4_load_deadline_ms}
+                                          : Config().GetUint("g4.load_deadline_ms"));
       AddG4Counters(s, &out);
     }
     if (warm) {

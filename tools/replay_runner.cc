@@ -100,6 +100,13 @@ Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint
     }
     // Exactly the staging pool asked for (the manager's auto size, at most 64, would cut a
     // long prompt's G4 run short), and room for a whole request's write-through batch.
+    if (o.g4_lookup_deadline_ms > 0) {
+      KVTIER_RETURN_IF_ERROR(
+          c.Set("g4.lookup_deadline_ms", std::to_string(o.g4_lookup_deadline_ms)));
+    }
+    if (o.g4_load_deadline_ms > 0) {
+      KVTIER_RETURN_IF_ERROR(c.Set("g4.load_deadline_ms", std::to_string(o.g4_load_deadline_ms)));
+    }
     KVTIER_RETURN_IF_ERROR(c.Set("g2.staging_slots", std::to_string(g4_staging)));
     KVTIER_RETURN_IF_ERROR(c.Set("g4.max_queued_saves", "65536"));
   }
@@ -190,6 +197,14 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
     res.g2_slots = s.g2_slots - std::min<uint64_t>(s.g2_slots, g4_staging);
     res.g3_slots = s.g3_slots;
     res.g2_staging_slots = s.g2_staging_slots;
+    // The manager runs on without a G4 that cannot open (a worker must): a replay asked to
+    // measure G4 must not silently measure without it. (A Redis server that is down is not
+    // this case: the store opens with its breaker open, and its failures are counted.)
+    if (!o.g4_backend.empty() && !s.g4_enabled) {
+      return Status::Unavailable(
+          "G4 (" + o.g4_backend + " " + (o.g4_backend == "fs" ? o.g4_dir : o.g4_endpoints) +
+          ") could not be opened (the manager's warning above says why); fix it or drop --g4");
+    }
   }
   res.ttft_kvtier_s.reserve(requests);
   res.ttft_recompute_s.reserve(requests);

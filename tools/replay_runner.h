@@ -41,10 +41,14 @@ struct ReplayOptions {
   std::string g4_dir;
   std::string g4_endpoints;
   std::optional<bool> g4_write_through;  // unset = the manager's default (g4.write_through)
-  uint64_t payload_bytes = 4096;         // bytes of one (scaled) block; see ReplayLayout
-  uint32_t copy_threads = 2;             // transfer engine memcpy workers
-  uint32_t verify_every = 1;             // check every n-th loaded block byte for byte (0 = none)
-  uint64_t max_requests = 0;             // replay only the first n requests (0 = all)
+  // G4 deadlines (0 = the manager's defaults: g4.lookup_deadline_ms, g4.load_deadline_ms). A
+  // late answer is a miss, so a loaded machine changes hit ratios unless these are raised.
+  uint32_t g4_lookup_deadline_ms = 0;
+  uint32_t g4_load_deadline_ms = 0;
+  uint64_t payload_bytes = 4096;  // bytes of one (scaled) block; see ReplayLayout
+  uint32_t copy_threads = 2;      // transfer engine memcpy workers
+  uint32_t verify_every = 1;      // check every n-th loaded block byte for byte (0 = none)
+  uint64_t max_requests = 0;      // replay only the first n requests (0 = all)
   CostModel cost;
   // Test hooks. reseed_at_request: from this request on (0 = never), blocks are computed from
   // a different seed, as if the engine's KV had changed under the same keys: every later load
@@ -84,8 +88,9 @@ struct ReplayResult {
 Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block);
 
 // Replays `trace`. InvalidArgument for bad options (naming the field); the manager's errors
-// otherwise (a failed connector call ends the replay: it is a bug, not a miss). A G4 that
-// fails (server gone, late, corrupt) is not an error: its loads are recomputed and its
+// otherwise (a failed connector call ends the replay: it is a bug, not a miss); Unavailable
+// when the G4 store cannot be opened at all (e.g. an fs directory that takes no writes). A G4
+// that fails later (server gone, late, corrupt) is not an error: its loads are recomputed and its
 // failures counted in ReplayResult::stats (g4_*). Two replays given the same G4 share it: the
 // second is a fresh worker that finds what the first wrote.
 Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& options);
