@@ -80,9 +80,10 @@ int main(int argc, char** argv) {
     bool match = true;
     for (size_t i = 0; i < c.words.size(); ++i) match = match && c.words[i] == argv[1 + i];
     if (!match) continue;
-    auto args = CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
-                               {"json", "help", "headers-only", "no-fio", "keep", "no-plot",
-                                "cluster", "no-redis-benchmark", "compare-belady", "sweep"});
+    auto args =
+        CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
+                       {"json", "help", "headers-only", "no-fio", "keep", "no-plot", "cluster",
+                        "no-redis-benchmark", "compare-belady", "sweep", "g4-warm"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;

@@ -1,13 +1,15 @@
 // kvtier replay: replays a request trace through the real BlockManager and tiers (G2 arena,
-// optional G3 slot files) via the connector API, checks every loaded byte, and estimates TTFT
-// with a cost model of the real model on real hardware. --compare-belady adds Belady's oracle
-// and an unbounded cache (simulated, same capacity); --sweep plots hit ratio against capacity
-// for every policy (simulated: see docs/replay.md).
+// optional G3 slot files, optional G4: a shared directory or Redis) via the connector API, checks
+// every loaded byte, and estimates TTFT with a cost model of the real model on real hardware.
+// --compare-belady adds Belady's oracle and an unbounded cache (simulated, same capacity); --sweep
+// plots hit ratio against capacity for every policy (simulated: see docs/replay.md).
 #include <stdlib.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,7 +20,9 @@
 #include "index/policy_sim.h"
 #include "json_writer.h"
 #include "kvtier/config.h"
+#include "replay_g4.h"
 #include "replay_runner.h"
+#include "tier/block_format.h"
 
 namespace kvtier::cli {
 
@@ -48,6 +52,15 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --g3-admit-min-seen N      sightings before a G2 victim goes to G3 (default 1)\n"
       "%s"
       "                             (G2 and G3, and the simulated figures; echoed in --json)\n"
+      "  --g4 SPEC                  add G4 (networked, shared; no capacity fraction): fs (a temp\n"
+      "                             dir under /tmp, removed after), fs:DIR, redis:HOST:PORT (a\n"
+      "                             running server), embedded-redis (a redis-server started on a\n"
+      "                             free loopback port, stopped after); see docs/replay.md\n"
+      "  --g4-write-through on|off  default: the manager's (g4.write_through = %s)\n"
+      "  --g4-warm                  replay the trace a second time with empty G2/G3 (a fresh\n"
+      "                             worker) against the same G4; reported separately\n"
+      "  --g4-lookup-deadline-ms N, --g4-load-deadline-ms N   default: the manager's (%llu,\n"
+      "                             %llu); a late G4 answer is a miss\n"
       "  --payload-bytes B          bytes of a scaled block (default 4096; multiple of 4 x tpb)\n"
       "  --requests N               replay only the first N requests\n"
       "  --verify-every N           check every N-th loaded block (default 1 = all; 0 = none)\n"
@@ -57,13 +70,17 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --kv-bytes-per-token B     default 131072 (32 layers x K,V x 8 heads x 128 x 2 B)\n"
       "  --g2-gbps G, --g3-gbps G   load bandwidth into the GPU: default 50 (PCIe Gen5 x16),\n"
       "                             6 (NVMe)\n"
+      "  --g4-gbps G                G4 load bandwidth: default 1.25 (10 GbE line rate)\n"
       "  --compare-belady           also simulate Belady's oracle and an unbounded cache with the\n"
       "                             same capacity (G2 + G3 slots), same prefix semantics\n"
       "  --sweep                    instead of a replay: hit ratio vs capacity fraction for every\n"
       "                             policy and Belady, SIMULATED (src/index/policy_sim), plotted\n"
       "  --sweep-fractions LIST     default 0.02,0.05,0.1,0.15,0.2,0.3\n"
       "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n",
-      default_policy.c_str(), CreditLruFlagsHelp(29).c_str());
+      default_policy.c_str(), CreditLruFlagsHelp(29).c_str(),
+      Config().GetBool("g4.write_through") ? "on" : "off",
+      static_cast<unsigned long long>(Config().GetUint("g4.lookup_deadline_ms")),
+      static_cast<unsigned long long>(Config().GetUint("g4.load_deadline_ms")));
 }
 
 Result<double> PositiveDouble(const CliArgs& a, const char* flag, double fallback, double max) {
@@ -223,6 +240,67 @@ int RunSweep(const CliArgs& args, const ReplayTrace& trace, const PolicyOptions&
   return 0;
 }
 
+// What the output reports of one replay pass.
+struct PassFigures {
+  double hit_ratio = 0;
+  std::array<double, kNumTiers> tier_ratio{};      // hit blocks from the tier / prompt blocks
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0;      // TTFT with kvtier (ms)
+  double rp50 = 0, rp90 = 0, rp99 = 0, rmean = 0;  // TTFT recomputing everything (ms)
+};
+
+PassFigures Figures(const ReplayResult& r) {
+  PassFigures f;
+  const double blocks = static_cast<double>(r.prompt_blocks);
+  f.hit_ratio = blocks > 0 ? static_cast<double>(r.hits()) / blocks : 0;
+  for (TierId t = 0; t < kNumTiers; ++t) {
+    f.tier_ratio[t] = blocks > 0 ? static_cast<double>(r.hit_blocks[t]) / blocks : 0.0;
+  }
+  const double ms = 1e3;
+  f.p50 = Percentile(r.ttft_kvtier_s, 50) * ms;
+  f.p90 = Percentile(r.ttft_kvtier_s, 90) * ms;
+  f.p99 = Percentile(r.ttft_kvtier_s, 99) * ms;
+  f.rp50 = Percentile(r.ttft_recompute_s, 50) * ms;
+  f.rp90 = Percentile(r.ttft_recompute_s, 90) * ms;
+  f.rp99 = Percentile(r.ttft_recompute_s, 99) * ms;
+  for (double v : r.ttft_kvtier_s) f.mean += v;
+  for (double v : r.ttft_recompute_s) f.rmean += v;
+  if (r.requests > 0) {
+    f.mean = f.mean / r.requests * ms;
+    f.rmean = f.rmean / r.requests * ms;
+  }
+  return f;
+}
+
+// The G4 counters of a pass (docs/g4.md): every G4 failure is a miss or a dropped save.
+void AddG4Counters(const ManagerStats& s, JsonObject* o) {
+  o->Add("g4_saved_blocks", s.g4_saved_blocks)
+      .Add("g4_lookup_blocks", s.g4_lookup_blocks)
+      .Add("g4_lookup_failures", s.g4_lookup_failures)
+      .Add("g4_lookup_timeouts", s.g4_lookup_timeouts)
+      .Add("g4_save_failures", s.g4_save_failures)
+      .Add("g4_dropped_saves", s.g4_dropped_saves)
+      .Add("g4_load_failures", s.g4_load_failures)
+      .Add("g4_corrupt_blocks", s.g4_corrupt_blocks)
+      .Add("g4_timeouts", s.g4_timeouts)
+      .Add("g4_breaker_open_at_end", s.g4_breaker_open);
+}
+
+void PrintG4Counters(const ManagerStats& s) {
+  std::printf(
+      "G4: %llu blocks written, %llu found by lookups; errors: lookups %llu (timed out %llu), "
+      "saves %llu (+%llu dropped), loads %llu (corrupt %llu), timeouts %llu%s\n",
+      static_cast<unsigned long long>(s.g4_saved_blocks),
+      static_cast<unsigned long long>(s.g4_lookup_blocks),
+      static_cast<unsigned long long>(s.g4_lookup_failures),
+      static_cast<unsigned long long>(s.g4_lookup_timeouts),
+      static_cast<unsigned long long>(s.g4_save_failures),
+      static_cast<unsigned long long>(s.g4_dropped_saves),
+      static_cast<unsigned long long>(s.g4_load_failures),
+      static_cast<unsigned long long>(s.g4_corrupt_blocks),
+      static_cast<unsigned long long>(s.g4_timeouts),
+      s.g4_breaker_open ? "; breaker OPEN at the end" : "");
+}
+
 }  // namespace
 
 int RunReplayCommand(const CliArgs& args) {
@@ -241,6 +319,12 @@ int RunReplayCommand(const CliArgs& args) {
                                   "g3-fraction",
                                   "g3-dir",
                                   "g3-admit-min-seen",
+                                  "g4",
+                                  "g4-write-through",
+                                  "g4-warm",
+                                  "g4-gbps",
+                                  "g4-lookup-deadline-ms",
+                                  "g4-load-deadline-ms",
                                   "payload-bytes",
                                   "requests",
                                   "verify-every",
@@ -327,13 +411,15 @@ int RunReplayCommand(const CliArgs& args) {
   auto prefill = PositiveDouble(args, "prefill-tokens-per-s", o.cost.prefill_tokens_per_s, 1e12);
   auto g2_gbps = PositiveDouble(args, "g2-gbps", o.cost.load_bytes_per_s[kTierG2] / 1e9, 1e6);
   auto g3_gbps = PositiveDouble(args, "g3-gbps", o.cost.load_bytes_per_s[kTierG3] / 1e9, 1e6);
-  for (auto* r : {&prefill, &g2_gbps, &g3_gbps}) {
+  auto g4_gbps = PositiveDouble(args, "g4-gbps", o.cost.load_bytes_per_s[kTierG4] / 1e9, 1e6);
+  for (auto* r : {&prefill, &g2_gbps, &g3_gbps, &g4_gbps}) {
     if (!r->ok()) return UsageError(r->status());
   }
   o.cost.prefill_tokens_per_s = *prefill;
   o.cost.kv_bytes_per_token = *kvbytes;
   o.cost.load_bytes_per_s[kTierG2] = *g2_gbps * 1e9;
   o.cost.load_bytes_per_s[kTierG3] = *g3_gbps * 1e9;
+  o.cost.load_bytes_per_s[kTierG4] = *g4_gbps * 1e9;
   o.g3_admit_min_seen = static_cast<uint32_t>(*min_seen);
   o.payload_bytes = *payload;
   o.max_requests = *requests;
@@ -346,28 +432,89 @@ int RunReplayCommand(const CliArgs& args) {
     return UsageError(layout.status());
   }
 
-  std::string temp_dir;
-  if (o.g3_blocks > 0) {
-    if (args.Has("g3-dir")) {
-      o.g3_dir = args.GetString("g3-dir", "");
-    } else {
-      char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
-      if (mkdtemp(tmpl) == nullptr) {
-        return Failure(Status::IOError("cannot create a temp dir for G3 under /tmp"));
+  // G4: shared storage, so no capacity fraction; what bounds it is said in the output.
+  std::unique_ptr<ReplayG4Setup> g4;
+  bool g4_write_through = Config().GetBool("g4.write_through");
+  const bool warm = args.Has("g4-warm");
+  if (args.Has("g4")) {
+    if (args.Has("g4-write-through")) {
+      const std::string wt = args.GetString("g4-write-through", "");
+      if (wt != "on" && wt != "off") {
+        return UsageError(
+            Status::InvalidArgument("--g4-write-through '" + wt + "': use on or off"));
       }
-      temp_dir = o.g3_dir = tmpl;
+      g4_write_through = wt == "on";
+      o.g4_write_through = g4_write_through;
+    }
+    auto lookup_ms = args.GetUint("g4-lookup-deadline-ms", 0);
+    auto load_ms = args.GetUint("g4-load-deadline-ms", 0);
+    for (auto* v : {&lookup_ms, &load_ms}) {
+      if (!v->ok()) return UsageError(v->status());
+    }
+    if ((args.Has("g4-lookup-deadline-ms") && (*lookup_ms < 1 || *lookup_ms > 60000)) ||
+        (args.Has("g4-load-deadline-ms") && (*load_ms < 1 || *load_ms > 600000))) {
+      return UsageError(Status::InvalidArgument(
+          "--g4-lookup-deadline-ms 1..60000, --g4-load-deadline-ms 1..600000"));
+    }
+    o.g4_lookup_deadline_ms = static_cast<uint32_t>(*lookup_ms);
+    o.g4_load_deadline_ms = static_cast<uint32_t>(*load_ms);
+    auto opened = ReplayG4Setup::Open(args.GetString("g4", ""), args.Has("keep"));
+    if (!opened.ok()) {
+      return opened.status().code() == StatusCode::kInvalidArgument ? UsageError(opened.status())
+                                                                    : Failure(opened.status());
+    }
+    g4 = std::move(opened).value();
+    o.g4_backend = g4->backend();
+    o.g4_dir = g4->dir();
+    o.g4_endpoints = g4->endpoint();
+  } else {
+    for (const char* flag : {"g4-warm", "g4-write-through", "g4-lookup-deadline-ms",
+                             "g4-load-deadline-ms", "g4-gbps"}) {
+      if (args.Has(flag)) {
+        return UsageError(Status::InvalidArgument(std::string("--") + flag + " needs --g4 SPEC"));
+      }
     }
   }
-  auto result = RunReplay(*trace, o);
-  if (!temp_dir.empty() && !args.Has("keep")) {
-    std::error_code ec;
-    std::filesystem::remove_all(temp_dir, ec);
+
+  // The first pass; with --g4-warm a second one: a fresh manager (empty G2, G3 in a fresh
+  // directory: G3 survives restarts) on the same G4, as a second worker would be.
+  std::vector<std::string> temp_dirs;
+  auto run_pass = [&](int pass) -> Result<ReplayResult> {
+    if (o.g3_blocks > 0) {
+      if (args.Has("g3-dir")) {
+        o.g3_dir = args.GetString("g3-dir", "");
+        if (pass > 1) {
+          o.g3_dir += "/warm-pass";
+          std::error_code ec;
+          std::filesystem::create_directories(o.g3_dir, ec);
+          if (ec) return Status::IOError("cannot create " + o.g3_dir + ": " + ec.message());
+        }
+      } else {
+        char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
+        if (mkdtemp(tmpl) == nullptr) {
+          return Status::IOError("cannot create a temp dir for G3 under /tmp");
+        }
+        temp_dirs.push_back(o.g3_dir = tmpl);
+      }
+    }
+    return RunReplay(*trace, o);
+  };
+  auto result = run_pass(1);
+  Result<ReplayResult> warm_result = Status::Unavailable("no second pass");
+  if (result.ok() && warm) warm_result = run_pass(2);
+  if (!args.Has("keep")) {
+    for (const std::string& d : temp_dirs) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
   }
+  if (result.ok() && warm && !warm_result.ok()) result = warm_result.status();
   if (!result.ok()) {
     return result.status().code() == StatusCode::kInvalidArgument ? UsageError(result.status())
                                                                   : Failure(result.status());
   }
   const ReplayResult& r = *result;
+  const uint64_t mismatches = r.mismatched_blocks + (warm ? warm_result->mismatched_blocks : 0);
 
   // The same replay simulated (one tier of the same total slots), and the yardsticks.
   const uint64_t total_slots = r.g2_slots + r.g3_slots;
@@ -386,37 +533,31 @@ int RunReplayCommand(const CliArgs& args) {
     unbounded = SimulateUnbounded(replayed).hit_ratio();
   }
 
-  const double blocks = static_cast<double>(r.prompt_blocks);
-  const double hit_ratio = blocks > 0 ? static_cast<double>(r.hits()) / blocks : 0;
-  auto tier_ratio = [&](TierId tier) {
-    return blocks > 0 ? static_cast<double>(r.hit_blocks[tier]) / blocks : 0.0;
-  };
-  const double ms = 1e3;
-  const double p50 = Percentile(r.ttft_kvtier_s, 50) * ms,
-               p90 = Percentile(r.ttft_kvtier_s, 90) * ms,
-               p99 = Percentile(r.ttft_kvtier_s, 99) * ms;
-  const double rp50 = Percentile(r.ttft_recompute_s, 50) * ms,
-               rp90 = Percentile(r.ttft_recompute_s, 90) * ms,
-               rp99 = Percentile(r.ttft_recompute_s, 99) * ms;
-  double mean = 0, rmean = 0;
-  for (double v : r.ttft_kvtier_s) mean += v;
-  for (double v : r.ttft_recompute_s) rmean += v;
-  if (r.requests > 0) {
-    mean = mean / r.requests * ms;
-    rmean = rmean / r.requests * ms;
-  }
+  const PassFigures f = Figures(r);
+  const double hit_ratio = f.hit_ratio;
+  auto tier_ratio = [&](TierId tier) { return f.tier_ratio[tier]; };
+  const double p50 = f.p50, p90 = f.p90, p99 = f.p99, mean = f.mean;
+  const double rp50 = f.rp50, rp90 = f.rp90, rp99 = f.rp99, rmean = f.rmean;
   const uint64_t real_block = uint64_t{trace->tokens_per_block()} * o.cost.kv_bytes_per_token;
-  const char* kPaths[5] = {"g1_to_g2", "g2_to_g1", "g2_to_g3", "g3_to_g2", "g3_to_g1"};
+  const char* kPaths[8] = {"g1_to_g2", "g2_to_g1", "g2_to_g3", "g3_to_g2",
+                           "g3_to_g1", "g2_to_g4", "g4_to_g2", "g4_to_g1"};
+  const int num_paths = g4 ? 8 : 5;
   const ManagerStats& s = r.stats;
+  // A stored G4 object: the 4 KiB at-rest header and the payload (docs/g4.md).
+  const uint64_t g4_object_bytes = kBlockHeaderBytes + o.payload_bytes;
 
   if (args.Has("json")) {
     JsonObject bytes;
-    for (int i = 0; i < 5; ++i) bytes.Add(kPaths[i], s.bytes_by_path[i]);
+    for (int i = 0; i < num_paths; ++i) bytes.Add(kPaths[i], s.bytes_by_path[i]);
     JsonObject real;
     real.Add("g2_to_g1", r.hit_blocks[kTierG2] * real_block)
         .Add("g3_to_g1", r.hit_blocks[kTierG3] * real_block)
         .Add("g1_to_g2", s.saved_blocks * real_block)
         .Add("g2_to_g3", s.demoted_blocks * real_block);
+    if (g4) {
+      real.Add("g4_to_g1", r.hit_blocks[kTierG4] * real_block)
+          .Add("g2_to_g4", s.g4_saved_blocks * real_block);
+    }
     JsonObject out;
     out.Add("trace", path)
         .Add("format", trace->format() == ReplayTrace::Format::kMooncake ? "mooncake" : "kvtier")
@@ -433,6 +574,11 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("hit_ratio", hit_ratio)
         .Add("hit_ratio_g2", tier_ratio(kTierG2))
         .Add("hit_ratio_g3", tier_ratio(kTierG3))
+        .Add("hit_ratio_g4", tier_ratio(kTierG4))
+        .Add("hit_blocks_g2", r.hit_blocks[kTierG2])
+        .Add("hit_blocks_g3", r.hit_blocks[kTierG3])
+        .Add("hit_blocks_g4", r.hit_blocks[kTierG4])
+        .Add("hit_blocks", r.hits())
         .Add("sim_hit_ratio", sim->hit_ratio());
     if (belady >= 0) {
       out.Add("belady_hit_ratio", belady)
@@ -465,9 +611,54 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("prefill_tokens_per_s", o.cost.prefill_tokens_per_s)
         .Add("kv_bytes_per_token", o.cost.kv_bytes_per_token)
         .Add("g2_load_gbps", o.cost.load_bytes_per_s[kTierG2] / 1e9)
-        .Add("g3_load_gbps", o.cost.load_bytes_per_s[kTierG3] / 1e9);
+        .Add("g3_load_gbps", o.cost.load_bytes_per_s[kTierG3] / 1e9)
+        .Add("g4_load_gbps", o.cost.load_bytes_per_s[kTierG4] / 1e9)
+        .Add("g4", g4 ? g4->Describe() : std::string("none"))
+        .Add("g4_backend", g4 ? g4->kind() : std::string("none"))
+        .Add("g2_staging_slots", r.g2_staging_slots);
+    if (g4) {
+      out.Add("g4_write_through", g4_write_through)
+          .Add("g4_object_bytes", g4_object_bytes)
+          .Add("g4_lookup_deadline_ms", o.g4_lookup_deadline_ms > 0
+                                            ? uint64_t{o.g4_lookup_deadline_ms}
+                                            : Config().GetUint("g4.lookup_deadline_ms"))
+          .Add("g4_load_deadline_ms", o.g4_load_deadline_ms > 0
+                                          ? uint64_t{o.g4_load_deadline_ms}
+                                          : Config().GetUint("g4.load_deadline_ms"));
+      AddG4Counters(s, &out);
+    }
+    if (warm) {
+      const ReplayResult& w = *warm_result;
+      const PassFigures wf = Figures(w);
+      JsonObject wo;
+      JsonObject wbytes;
+      for (int i = 0; i < num_paths; ++i) wbytes.Add(kPaths[i], w.stats.bytes_by_path[i]);
+      wo.Add("requests", w.requests)
+          .Add("hit_ratio", wf.hit_ratio)
+          .Add("hit_ratio_g2", wf.tier_ratio[kTierG2])
+          .Add("hit_ratio_g3", wf.tier_ratio[kTierG3])
+          .Add("hit_ratio_g4", wf.tier_ratio[kTierG4])
+          .Add("hit_blocks_g2", w.hit_blocks[kTierG2])
+          .Add("hit_blocks_g3", w.hit_blocks[kTierG3])
+          .Add("hit_blocks_g4", w.hit_blocks[kTierG4])
+          .Add("hit_blocks", w.hits())
+          .Add("prefill_tokens_saved", w.prefill_tokens_saved)
+          .Add("ttft_p50_ms", wf.p50)
+          .Add("ttft_p90_ms", wf.p90)
+          .Add("ttft_p99_ms", wf.p99)
+          .Add("ttft_mean_ms", wf.mean)
+          .Raw("bytes_moved", wbytes.Str())
+          .Add("wall_seconds", w.wall_seconds)
+          .Add("load_failures", w.stats.load_failures)
+          .Add("short_loads", w.short_loads)
+          .Add("verified_blocks", w.verified_blocks)
+          .Add("mismatched_blocks", w.mismatched_blocks)
+          .Add("pinned_blocks_at_end", w.stats.pinned_blocks);
+      AddG4Counters(w.stats, &wo);
+      out.Raw("warm_pass", wo.Str());
+    }
     std::printf("%s\n", out.Str().c_str());
-    return r.mismatched_blocks == 0 ? 0 : 1;
+    return mismatches == 0 ? 0 : 1;
   }
 
   std::printf("trace %s: %llu requests replayed, %llu prompt blocks, %llu distinct\n", path.c_str(),
@@ -480,12 +671,27 @@ int RunReplayCommand(const CliArgs& args) {
     std::printf(", G3 %llu slots (%.4g x distinct)", static_cast<unsigned long long>(r.g3_slots),
                 g3_fraction);
   }
-  std::printf("; %llu-byte blocks\n\n", static_cast<unsigned long long>(o.payload_bytes));
+  std::printf("; %llu-byte blocks\n", static_cast<unsigned long long>(o.payload_bytes));
+  if (g4) {
+    std::printf("G4 %s; write-through %s; %llu staging slots added to G2; %llu-byte objects\n",
+                g4->Describe().c_str(), g4_write_through ? "on" : "off (fed by demotion)",
+                static_cast<unsigned long long>(r.g2_staging_slots),
+                static_cast<unsigned long long>(g4_object_bytes));
+  }
+  std::printf("\n");
   if (!credit_lru->given.empty()) {
     std::printf("credit-lru settings: %s\n\n", CreditLruJson(policy_options.credit_lru).c_str());
   }
-  std::printf("hit ratio      %.4f  (G2 %.4f, G3 %.4f)   simulated, same policy/slots: %.4f\n",
-              hit_ratio, tier_ratio(kTierG2), tier_ratio(kTierG3), sim->hit_ratio());
+  std::printf(
+      "hit ratio      %.4f  (G2 %.4f, G3 %.4f, G4 %.4f)   simulated, same policy/slots: %.4f%s\n",
+      hit_ratio, tier_ratio(kTierG2), tier_ratio(kTierG3), tier_ratio(kTierG4), sim->hit_ratio(),
+      g4 ? " (G2+G3 only)" : "");
+  std::printf("hit blocks     %llu = G2 %llu + G3 %llu + G4 %llu of %llu prompt blocks\n",
+              static_cast<unsigned long long>(r.hits()),
+              static_cast<unsigned long long>(r.hit_blocks[kTierG2]),
+              static_cast<unsigned long long>(r.hit_blocks[kTierG3]),
+              static_cast<unsigned long long>(r.hit_blocks[kTierG4]),
+              static_cast<unsigned long long>(r.prompt_blocks));
   if (belady >= 0) {
     std::printf("belady         %.4f  (replay = %.3f x belady)   unbounded %.4f\n", belady,
                 Ratio(hit_ratio, belady), unbounded);
@@ -499,11 +705,17 @@ int RunReplayCommand(const CliArgs& args) {
   std::printf("  kvtier       %10.1f %9.1f %9.1f %9.1f\n", p50, p90, p99, mean);
   std::printf("  recompute    %10.1f %9.1f %9.1f %9.1f\n", rp50, rp90, rp99, rmean);
   std::printf("bytes moved (scaled blocks):");
-  for (int i = 0; i < 5; ++i) {
-    std::printf(" %s %.1f MB%s", kPaths[i], s.bytes_by_path[i] / 1e6, i < 4 ? "," : "\n");
+  for (int i = 0; i < num_paths; ++i) {
+    std::printf(" %s %.1f MB%s", kPaths[i], s.bytes_by_path[i] / 1e6,
+                i < num_paths - 1 ? "," : "\n");
   }
-  std::printf("bytes moved (real model):    g2_to_g1 %.1f GB, g3_to_g1 %.1f GB\n",
+  std::printf("bytes moved (real model):    g2_to_g1 %.1f GB, g3_to_g1 %.1f GB",
               r.hit_blocks[kTierG2] * real_block / 1e9, r.hit_blocks[kTierG3] * real_block / 1e9);
+  if (g4) {
+    std::printf(", g4_to_g1 %.1f GB, g2_to_g4 %.1f GB", r.hit_blocks[kTierG4] * real_block / 1e9,
+                s.g4_saved_blocks * real_block / 1e9);
+  }
+  std::printf("\n");
   std::printf("saves %llu, dropped %llu, demoted %llu, load failures %llu, short loads %llu\n",
               static_cast<unsigned long long>(s.saved_blocks),
               static_cast<unsigned long long>(s.dropped_saves),
@@ -513,8 +725,24 @@ int RunReplayCommand(const CliArgs& args) {
   std::printf("verified %llu loaded blocks byte for byte: %llu mismatches\n",
               static_cast<unsigned long long>(r.verified_blocks),
               static_cast<unsigned long long>(r.mismatched_blocks));
+  if (g4) PrintG4Counters(s);
   std::printf("wall time %.2f s\n", r.wall_seconds);
-  return r.mismatched_blocks == 0 ? 0 : 1;
+  if (warm) {
+    const ReplayResult& w = *warm_result;
+    const PassFigures wf = Figures(w);
+    std::printf("\nwarm pass (a fresh worker: empty G2/G3, the same G4):\n");
+    std::printf("hit ratio      %.4f  (G2 %.4f, G3 %.4f, G4 %.4f)\n", wf.hit_ratio,
+                wf.tier_ratio[kTierG2], wf.tier_ratio[kTierG3], wf.tier_ratio[kTierG4]);
+    std::printf("TTFT (ms)      %10.1f %9.1f %9.1f %9.1f  (p50 p90 p99 mean)\n", wf.p50, wf.p90,
+                wf.p99, wf.mean);
+    std::printf("verified %llu loaded blocks byte for byte: %llu mismatches; short loads %llu\n",
+                static_cast<unsigned long long>(w.verified_blocks),
+                static_cast<unsigned long long>(w.mismatched_blocks),
+                static_cast<unsigned long long>(w.short_loads));
+    PrintG4Counters(w.stats);
+    std::printf("wall time %.2f s\n", w.wall_seconds);
+  }
+  return mismatches == 0 ? 0 : 1;
 }
 
 }  // namespace kvtier::cli

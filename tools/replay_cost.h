@@ -31,7 +31,7 @@ struct CostModel {
   uint64_t kv_bytes_per_token = 131072;
   // Load bandwidth into G1 from each tier (bytes/s), indexed by TierId: G2 = host DRAM over
   // PCIe Gen5 x16 (~50 GB/s effective), G3 = one NVMe SSD (~6 GB/s reads; its staging hop
-  // through G2 overlaps), G4 = networked store (~1.25 GB/s: 10 GbE; no G4 in replay yet).
+  // through G2 overlaps), G4 = networked store (~1.25 GB/s: 10 GbE line rate; --g4-gbps).
   std::array<double, kNumTiers> load_bytes_per_s{0, 50e9, 6e9, 1.25e9};
 
   // InvalidArgument naming the first field that is not finite and positive.

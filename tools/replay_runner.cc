@@ -1,5 +1,6 @@
 #include "replay_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -65,11 +66,13 @@ class HostG1 {
   G1Memory g1_;
 };
 
-Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout) {
+// `g4_staging` slots are added to G2 for the staging pool when G4 is on (0 otherwise).
+Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint64_t g4_staging) {
   Config c;
   // The manager's G2 slot: a 4 KiB header area + the payload, 4 KiB-aligned by the arena.
   const uint64_t slot = (4096 + layout.BlockBytes() + 4095) / 4096 * 4096;
-  KVTIER_RETURN_IF_ERROR(c.Set("g2.capacity_bytes", std::to_string(o.g2_blocks * slot)));
+  KVTIER_RETURN_IF_ERROR(
+      c.Set("g2.capacity_bytes", std::to_string((o.g2_blocks + g4_staging) * slot)));
   KVTIER_RETURN_IF_ERROR(c.Set("g2.policy", o.policy));
   KVTIER_RETURN_IF_ERROR(c.Set("g2.lock_memory", "false"));
   KVTIER_RETURN_IF_ERROR(c.Set("transfer.copy_threads", std::to_string(o.copy_threads)));
@@ -86,6 +89,28 @@ Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout) {
     KVTIER_RETURN_IF_ERROR(c.Set("g3.admit_min_seen", std::to_string(o.g3_admit_min_seen)));
   }
   for (const auto& [name, value] : o.settings) KVTIER_RETURN_IF_ERROR(c.Set(name, value));
+  if (!o.g4_backend.empty()) {
+    KVTIER_RETURN_IF_ERROR(c.Set("g4.backend", o.g4_backend));
+    if (o.g4_backend == "fs") {
+      KVTIER_RETURN_IF_ERROR(c.Set("g4.dir", o.g4_dir));
+    } else {
+      KVTIER_RETURN_IF_ERROR(c.Set("g4.endpoints", o.g4_endpoints));
+    }
+    if (o.g4_write_through.has_value()) {
+      KVTIER_RETURN_IF_ERROR(c.Set("g4.write_through", *o.g4_write_through ? "true" : "false"));
+    }
+    // Exactly the staging pool asked for (the manager's auto size, at most 64, would cut a
+    // long prompt's G4 run short), and room for a whole request's write-through batch.
+    if (o.g4_lookup_deadline_ms > 0) {
+      KVTIER_RETURN_IF_ERROR(
+          c.Set("g4.lookup_deadline_ms", std::to_string(o.g4_lookup_deadline_ms)));
+    }
+    if (o.g4_load_deadline_ms > 0) {
+      KVTIER_RETURN_IF_ERROR(c.Set("g4.load_deadline_ms", std::to_string(o.g4_load_deadline_ms)));
+    }
+    KVTIER_RETURN_IF_ERROR(c.Set("g2.staging_slots", std::to_string(g4_staging)));
+    KVTIER_RETURN_IF_ERROR(c.Set("g4.max_queued_saves", "65536"));
+  }
   return c;
 }
 
@@ -127,9 +152,17 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
   if (o.g3_blocks > 0 && o.g3_dir.empty()) {
     return Status::InvalidArgument("a G3 replay needs a directory for its slot files");
   }
+  if (!o.g4_backend.empty() && o.g4_backend != "fs" && o.g4_backend != "redis") {
+    return Status::InvalidArgument("G4 backend '" + o.g4_backend + "': use fs or redis");
+  }
+  if (o.g4_backend == "fs" && o.g4_dir.empty()) {
+    return Status::InvalidArgument("a G4 fs replay needs the shared directory (g4_dir)");
+  }
+  if (o.g4_backend == "redis" && o.g4_endpoints.empty()) {
+    return Status::InvalidArgument("a G4 redis replay needs the server's host:port");
+  }
   const uint32_t tpb = trace.tokens_per_block();
   KVTIER_ASSIGN_OR_RETURN(KvLayout layout, ReplayLayout(o.payload_bytes, tpb));
-  KVTIER_ASSIGN_OR_RETURN(Config config, ReplayConfig(o, layout));
 
   const size_t requests =
       o.max_requests == 0 ? trace.requests() : std::min<size_t>(o.max_requests, trace.requests());
@@ -143,6 +176,10 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
     return Status::InvalidArgument("a request needs " + std::to_string(g1_need) +
                                    " G1 blocks; the replay's G1 holds at most 2^20");
   }
+  // The manager keeps at most half of G2 for staging and at most 4096 slots (its config bound).
+  const uint64_t g4_staging =
+      o.g4_backend.empty() ? 0 : std::min<uint64_t>({g1_need, o.g2_blocks, 4096});
+  KVTIER_ASSIGN_OR_RETURN(Config config, ReplayConfig(o, layout, g4_staging));
 
   ManagerOptions mo;
   mo.layout = layout;
@@ -158,8 +195,17 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
   ReplayResult res;
   {
     const ManagerStats s = manager->Stats();
-    res.g2_slots = s.g2_slots;
+    res.g2_slots = s.g2_slots - std::min<uint64_t>(s.g2_slots, g4_staging);
     res.g3_slots = s.g3_slots;
+    res.g2_staging_slots = s.g2_staging_slots;
+    // The manager runs on without a G4 that cannot open (a worker must): a replay asked to
+    // measure G4 must not silently measure without it. (A Redis server that is down is not
+    // this case: the store opens with its breaker open, and its failures are counted.)
+    if (!o.g4_backend.empty() && !s.g4_enabled) {
+      return Status::Unavailable(
+          "G4 (" + o.g4_backend + " " + (o.g4_backend == "fs" ? o.g4_dir : o.g4_endpoints) +
+          ") could not be opened (the manager's warning above says why); fix it or drop --g4");
+    }
   }
   res.ttft_kvtier_s.reserve(requests);
   res.ttft_recompute_s.reserve(requests);
@@ -181,6 +227,7 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
     const std::span<const uint32_t> blocks(g1_blocks.data(), g1_used);
 
     KVTIER_ASSIGN_OR_RETURN(LookupResult lr, manager->Lookup({id, prompt, "", ""}, 0));
+    if (o.after_lookup) o.after_lookup(r, lr.blocks_by_tier[kTierG4]);
     KVTIER_ASSIGN_OR_RETURN(uint32_t planned, manager->PrepareLoad(id, blocks, lr.num_tokens));
     KVTIER_RETURN_IF_ERROR(manager->StartLoad());
     for (uint32_t l = 0; l < layout.num_layers; ++l) {
