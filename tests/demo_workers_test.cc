@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -48,9 +51,11 @@ TEST(DemoWorkersTest, WorkerTwoReusesWorkerOnesBlocksFromRedis) {
   }
   kvtier::testing::RedisServer server;
   ASSERT_TRUE(server.Start()) << server.error();
-  const auto dir = std::filesystem::temp_directory_path() / "kvtier-demo-workers-test";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  // A directory of its own (not a fixed name), so concurrent runs of the suite cannot collide.
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / "kvtier-demo-workers-XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr) << "mkdtemp: " << std::strerror(errno);
+  const std::filesystem::path dir = tmpl;
   int rc = -1;
   const std::string json =
       RunCommand("cd " + dir.string() + " && " + KVTIER_CLI_PATH +
