@@ -345,8 +345,7 @@ TEST(BlockManagerTest, EventsReportStoresAndRemovals) {
   EXPECT_GE(removed, 2u);
   EXPECT_EQ(removed, stored - mgr->Stats().g2_blocks) << "every block not held was announced gone";
   EXPECT_EQ(mgr->Stats().events_emitted, events.size());
-  // Each stored block names its lineage parent: block i's parent is block i-1. (Saves end on
-  // two workers, so events of one request may arrive in any order.)
+  // Each stored block names its lineage parent: block i's parent is block i-1.
   const auto keys = engine.Keys(Prompt(70, 16 * 3 + 1));
   size_t checked = 0;
   for (const KvEvent& e : events) {
@@ -358,6 +357,39 @@ TEST(BlockManagerTest, EventsReportStoresAndRemovals) {
     }
   }
   EXPECT_EQ(checked, 2u);
+}
+
+// A save batch enters the index in commit order (a request's blocks in prefix order), however
+// its copies were spread over the workers: lineage-aware policies need a parent before its
+// child, and a replay must build the same index on every run. Four copy workers, 20 requests of
+// 24 blocks: every request's kStored events come in prefix order.
+TEST(BlockManagerTest, SavedBlocksEnterTheIndexInPrefixOrderWhateverTheWorkers) {
+  std::vector<KvEvent> events;
+  std::mutex mu;
+  Config config = SmallConfig("", 512, 0);
+  ASSERT_TRUE(config.Set("transfer.copy_threads", "4").ok());
+  auto mgr = MakeManager(config);
+  mgr->SubscribeEvents([&](std::span<const KvEvent> e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.insert(events.end(), e.begin(), e.end());
+  });
+  MiniEngine engine(mgr.get(), 64);
+  for (int r = 0; r < 20; ++r) {
+    const auto prompt = Prompt(300 + r, 16 * 24 + 1);
+    engine.Run("r" + std::to_string(r), prompt);
+    const auto keys = engine.Keys(prompt);
+    std::vector<BlockKey> stored;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const KvEvent& e : events) {
+        if (e.kind == KvEvent::Kind::kStored) stored.push_back(e.key);
+      }
+      events.clear();
+    }
+    ASSERT_EQ(stored.size(), 24u) << "request " << r;
+    for (size_t i = 0; i < 24; ++i)
+      ASSERT_EQ(stored[i], keys[i]) << "request " << r << ", block " << i;
+  }
 }
 
 TEST(BlockManagerTest, BadCallsGetClearErrors) {

@@ -816,37 +816,36 @@ Status BlockManager::Impl::StartSave() {
     moves.push_back(std::move(m));
   }
   auto shared = std::make_shared<std::vector<PendingSave>>(std::move(saves));
-  // Write-through to G4 once a block is in G2: each move's callback fills its own entry, the
-  // done callback submits them as one G4 batch.
-  auto g4_writes = std::make_shared<std::vector<std::optional<G4Write>>>(shared->size());
-  auto on_done = [this, g4_writes](const TransferJob&) {
+  // Every block of the batch enters the index when the whole batch has landed, in commit order
+  // (a request's blocks in prefix order), whatever order the copy workers finished them in: the
+  // lineage-aware policies see a parent before its child, and the same replay gives the same
+  // index on every run. Then write-through to G4, as one batch.
+  auto on_done = [this, shared](const TransferJob& job) {
     std::vector<G4Write> writes;
-    for (auto& w : *g4_writes) {
-      if (w) writes.push_back(std::move(*w));
+    for (size_t i = 0; i < shared->size(); ++i) {
+      const PendingSave& s = (*shared)[i];
+      const Status st = job.MoveStatus(i);
+      bool stored = false;
+      if (st.ok()) {
+        stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
+      }
+      if (stored) {
+        c_.saved.fetch_add(1, std::memory_order_relaxed);
+        Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
+        if (auto w = PrepareWriteThrough(s.key, s.parent, s.g2_slot)) {
+          // Counted before the save ends, so WaitForSaves sees it.
+          g4_writes_in_flight_.fetch_add(1);
+          writes.push_back(std::move(*w));
+        }
+      } else {
+        if (!st.ok()) c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+        ReleaseG2Slot(s.g2_slot);
+      }
+      EndSave(s.request_id, s.key);
     }
     SubmitG4Writes(std::move(writes));
   };
-  auto job = engine_->Submit(
-      std::move(moves), TransferPriority::kSave,
-      [this, shared, g4_writes](size_t i, const Status& st) {
-        const PendingSave& s = (*shared)[i];
-        bool stored = false;
-        if (st.ok()) {
-          stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
-        }
-        if (stored) {
-          c_.saved.fetch_add(1, std::memory_order_relaxed);
-          Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
-          (*g4_writes)[i] = PrepareWriteThrough(s.key, s.parent, s.g2_slot);
-          // Counted before the save ends, so WaitForSaves sees it.
-          if ((*g4_writes)[i]) g4_writes_in_flight_.fetch_add(1);
-        } else {
-          if (!st.ok()) c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-          ReleaseG2Slot(s.g2_slot);
-        }
-        EndSave(s.request_id, s.key);
-      },
-      on_done);
+  auto job = engine_->Submit(std::move(moves), TransferPriority::kSave, nullptr, on_done);
   if (!job.ok()) {
     // The queue is full: the offload is dropped, never waited for.
     c_.dropped_saves.fetch_add(shared->size(), std::memory_order_relaxed);
