@@ -139,6 +139,53 @@ TEST(ManagerG4Fs, ARepeatedLookupReusesTheG4AnswerForASecond) {
   (void)b->RequestFinished("waiting");
 }
 
+// g4.load_gbps with g4.recompute_tokens_per_s: G4 blocks are offered only where loading one is
+// estimated faster than recomputing it. A fresh worker on the same G4: at a slow G4 it is not
+// asked (the engine recomputes; counted), at a fast one it is; with only one of the two keys
+// set, G4 is always asked (as without them).
+TEST(ManagerG4Fs, G4BlocksAreOfferedOnlyWhereLoadingBeatsRecompute) {
+  TempDirectory dir;
+  const Config base = FsConfig(dir.path() + "/g4");
+  const std::vector<TokenId> prompt = Prompt(12, 6 * kTpb + 1);
+  {
+    auto a = MakeManager(base);
+    MiniEngine ea(a.get(), kG1Blocks);
+    ea.Run("a", prompt);
+    a->WaitForSaves();
+  }
+  // A block of the test layout recomputes in 16 tokens / 1e6 tokens/s = 16 us.
+  struct Case {
+    const char* load_gbps;
+    const char* recompute_tps;
+    uint32_t offered_g4;
+    uint64_t skipped;
+  };
+  const Case cases[] = {
+      {"0.001", "1000000", 0, 1},  // loads in ms: slower, not offered
+      {"1000", "1000000", 6, 0},   // loads in ns: faster, offered
+      {"0.001", "0", 6, 0},        // only one key: always offered
+      {"0", "0", 6, 0},            // neither (the default): always offered
+  };
+  for (const Case& c : cases) {
+    Config config = base;
+    ASSERT_TRUE(config.Set("g4.load_gbps", c.load_gbps).ok());
+    ASSERT_TRUE(config.Set("g4.recompute_tokens_per_s", c.recompute_tps).ok());
+    auto b = MakeManager(config);
+    ASSERT_NE(b, nullptr);
+    MiniEngine eb(b.get(), kG1Blocks);
+    auto out = eb.Run("b", prompt);
+    EXPECT_EQ(out.loaded_tokens, c.offered_g4 * kTpb) << c.load_gbps << " " << c.recompute_tps;
+    EXPECT_EQ(out.mismatched_blocks, 0u);
+    b->WaitForSaves();
+    const ManagerStats s = b->Stats();
+    EXPECT_EQ(s.hit_blocks[kTierG4], c.offered_g4) << c.load_gbps << " " << c.recompute_tps;
+    EXPECT_EQ(s.g4_skipped_lookups, c.skipped) << c.load_gbps << " " << c.recompute_tps;
+  }
+  Config bad = base;
+  EXPECT_FALSE(bad.Set("g4.load_gbps", "-1").ok()) << "negative bandwidth";
+  EXPECT_FALSE(bad.Set("g4.recompute_tokens_per_s", "nan").ok());
+}
+
 TEST(ManagerG4Fs, TenantsAndModelsNeverShareG4Blocks) {
   TempDirectory dir;
   const Config config = FsConfig(dir.path() + "/g4");

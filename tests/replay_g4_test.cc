@@ -393,6 +393,34 @@ TEST(ReplayG4CliTest, G4BandwidthEntersTheTtft) {
   EXPECT_LT(JsonNumber(fast.out, "ttft_mean_ms"), JsonNumber(fast.out, "recompute_ttft_mean_ms"));
 }
 
+// --g4-offer when-faster: the manager is told the cost model's G4 bandwidth and prefill rate
+// (g4.load_gbps scaled to the replay's small blocks, g4.recompute_tokens_per_s) and asks G4
+// only where a block loads faster than it recomputes. At 0.5 GB/s a real 64 MiB block loads in
+// 134 ms and recomputes in 25.6 ms: no G4 hits, every lookup past G2 counted as skipped, and
+// TTFT no worse than recompute. At 1000 GB/s: the same G4 hits as --g4-offer always.
+TEST(ReplayG4CliTest, OfferWhenFasterSkipsASlowG4AndKeepsAFastOne) {
+  CliRun always = Kvtier(kSmall + "--g4 fs --g4-gbps 0.5");
+  CliRun slow = Kvtier(kSmall + "--g4 fs --g4-gbps 0.5 --g4-offer when-faster");
+  CliRun fast = Kvtier(kSmall + "--g4 fs --g4-gbps 1000 --g4-offer when-faster");
+  for (const CliRun* r : {&always, &slow, &fast}) ASSERT_EQ(r->exit_code, 0) << r->out;
+  EXPECT_EQ(JsonString(slow.out, "g4_offer"), "when-faster");
+  EXPECT_EQ(JsonString(always.out, "g4_offer"), "always");
+  EXPECT_GT(JsonNumber(always.out, "hit_blocks_g4"), 0.0);
+  EXPECT_EQ(JsonNumber(slow.out, "hit_blocks_g4"), 0.0) << slow.out;
+  EXPECT_GT(JsonNumber(slow.out, "g4_skipped_lookups"), 0.0);
+  EXPECT_LE(JsonNumber(slow.out, "ttft_mean_ms"), JsonNumber(slow.out, "recompute_ttft_mean_ms"));
+  EXPECT_LT(JsonNumber(slow.out, "ttft_mean_ms"), JsonNumber(always.out, "ttft_mean_ms"));
+  EXPECT_EQ(JsonNumber(fast.out, "hit_blocks_g4"), JsonNumber(always.out, "hit_blocks_g4"));
+  EXPECT_EQ(JsonNumber(fast.out, "g4_skipped_lookups"), 0.0);
+  CliRun bad = KvtierAll(kSmall + "--g4 fs --g4-offer sometimes");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.out.find("always or when-faster"), std::string::npos) << bad.out;
+  CliRun alone =
+      KvtierAll("replay --trace " + kData + "replay_mooncake_small.jsonl --g4-offer when-faster");
+  EXPECT_EQ(alone.exit_code, 2);
+  EXPECT_NE(alone.out.find("--g4-offer needs --g4 SPEC"), std::string::npos) << alone.out;
+}
+
 TEST(ReplayG4CliTest, EmbeddedRedisWithAWarmSecondWorker) {
   KVTIER_REQUIRE_REDIS();
   CliRun r = Kvtier(kSmall + "--g4 embedded-redis --g4-warm --g3-fraction 0.2");

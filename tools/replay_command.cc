@@ -71,6 +71,9 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --g2-gbps G, --g3-gbps G   load bandwidth into the GPU: default 50 (PCIe Gen5 x16),\n"
       "                             6 (NVMe)\n"
       "  --g4-gbps G                G4 load bandwidth: default 1.25 (10 GbE line rate)\n"
+      "  --g4-offer always|when-faster   default always: the manager offers every G4 block;\n"
+      "                             when-faster: only where loading one beats recomputing it by\n"
+      "                             the cost model (sets g4.load_gbps, g4.recompute_tokens_per_s)\n"
       "  --compare-belady           also simulate Belady's oracle and an unbounded cache with the\n"
       "                             same capacity (G2 + G3 slots), same prefix semantics\n"
       "  --sweep                    instead of a replay: hit ratio vs capacity fraction for every\n"
@@ -275,6 +278,7 @@ PassFigures Figures(const ReplayResult& r) {
 void AddG4Counters(const ManagerStats& s, JsonObject* o) {
   o->Add("g4_saved_blocks", s.g4_saved_blocks)
       .Add("g4_lookup_blocks", s.g4_lookup_blocks)
+      .Add("g4_skipped_lookups", s.g4_skipped_lookups)
       .Add("g4_lookup_failures", s.g4_lookup_failures)
       .Add("g4_lookup_timeouts", s.g4_lookup_timeouts)
       .Add("g4_save_failures", s.g4_save_failures)
@@ -288,7 +292,7 @@ void AddG4Counters(const ManagerStats& s, JsonObject* o) {
 void PrintG4Counters(const ManagerStats& s) {
   std::printf(
       "G4: %llu blocks written, %llu found by lookups; errors: lookups %llu (timed out %llu), "
-      "saves %llu (+%llu dropped), loads %llu (corrupt %llu), timeouts %llu%s\n",
+      "saves %llu (+%llu dropped), loads %llu (corrupt %llu), timeouts %llu%s%s\n",
       static_cast<unsigned long long>(s.g4_saved_blocks),
       static_cast<unsigned long long>(s.g4_lookup_blocks),
       static_cast<unsigned long long>(s.g4_lookup_failures),
@@ -298,7 +302,12 @@ void PrintG4Counters(const ManagerStats& s) {
       static_cast<unsigned long long>(s.g4_load_failures),
       static_cast<unsigned long long>(s.g4_corrupt_blocks),
       static_cast<unsigned long long>(s.g4_timeouts),
-      s.g4_breaker_open ? "; breaker OPEN at the end" : "");
+      s.g4_breaker_open ? "; breaker OPEN at the end" : "",
+      s.g4_skipped_lookups > 0
+          ? ("; " + std::to_string(s.g4_skipped_lookups) +
+             " lookups did not ask G4 (loading estimated slower than recompute)")
+                .c_str()
+          : "");
 }
 
 }  // namespace
@@ -323,6 +332,7 @@ int RunReplayCommand(const CliArgs& args) {
                                   "g4-write-through",
                                   "g4-warm",
                                   "g4-gbps",
+                                  "g4-offer",
                                   "g4-lookup-deadline-ms",
                                   "g4-load-deadline-ms",
                                   "payload-bytes",
@@ -428,14 +438,14 @@ int RunReplayCommand(const CliArgs& args) {
   const Trace& t = trace->blocks();
   o.g2_blocks = CapacityForFraction(t, *fraction);
   o.g3_blocks = g3_fraction > 0 ? CapacityForFraction(t, g3_fraction) : 0;
-  if (auto layout = ReplayLayout(o.payload_bytes, static_cast<uint32_t>(*tpb)); !layout.ok()) {
-    return UsageError(layout.status());
-  }
+  auto replay_layout = ReplayLayout(o.payload_bytes, static_cast<uint32_t>(*tpb));
+  if (!replay_layout.ok()) return UsageError(replay_layout.status());
 
   // G4: shared storage, so no capacity fraction; what bounds it is said in the output.
   std::unique_ptr<ReplayG4Setup> g4;
   bool g4_write_through = Config().GetBool("g4.write_through");
   const bool warm = args.Has("g4-warm");
+  std::string g4_offer = "always";
   if (args.Has("g4")) {
     if (args.Has("g4-write-through")) {
       const std::string wt = args.GetString("g4-write-through", "");
@@ -458,6 +468,25 @@ int RunReplayCommand(const CliArgs& args) {
     }
     o.g4_lookup_deadline_ms = static_cast<uint32_t>(*lookup_ms);
     o.g4_load_deadline_ms = static_cast<uint32_t>(*load_ms);
+    const std::string offer = args.GetString("g4-offer", "always");
+    if (offer != "always" && offer != "when-faster") {
+      return UsageError(
+          Status::InvalidArgument("--g4-offer '" + offer + "': use always or when-faster"));
+    }
+    g4_offer = offer;
+    if (offer == "when-faster") {
+      // The manager compares ITS block bytes / g4.load_gbps with tokens per block /
+      // g4.recompute_tokens_per_s. Its blocks are scaled down, so the bandwidth is scaled by the
+      // same factor: the comparison is then the cost model's, for the real model's blocks.
+      const double real_block_bytes = static_cast<double>(o.cost.kv_bytes_per_token) * *tpb;
+      const double scaled_gbps =
+          *g4_gbps * static_cast<double>(replay_layout->BlockBytes()) / real_block_bytes;
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.17g", scaled_gbps);
+      o.settings.emplace_back("g4.load_gbps", buf);
+      std::snprintf(buf, sizeof(buf), "%.17g", o.cost.prefill_tokens_per_s);
+      o.settings.emplace_back("g4.recompute_tokens_per_s", buf);
+    }
     auto opened = ReplayG4Setup::Open(args.GetString("g4", ""), args.Has("keep"));
     if (!opened.ok()) {
       return opened.status().code() == StatusCode::kInvalidArgument ? UsageError(opened.status())
@@ -469,7 +498,7 @@ int RunReplayCommand(const CliArgs& args) {
     o.g4_endpoints = g4->endpoint();
   } else {
     for (const char* flag : {"g4-warm", "g4-write-through", "g4-lookup-deadline-ms",
-                             "g4-load-deadline-ms", "g4-gbps"}) {
+                             "g4-load-deadline-ms", "g4-gbps", "g4-offer"}) {
       if (args.Has(flag)) {
         return UsageError(Status::InvalidArgument(std::string("--") + flag + " needs --g4 SPEC"));
       }
@@ -618,6 +647,7 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("g2_staging_slots", r.g2_staging_slots);
     if (g4) {
       out.Add("g4_write_through", g4_write_through)
+          .Add("g4_offer", g4_offer)
           .Add("g4_object_bytes", g4_object_bytes)
           .Add("g4_lookup_deadline_ms", o.g4_lookup_deadline_ms > 0
                                             ? uint64_t{o.g4_lookup_deadline_ms}

@@ -88,8 +88,11 @@ struct ManagerStats {
   // G4 (networked, shared by workers; docs/g4.md). hit_blocks[kTierG4] counts its loads. Every
   // G4 failure is a miss or a dropped save, never an error returned to the engine.
   bool g4_enabled = false;
-  bool g4_breaker_open = false;     // the store refuses calls now (server down)
-  uint64_t g4_lookup_blocks = 0;    // blocks G4 added to Lookup matches past the local prefix
+  bool g4_breaker_open = false;   // the store refuses calls now (server down)
+  uint64_t g4_lookup_blocks = 0;  // blocks G4 added to Lookup matches past the local prefix
+  // Lookups that did not ask G4 because loading a block from it is estimated slower than
+  // recomputing it (g4.load_gbps and g4.recompute_tokens_per_s).
+  uint64_t g4_skipped_lookups = 0;
   uint64_t g4_lookup_failures = 0;  // Lookups whose G4 query failed or was late (a miss)
   uint64_t g4_lookup_timeouts = 0;  // of those, the deadline passed
   uint64_t g4_saved_blocks = 0;     // blocks written to G4

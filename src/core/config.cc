@@ -190,6 +190,26 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        1,
        1u << 20,
        {}},
+      {"g4.load_gbps",
+       T::kDouble,
+       "0",
+       "expected G4 read bandwidth into this worker, GB/s; with g4.recompute_tokens_per_s, G4 "
+       "blocks are offered only where loading one is faster than recomputing it (0: always "
+       "offer)",
+       0,
+       0,
+       {},
+       0,
+       1e6},
+      {"g4.recompute_tokens_per_s",
+       T::kDouble,
+       "0",
+       "the engine's prefill throughput, tokens/s (0: unknown, G4 blocks always offered)",
+       0,
+       0,
+       {},
+       0,
+       1e9},
   };
 }
 

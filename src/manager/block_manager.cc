@@ -436,7 +436,9 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
       loadable = static_cast<uint32_t>(m.num_blocks()) - start;
       for (size_t i = start; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
     }
-    if (g4_ && local < max_blocks) {
+    if (g4_ && local < max_blocks && g4_slower_than_recompute_) {
+      c_.g4_skipped_lookups.fetch_add(1, std::memory_order_relaxed);
+    } else if (g4_ && local < max_blocks) {
       // G4 only for what the local tiers lack, in one round trip within the lookup deadline. A
       // repeated Lookup (the scheduler asking again) reuses a recent answer.
       bool& reused = g4_reused;
@@ -1111,6 +1113,7 @@ ManagerStats BlockManager::Impl::Stats() {
   s.g4_enabled = g4_ != nullptr;
   if (g4_) s.g4_breaker_open = g4_->Stats().breaker_open;
   s.g4_lookup_blocks = c_.g4_lookup_blocks.load();
+  s.g4_skipped_lookups = c_.g4_skipped_lookups.load();
   s.g4_lookup_failures = c_.g4_lookup_failures.load();
   s.g4_lookup_timeouts = c_.g4_lookup_timeouts.load();
   s.g4_saved_blocks = c_.g4_saved.load();

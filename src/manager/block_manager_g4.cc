@@ -33,6 +33,20 @@ Status BlockManager::Impl::InitG4() {
   if (backend == "none") return Status::Ok();
   g4_write_through_ = cfg.GetBool("g4.write_through");
   g4_lookup_deadline_ = std::chrono::milliseconds(cfg.GetUint("g4.lookup_deadline_ms"));
+  const double load_gbps = cfg.GetDouble("g4.load_gbps");
+  const double recompute_tps = cfg.GetDouble("g4.recompute_tokens_per_s");
+  if (load_gbps > 0 && recompute_tps > 0) {
+    const double load_s = static_cast<double>(layout_.BlockBytes()) / (load_gbps * 1e9);
+    const double recompute_s = static_cast<double>(tpb_) / recompute_tps;
+    g4_slower_than_recompute_ = load_s >= recompute_s;
+    KVTIER_LOG(kInfo) << "G4: a block loads in an estimated " << load_s * 1e3
+                      << " ms and recomputes in " << recompute_s * 1e3 << " ms: G4 blocks are "
+                      << (g4_slower_than_recompute_ ? "NOT offered (recompute is faster)"
+                                                    : "offered");
+  } else if (load_gbps > 0 || recompute_tps > 0) {
+    KVTIER_LOG(kWarn) << "g4.load_gbps and g4.recompute_tokens_per_s work together; only one "
+                         "is set, so G4 blocks are always offered. Set both, or neither";
+  }
 
   Result<std::unique_ptr<RemoteStore>> opened = Status::Unavailable("no backend");
   if (backend == "fs") {

@@ -223,6 +223,9 @@ class BlockManager::Impl {
   std::unique_ptr<RemoteStore> g4_;  // null without G4; outlives engine_ (see ~Impl)
   bool g4_write_through_ = true;
   std::chrono::milliseconds g4_lookup_deadline_{20};
+  // G4 blocks are offered only when loading one is expected to be faster than recomputing it
+  // (g4.load_gbps and g4.recompute_tokens_per_s both given); false: always offered.
+  bool g4_slower_than_recompute_ = false;
   std::atomic<uint64_t> g4_writes_in_flight_{0};
 
   Mutex hashers_mu_;
@@ -267,6 +270,7 @@ class BlockManager::Impl {
     std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
     std::atomic<uint64_t> corrupt{0}, events{0}, staged_via_pool{0}, deferred{0};
     std::atomic<uint64_t> g4_lookup_blocks{0}, g4_lookup_failures{0}, g4_lookup_timeouts{0};
+    std::atomic<uint64_t> g4_skipped_lookups{0};
     std::atomic<uint64_t> g4_saved{0}, g4_save_failures{0}, g4_dropped{0};
     std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};
   };
