@@ -15,6 +15,7 @@
 
 #include "redis_test_util.h"
 #include "replay_runner.h"
+#include "replay_test_util.h"
 #include "replay_trace.h"
 
 namespace kvtier::cli {
@@ -23,28 +24,9 @@ namespace {
 using kvtier::testing::PickFreePort;
 using kvtier::testing::RedisServer;
 
-const std::string kData = std::string(KVTIER_SOURCE_DIR) + "/tests/data/";
+using namespace replay_testing;  // NOLINT: test helpers
 // A stored G4 object: the 4 KiB at-rest header and the 4 KiB payload (the replay's default).
 constexpr uint64_t kObjectBytes = 4096 + 4096;
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvtier-replay-g4-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-ReplayTrace Load(const std::string& file, uint32_t tpb) {
-  auto t = ReplayTrace::Load(kData + file, "auto", tpb);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return t.ok() ? std::move(*t) : ReplayTrace();
-}
 
 // G4 on `backend` at `where` (a directory or host:port), with deadlines long enough that a
 // slow (sanitized, shared) machine does not turn G4 answers into misses: the tests compare hit
@@ -297,46 +279,6 @@ TEST(ReplayG4RedisTest, UnreachableServerIsAMissNotAnError) {
 }
 
 // ---- the CLI ----
-
-struct CliRun {
-  int exit_code;
-  std::string out;
-};
-
-CliRun RunShell(const std::string& command) {
-  FILE* p = popen(command.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-// stdout only (the JSON), or stdout and stderr together.
-CliRun Kvtier(const std::string& args) {
-  return RunShell(std::string(KVTIER_CLI_PATH) + " " + args + " 2>/dev/null");
-}
-CliRun KvtierAll(const std::string& args) {
-  return RunShell(std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1");
-}
-
-double JsonNumber(const std::string& json, const std::string& key, size_t from = 0) {
-  const std::string k = "\"" + key + "\": ";
-  const size_t at = json.find(k, from);
-  if (at == std::string::npos) {
-    ADD_FAILURE() << key << " missing in " << json;
-    return std::nan("");
-  }
-  return std::strtod(json.c_str() + at + k.size(), nullptr);
-}
-
-std::string JsonString(const std::string& json, const std::string& key) {
-  const std::string k = "\"" + key + "\": \"";
-  const size_t at = json.find(k);
-  if (at == std::string::npos) return "";
-  const size_t end = json.find('"', at + k.size());
-  return json.substr(at + k.size(), end - at - k.size());
-}
 
 // Every use adds --g4 SPEC; the deadlines as in UseG4.
 const std::string kSmall = "replay --trace " + kData +

@@ -17,12 +17,13 @@
 
 #include "replay_cost.h"
 #include "replay_runner.h"
+#include "replay_test_util.h"
 #include "replay_trace.h"
 
 namespace kvtier::cli {
 namespace {
 
-const std::string kData = std::string(KVTIER_SOURCE_DIR) + "/tests/data/";
+using namespace replay_testing;  // NOLINT: test helpers
 
 Result<ReplayTrace> ParseTokens(const std::string& text, uint32_t tpb = 4) {
   std::istringstream in(text);
@@ -207,25 +208,6 @@ TEST(ReplayLayoutTest, PayloadBytesPickTheLayout) {
 
 // ---- the replay core on real tiers ----
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvtier-replay-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-ReplayTrace Load(const std::string& file, uint32_t tpb) {
-  auto t = ReplayTrace::Load(kData + file, "auto", tpb);
-  EXPECT_TRUE(t.ok()) << t.status().ToString();
-  return t.ok() ? std::move(*t) : ReplayTrace();
-}
-
 TEST(ReplayRunnerTest, G2ReplayLoadsExactBytesAndMatchesTheSimulator) {
   const ReplayTrace t = Load("replay_mooncake_small.jsonl", 512);
   ReplayOptions o;
@@ -354,41 +336,6 @@ TEST(ReplayRunnerTest, BadOptionsAreRefused) {
 }
 
 // ---- the CLI ----
-
-struct CliRun {
-  int exit_code;
-  std::string out;
-};
-
-CliRun Kvtier(const std::string& args) {
-  const std::string cmd = std::string(KVTIER_CLI_PATH) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-CliRun KvtierAll(const std::string& args) {
-  const std::string cmd = std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-double JsonNumber(const std::string& json, const std::string& key) {
-  const std::string k = "\"" + key + "\": ";
-  const size_t at = json.find(k);
-  if (at == std::string::npos) {
-    ADD_FAILURE() << key << " missing in " << json;
-    return std::nan("");
-  }
-  return std::strtod(json.c_str() + at + k.size(), nullptr);
-}
 
 TEST(ReplayCliTest, JsonHasTheKeysAndSaneFigures) {
   for (const std::string policy : {"lru", "credit-lru"}) {
