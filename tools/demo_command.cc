@@ -23,6 +23,7 @@
 
 #include "commands.h"
 #include "core/parallel.h"
+#include "demo_model.h"
 #include "engine/chat_template.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
@@ -37,7 +38,6 @@ namespace {
 using engine::ChatMessage;
 using engine::ChatTemplate;
 using engine::Engine;
-using engine::GgufFile;
 using engine::LlamaModel;
 using engine::RequestOutcome;
 using engine::Tokenizer;
@@ -305,18 +305,14 @@ int RunDemo(const CliArgs& args) {
   }
   std::fprintf(log, "loading %s ...\n", model_path.c_str());
   std::fflush(log);
-  auto file = GgufFile::Open(model_path);
-  if (!file.ok()) return Failure(file.status());
-  auto tokenizer = Tokenizer::FromGguf(**file);
-  if (!tokenizer.ok()) return Failure(tokenizer.status());
-  auto model = LlamaModel::FromGguf(**file);
-  if (!model.ok()) return Failure(model.status());
-  auto chat = ChatTemplate::FromGguf(**file);
-  if (!chat.ok()) return Failure(chat.status());
-  const Tokenizer& tok = **tokenizer;
+  auto loaded = LoadDemoModel(model_path);
+  if (!loaded.ok()) return Failure(loaded.status());
+  const Tokenizer& tok = *loaded->tokenizer;
+  LlamaModel* const model = loaded->model.get();
+  const ChatTemplate* const chat = &loaded->chat;
   const int64_t eos = tok.eos_id();
 
-  const KvLayout layout = (*model)->MakeKvLayout(kTokensPerBlock);
+  const KvLayout layout = model->MakeKvLayout(kTokensPerBlock);
   const uint64_t block_bytes = layout.BlockBytes();
   const uint64_t slot = 4096 + block_bytes;
   const auto system_tokens = static_cast<uint32_t>(
@@ -358,12 +354,11 @@ int RunDemo(const CliArgs& args) {
     with.reset();
     manager.reset();
     KVTIER_ASSIGN_OR_RETURN(manager, BlockManager::Create(mo));
-    KVTIER_ASSIGN_OR_RETURN(
-        with, Engine::Create(model->get(), manager.get(), g1_blocks, kTokensPerBlock));
+    KVTIER_ASSIGN_OR_RETURN(with, Engine::Create(model, manager.get(), g1_blocks, kTokensPerBlock));
     return Status::Ok();
   };
   if (Status s = start_kvtier(); !s.ok()) return Failure(s);
-  auto without = Engine::Create(model->get(), nullptr, g1_blocks, kTokensPerBlock);
+  auto without = Engine::Create(model, nullptr, g1_blocks, kTokensPerBlock);
   if (!without.ok()) return Failure(without.status());
   // The tiers' limits on this machine, measured now, for the per-hit TTFT bound.
   const double g2_gbps =
@@ -374,10 +369,10 @@ int RunDemo(const CliArgs& args) {
                "model: %u layers, KV %.1f KiB/token; block %u tokens (%.0f KiB)\n"
                "system prompt: %u tokens; G1 %u blocks (%.1f MiB, < %u users' KV), G2 %llu "
                "blocks (%.1f MiB), G3 %s (admit_min_seen=1)\n\n",
-               (*model)->config().num_layers, block_bytes / 1024.0 / kTokensPerBlock,
-               kTokensPerBlock, block_bytes / 1024.0, system_tokens, g1_blocks,
-               g1_blocks * block_bytes / 1048576.0, users,
-               static_cast<unsigned long long>(g2_blocks), g2_blocks * slot / 1048576.0, kDataDir);
+               model->config().num_layers, block_bytes / 1024.0 / kTokensPerBlock, kTokensPerBlock,
+               block_bytes / 1024.0, system_tokens, g1_blocks, g1_blocks * block_bytes / 1048576.0,
+               users, static_cast<unsigned long long>(g2_blocks), g2_blocks * slot / 1048576.0,
+               kDataDir);
   std::fprintf(log,
                "measured now: memcpy %.1f GB/s (G2 -> G1 limit), O_DIRECT read %.2f GB/s (G3 "
                "limit)\n\n",

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "demo_model.h"
 #include "embedded_redis.h"
 #include "engine/chat_template.h"
 #include "engine/engine.h"
@@ -35,7 +36,6 @@ namespace {
 using engine::ChatMessage;
 using engine::ChatTemplate;
 using engine::Engine;
-using engine::GgufFile;
 using engine::LlamaModel;
 using engine::Tokenizer;
 
@@ -82,16 +82,12 @@ int RunWorker(const CliArgs& args, uint32_t worker) {
   }
   const bool compare = worker > 1;  // the reusing worker checks its first tokens
   FILE* log = args.Has("json") ? stderr : stdout;
-  auto file = GgufFile::Open(model_path);
-  if (!file.ok()) return Failure(file.status());
-  auto tokenizer = Tokenizer::FromGguf(**file);
-  if (!tokenizer.ok()) return Failure(tokenizer.status());
-  auto model = LlamaModel::FromGguf(**file);
-  if (!model.ok()) return Failure(model.status());
-  auto chat = ChatTemplate::FromGguf(**file);
-  if (!chat.ok()) return Failure(chat.status());
-  const Tokenizer& tok = **tokenizer;
-  const KvLayout layout = (*model)->MakeKvLayout(kTpb);
+  auto loaded = LoadDemoModel(model_path);
+  if (!loaded.ok()) return Failure(loaded.status());
+  const Tokenizer& tok = *loaded->tokenizer;
+  LlamaModel* const model = loaded->model.get();
+  const ChatTemplate* const chat = &loaded->chat;
+  const KvLayout layout = model->MakeKvLayout(kTpb);
   const std::string g3_dir = "./kvtier-data/demo-worker" + std::to_string(worker);
   std::error_code ec;
   std::filesystem::remove_all(g3_dir, ec);
@@ -115,9 +111,9 @@ int RunWorker(const CliArgs& args, uint32_t worker) {
   auto manager = BlockManager::Create(mo);
   if (!manager.ok()) return Failure(manager.status());
   const uint32_t g1_blocks = 256;
-  auto with = Engine::Create(model->get(), manager->get(), g1_blocks, kTpb);
+  auto with = Engine::Create(model, manager->get(), g1_blocks, kTpb);
   if (!with.ok()) return Failure(with.status());
-  auto without = Engine::Create(model->get(), nullptr, g1_blocks, kTpb);
+  auto without = Engine::Create(model, nullptr, g1_blocks, kTpb);
   if (!without.ok()) return Failure(without.status());
 
   std::ofstream out(report);
