@@ -7,38 +7,32 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.h"
+
 #include "redis_test_util.h"
 
 namespace {
 
-struct CliRun {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using kvtier::cli_run::CliRun;
 
 CliRun Kvtier(const std::string& args) {
   const std::string cmd = std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[512];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return kvtier::cli_run::RunShell(cmd);
 }
 
 TEST(BenchRemoteCliTest, EmbeddedServerJsonHasTheKeys) {
   KVTIER_REQUIRE_REDIS();
   CliRun r =
       Kvtier("bench remote --value-bytes 256KiB --clients 2 --seconds 0.2 --rounds 1 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key : {"\"put_gbps\"", "\"get_gbps\"", "\"value_bytes\": 262144",
                           "\"clients\": 2", "\"server\": \"embedded\""}) {
-    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
   if (!kvtier::testing::FindOnPath("redis-benchmark").empty()) {
     for (const char* key : {"\"redis_benchmark_set_gbps\"", "\"redis_benchmark_get_gbps\"",
                             "\"put_ratio\"", "\"get_ratio\"", "\"redis_benchmark\": \"ran\""}) {
-      EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+      EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
     }
   }
 }
@@ -50,9 +44,9 @@ TEST(BenchRemoteCliTest, GivenServerIsUsedAndLeftClean) {
   CliRun r = Kvtier("bench remote --redis " + server.endpoint() +
                     " --value-bytes 64KiB --clients 3 --batch 8 --seconds 0.2 --rounds 1 "
                     "--no-redis-benchmark --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("\"server\": \"given\""), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\"redis_benchmark\": \"skipped\""), std::string::npos) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"server\": \"given\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"redis_benchmark\": \"skipped\""), std::string::npos) << r.out;
   EXPECT_EQ(server.DbSize(), 0);
   const std::string stats = server.Command({"INFO", "stats"}).text;
   EXPECT_NE(stats.find("total_commands_processed:"), std::string::npos);
@@ -61,13 +55,13 @@ TEST(BenchRemoteCliTest, GivenServerIsUsedAndLeftClean) {
 TEST(BenchRemoteCliTest, UsageErrorsSayWhatToFix) {
   CliRun r = Kvtier("bench remote --cluster --json");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("--cluster needs --redis"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("--cluster needs --redis"), std::string::npos) << r.out;
   r = Kvtier("bench remote --redis localhost");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("'localhost'"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("'localhost'"), std::string::npos) << r.out;
   r = Kvtier("bench remote --clients 0");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("--clients"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("--clients"), std::string::npos) << r.out;
 }
 
 TEST(BenchRemoteCliTest, ServerDownIsAFailureNotAHang) {
@@ -77,8 +71,8 @@ TEST(BenchRemoteCliTest, ServerDownIsAFailureNotAHang) {
   server.Stop();
   CliRun r = Kvtier("bench remote --redis " + server.endpoint() +
                     " --value-bytes 4KiB --seconds 0.1 --rounds 1 --no-redis-benchmark");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("Unavailable"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("Unavailable"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.h"
+
 #include "kvtier/layout.h"
 
 namespace kvtier {
@@ -136,12 +138,9 @@ TEST(BlockKeyTest, SecondProcessComputesIdenticalKeys) {
   const std::string cmd = std::string(KVTIER_CLI_PATH) +
                           " keys --model kvtier-test-model --salt s1 --hash sha256 --tokens " +
                           tokens;
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[256];
-  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  ASSERT_EQ(pclose(p), 0) << out;
+  const cli_run::CliRun run = cli_run::RunShell(cmd);
+  const std::string& out = run.out;
+  ASSERT_EQ(run.exit_code, 0) << out;
 
   KeyNamespace ns{"kvtier-test-model", KvLayout{}.Fingerprint(), "s1", ""};
   BlockHasher h = *BlockHasher::Create(ns, 16);

@@ -6,21 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.h"
+
 namespace {
 
-struct CliRun {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using kvtier::cli_run::CliRun;
 
 CliRun KvtierWithEnv(const std::string& env, const std::string& args) {
   const std::string cmd = env + " " + std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[512];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return kvtier::cli_run::RunShell(cmd);
 }
 
 CliRun Kvtier(const std::string& args) { return KvtierWithEnv("", args); }
@@ -28,47 +22,47 @@ CliRun Kvtier(const std::string& args) { return KvtierWithEnv("", args); }
 TEST(CliTest, HelpListsCommands) {
   CliRun r = Kvtier("--help");
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("bench copy"), std::string::npos);
-  EXPECT_NE(r.output.find("bench index"), std::string::npos);
+  EXPECT_NE(r.out.find("bench copy"), std::string::npos);
+  EXPECT_NE(r.out.find("bench index"), std::string::npos);
 }
 
 TEST(CliTest, UnknownCommandAndFlagAreUsageErrors) {
   CliRun r = Kvtier("frobnicate");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("unknown command 'frobnicate'"), std::string::npos);
+  EXPECT_NE(r.out.find("unknown command 'frobnicate'"), std::string::npos);
   r = Kvtier("bench copy --blokcs 3");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("unknown flag --blokcs"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("unknown flag --blokcs"), std::string::npos) << r.out;
   r = Kvtier("bench copy --tokens-per-block 24");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("tokens_per_block"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("tokens_per_block"), std::string::npos) << r.out;
   r = Kvtier("bench copy --blocks lots");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("--blocks"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("--blocks"), std::string::npos) << r.out;
 }
 
 TEST(CliTest, BenchCopyJsonHasTheKeys) {
   CliRun r = Kvtier("bench copy --blocks 8 --layers 4 --reps 1 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key : {"\"offload_gbps\"", "\"onboard_gbps\"", "\"memcpy_gbps\"", "\"threads\"",
                           "\"block_bytes\": 262144"}) {
-    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
 }
 
 TEST(CliTest, BenchIndexJsonHasTheKeys) {
   CliRun r = Kvtier("bench index --tokens 4096 --reps 2 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key : {"\"tokens\": 4096", "\"hash_only_us\"", "\"lookup_us\""}) {
-    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
 }
 
 TEST(CliTest, BenchArenaJson) {
   CliRun r = Kvtier("bench arena --bytes 16MiB --reps 1 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("\"arena_startup_ms\""), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\"first_touch_ms\""), std::string::npos) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"arena_startup_ms\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"first_touch_ms\""), std::string::npos) << r.out;
 }
 
 TEST(CliTest, BenchManagerJsonHasTheKeys) {
@@ -77,31 +71,30 @@ TEST(CliTest, BenchManagerJsonHasTheKeys) {
   CliRun r = Kvtier(std::string("bench manager --prompts 1 --prompt-blocks 4 --commit-seconds 0.2 "
                                 "--json --dir ") +
                     tmpl + "/d");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key :
        {"\"lookup_per_s\"", "\"commit_per_s\"", "\"commit_p99_us\"", "\"load_gbps_g2\"",
         "\"load_gbps_g3\"", "\"save_gbps\"", "\"load_g3_blocks\": 4"}) {
-    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
   rmdir(tmpl);
 }
 
 TEST(CliTest, ConfigShowsSourcesAndRefusesBadValues) {
   CliRun r = Kvtier("config");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("g2.capacity_bytes"), std::string::npos);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("g2.capacity_bytes"), std::string::npos);
   r = KvtierWithEnv("KVTIER_G2_CAPACITY_BYTES=3GiB", "config --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("\"value\": \"3221225472\", \"source\": \"env\""), std::string::npos)
-      << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"value\": \"3221225472\", \"source\": \"env\""), std::string::npos)
+      << r.out;
   r = KvtierWithEnv("KVTIER_G3_QUEUE_DEPTH=lots", "config");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("g3.queue_depth = 'lots' (from KVTIER_G3_QUEUE_DEPTH)"),
-            std::string::npos)
-      << r.output;
+  EXPECT_NE(r.out.find("g3.queue_depth = 'lots' (from KVTIER_G3_QUEUE_DEPTH)"), std::string::npos)
+      << r.out;
   r = Kvtier("config --config /nonexistent/kvtier.toml");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("cannot be opened"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("cannot be opened"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.h"
+
 namespace kvtier {
 namespace {
 
@@ -313,12 +315,9 @@ TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
 TEST(ConfigTest, ConfigCommandShowsCreditLruKeysAndWarns) {
   const std::string cmd = "KVTIER_G3_POLICY=lru KVTIER_G3_CREDIT_LRU_GHOST_FACTOR=2 " +
                           std::string(KVTIER_CLI_PATH) + " config 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  EXPECT_EQ(pclose(p), 0) << out;
+  const cli_run::CliRun run = cli_run::RunShell(cmd);
+  const std::string& out = run.out;
+  EXPECT_EQ(run.exit_code, 0) << out;
   EXPECT_NE(out.find("warning: g3.credit_lru.ghost_factor = 2"), std::string::npos) << out;
   EXPECT_NE(out.find("env KVTIER_G3_CREDIT_LRU_GHOST_FACTOR"), std::string::npos) << out;
   EXPECT_NE(out.find("g2.credit_lru.stale_tail     -1"), std::string::npos) << out;

@@ -20,6 +20,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.h"
+
 #include "tier/disk_tier.h"
 #include "transfer/device_backend.h"
 #include "transfer/transfer_engine.h"
@@ -90,45 +92,37 @@ TEST(CudaConfigTest, ValidateNamesTheField) {
             std::string::npos);
 }
 
-struct CliRun {
-  int exit_code;
-  std::string output;
-};
+using cli_run::CliRun;
 
 CliRun Kvtier(const std::string& args, bool stdout_only = false) {
   const std::string cmd =
       std::string(KVTIER_CLI_PATH) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[512];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return cli_run::RunShell(cmd);
 }
 
 TEST(CudaCliTest, BenchCopyDeviceCudaWithoutGpuExitsThree) {
   if (ProbeCuda().ok()) GTEST_SKIP() << "a usable GPU is present; bench/gpu.sh runs the bench";
   CliRun r = Kvtier("bench copy --device cuda");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find("CUDA backend unavailable"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("no usable GPU driver/device"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_NE(r.out.find("CUDA backend unavailable"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no usable GPU driver/device"), std::string::npos) << r.out;
   // --json: stdout is still one JSON object, saying why.
   r = Kvtier("bench copy --device cuda --json", true);
-  EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_EQ(r.output.rfind("{", 0), 0u) << r.output;
-  EXPECT_NE(r.output.find("\"available\": false"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\"error\": \"CUDA backend unavailable"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_EQ(r.out.rfind("{", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("\"available\": false"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"error\": \"CUDA backend unavailable"), std::string::npos) << r.out;
 }
 
 TEST(CudaCliTest, BadDeviceAndMethodAreUsageErrors) {
   CliRun r = Kvtier("bench copy --device tpu");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--device"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--device"), std::string::npos) << r.out;
   r = Kvtier("bench copy --device cuda --method dma");
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("kernel, batch or memcpy"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("kernel, batch or memcpy"), std::string::npos) << r.out;
   r = Kvtier("bench copy --method kernel");  // a CUDA flag without --device cuda
-  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include "cli_run.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -19,15 +21,9 @@ const char* kModelPath = KVTIER_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.g
 
 // Runs `cmd`, returns its stdout and sets *rc to its exit status.
 std::string RunCommand(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+  kvtier::cli_run::CliRun r = kvtier::cli_run::RunShell(cmd);
+  *rc = r.exit_code;
+  return r.out;
 }
 
 // Every value of `"key": <value>` in the flat-per-object JSON the demo prints (strings are

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
 #include "redis_test_util.h"
 
 namespace {
@@ -20,15 +21,9 @@ namespace {
 const char* kModelPath = KVTIER_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 std::string RunCommand(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+  kvtier::cli_run::CliRun r = kvtier::cli_run::RunShell(cmd);
+  *rc = r.exit_code;
+  return r.out;
 }
 
 // Values of `"key": <number>` in the demo's JSON, in order.

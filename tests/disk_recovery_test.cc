@@ -3,9 +3,11 @@
 // `kvtier inspect` report of the same directories.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "cli_run.h"
 
 #include <chrono>
 #include <cstdio>
@@ -44,14 +46,7 @@ void FlipByteOnDisk(const std::string& path, uint64_t offset) {
 }
 
 std::string RunCli(const std::string& args) {
-  std::string out;
-  FILE* p = popen((std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
+  return cli_run::RunShell(std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1").out;
 }
 
 TEST(DiskRecovery, CleanRestartKeepsEveryBlockFromTheSnapshot) {

@@ -1,6 +1,8 @@
 // The G4 settings in `kvtier config`: listed, validated, and the Redis password never printed.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include "cli_run.h"
 
 #include <cstdio>
 #include <string>
@@ -8,15 +10,9 @@
 namespace {
 
 std::string RunCommand(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+  kvtier::cli_run::CliRun r = kvtier::cli_run::RunShell(cmd);
+  *rc = r.exit_code;
+  return r.out;
 }
 
 TEST(G4Cli, ConfigListsG4AndNeverPrintsThePassword) {

@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.h"
+
 #include "index/belady_policy.h"
 #include "index/eviction_policy.h"
 
@@ -337,19 +339,11 @@ TEST(PolicySimTest, LoadReportsAMissingFile) {
 
 // --- the `kvtier sim` command ---------------------------------------------------------------
 
-struct CliRun {
-  int exit_code;
-  std::string output;
-};
+using cli_run::CliRun;
 
 CliRun Kvtier(const std::string& args) {
   const std::string cmd = std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[512];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return cli_run::RunShell(cmd);
 }
 
 class SimCommandTest : public testing::Test {
@@ -373,44 +367,44 @@ TEST_F(SimCommandTest, JsonHasTheKeysAndTheHandComputedRatios) {
   const std::string trace = Write("small.jsonl", text);
   // 5 distinct blocks x 0.6 = 3 slots: LRU keeps 7 of 14 blocks, Belady 8, unbounded 9.
   CliRun r = Kvtier("sim --trace " + trace + " --capacity-fraction 0.6 --policy lru --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key :
        {"\"hit_ratio\": 0.5,", "\"belady_hit_ratio\": 0.571429",
         "\"unbounded_hit_ratio\": 0.642857", "\"ratio_to_belady\": 0.875", "\"capacity_blocks\": 3",
         "\"policy\": \"lru\"", "\"policies\": {\"lru\": {\"hit_ratio\": 0.5"}) {
-    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
   r = Kvtier("sim --trace " + trace + " --capacity-fraction 0.6 --policy all --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* name :
        {"\"credit-lru\": {", "\"lru\": {", "\"lineage-lru\": {", "\"s3fifo\": {"}) {
-    EXPECT_NE(r.output.find(name), std::string::npos) << name << " missing in " << r.output;
+    EXPECT_NE(r.out.find(name), std::string::npos) << name << " missing in " << r.out;
   }
   r = Kvtier("sim --trace " + trace + " --policy all");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("belady"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("unbounded"), std::string::npos) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("belady"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unbounded"), std::string::npos) << r.out;
 }
 
 TEST_F(SimCommandTest, BadInputIsAUsageErrorThatSaysWhere) {
   const std::string bad = Write("bad.jsonl", Line("1") + Line("2") + "{\"hash_ids\": [3,, 4]}\n");
   CliRun r = Kvtier("sim --trace " + bad);
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("trace line 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("trace line 3"), std::string::npos) << r.out;
 
   const std::string good = Write("good.jsonl", Line("1"));
   for (const char* args : {"--capacity-fraction 0", "--capacity-fraction -1",
                            "--capacity-fraction nan", "--capacity-fraction lots", "--policy fifo",
                            "--policy belady", "--capacity-fractoin 0.1"}) {
     r = Kvtier("sim --trace " + good + " " + args);
-    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.out;
   }
   r = Kvtier("sim");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.output.find("--trace"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("--trace"), std::string::npos) << r.out;
   r = Kvtier("sim --trace " + (dir_ / "missing.jsonl").string());
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
 }
 
 // --credit-lru KEY=VALUE reaches the policy. The trace (10 distinct blocks, 8 slots): x (id 100)
@@ -426,36 +420,34 @@ TEST_F(SimCommandTest, CreditLruFlagsReachThePolicyAndAreEchoed) {
   const std::string trace = Write("tail.jsonl", text);
   const std::string base = "sim --trace " + trace + " --capacity-fraction 0.8 --json";
   CliRun r = Kvtier(base);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key :
        {"\"capacity_blocks\": 8", "\"policy\": \"credit-lru\"", "\"hit_ratio\": 0.388889",
         "\"credit_lru\": {\"used_twice\": 0.75, \"used_thrice\": 1.5, \"long_follow_up\": -0.5, "
         "\"stale_tail\": -1, \"ghost_factor\": 4}"}) {
-    EXPECT_NE(r.output.find(key), std::string::npos) << key << " missing in " << r.output;
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
   for (const std::string& flags :
        {std::string("--credit-lru stale_tail=0"), std::string("--credit-lru=stale_tail=0"),
         std::string("--credit-lru stale_tail=-1 --credit-lru stale_tail=+0.0")}) {
     r = Kvtier(base + " " + flags);
-    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.output;
-    EXPECT_NE(r.output.find("\"hit_ratio\": 0.444444"), std::string::npos)
-        << flags << ": " << r.output;
-    EXPECT_NE(r.output.find("\"stale_tail\": 0,"), std::string::npos) << flags << ": " << r.output;
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find("\"hit_ratio\": 0.444444"), std::string::npos) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find("\"stale_tail\": 0,"), std::string::npos) << flags << ": " << r.out;
   }
   r = Kvtier(base + " --credit-lru used_twice=0.123456789 --credit-lru ghost_factor=0.5");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("\"used_twice\": 0.123456789,"), std::string::npos)
-      << "echoed exactly: " << r.output;
-  EXPECT_NE(r.output.find("\"ghost_factor\": 0.5}"), std::string::npos) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"used_twice\": 0.123456789,"), std::string::npos)
+      << "echoed exactly: " << r.out;
+  EXPECT_NE(r.out.find("\"ghost_factor\": 0.5}"), std::string::npos) << r.out;
   // Text output names the settings; another policy warns that they do nothing.
   r = Kvtier("sim --trace " + trace + " --credit-lru stale_tail=0");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("credit-lru settings: {"), std::string::npos) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("credit-lru settings: {"), std::string::npos) << r.out;
   r = Kvtier("sim --trace " + trace + " --policy lru --credit-lru stale_tail=0");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("warning: --credit-lru has no effect with --policy lru"),
-            std::string::npos)
-      << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: --credit-lru has no effect with --policy lru"), std::string::npos)
+      << r.out;
 }
 
 TEST_F(SimCommandTest, BadCreditLruFlagsAreUsageErrorsNamingThem) {
@@ -484,9 +476,9 @@ TEST_F(SimCommandTest, BadCreditLruFlagsAreUsageErrorsNamingThem) {
   };
   for (const auto& [flags, message] : cases) {
     CliRun r = Kvtier("sim --trace " + trace + " " + flags + " --json");
-    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.output;
-    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ": " << r.output;
-    EXPECT_EQ(r.output.find("hit_ratio"), std::string::npos) << flags << ": nothing ran";
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << flags << ": " << r.out;
+    EXPECT_EQ(r.out.find("hit_ratio"), std::string::npos) << flags << ": nothing ran";
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.h"
 #include "replay_trace.h"
 
 namespace kvtier::cli::replay_testing {
@@ -44,20 +45,8 @@ inline ReplayTrace Load(const std::string& file, uint32_t tpb) {
   return t.ok() ? std::move(*t) : ReplayTrace();
 }
 
-struct CliRun {
-  int exit_code;  // -1 when the command did not exit normally
-  std::string out;
-};
-
-// Runs a shell command; its stdout and its exit code.
-inline CliRun RunShell(const std::string& command) {
-  FILE* p = popen(command.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using cli_run::CliRun;
+using cli_run::RunShell;
 
 // The kvtier CLI with `args`: stdout only (the JSON), or stdout and stderr together.
 inline CliRun Kvtier(const std::string& args) {
