@@ -28,13 +28,7 @@ using testing::TempDirectory;
 using testing::TestLayout;
 
 std::unique_ptr<BlockManager> MakeManager(const Config& config) {
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = config;
-  auto m = BlockManager::Create(o);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return m.ok() ? std::move(m).value() : nullptr;
+  return testing::MakeTestManager(config);
 }
 
 Config FsConfig(const std::string& dir, uint64_t g2_blocks = 64) {

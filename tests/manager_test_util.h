@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -243,6 +244,18 @@ inline std::vector<TokenId> Prompt(uint32_t seed, size_t n, size_t shared_prefix
     t[i] = static_cast<TokenId>(Mix(s * 1000003ull + i) % 50000);
   }
   return t;
+}
+
+// A BlockManager on TestLayout() for model "test-model" with `config`; a test failure and
+// nullptr when it cannot be created.
+inline std::unique_ptr<BlockManager> MakeTestManager(const Config& config) {
+  ManagerOptions o;
+  o.layout = TestLayout();
+  o.model_id = "test-model";
+  o.config = config;
+  auto m = BlockManager::Create(o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
 }
 
 }  // namespace kvtier::testing

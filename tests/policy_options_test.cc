@@ -189,14 +189,8 @@ ManagerOutcome RunManager(const std::string& stale_tail) {
   if (!stale_tail.empty()) {
     EXPECT_TRUE(config.Set("g2.credit_lru.stale_tail", stale_tail).ok());
   }
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = config;
-  auto made = BlockManager::Create(o);
-  EXPECT_TRUE(made.ok()) << made.status().ToString();
-  if (!made.ok()) return {};
-  std::unique_ptr<BlockManager> mgr = std::move(made).value();
+  std::unique_ptr<BlockManager> mgr = testing::MakeTestManager(config);
+  if (mgr == nullptr) return {};
   ManagerOutcome out;
   std::mutex mu;
   mgr->SubscribeEvents([&](std::span<const KvEvent> events) {
