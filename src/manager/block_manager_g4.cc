@@ -149,13 +149,9 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
     moves.push_back(std::move(m));
   }
   auto shared = std::make_shared<std::vector<G4Write>>(std::move(writes));
-  auto end_one = [this](const G4Write& w, const Status& s) {
-    if (s.ok()) {
-      c_.g4_saved.fetch_add(1, std::memory_order_relaxed);
-      Emit({Event(KvEvent::Kind::kStored, w.key, w.parent, kTierG4)});
-    } else {
-      c_.g4_save_failures.fetch_add(1, std::memory_order_relaxed);
-    }
+  // What a G4 write holds until it ends: an evicted block's G2 slot (and its demotion), or a
+  // written-through block's pin.
+  auto release = [this](const G4Write& w) {
     if (w.evicted) {
       ReleaseG2Slot(w.g2_slot);
       EndDemotion();
@@ -165,22 +161,22 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
     }
     EndG4Write();
   };
+  auto end_one = [this, release](const G4Write& w, const Status& s) {
+    if (s.ok()) {
+      c_.g4_saved.fetch_add(1, std::memory_order_relaxed);
+      Emit({Event(KvEvent::Kind::kStored, w.key, w.parent, kTierG4)});
+    } else {
+      c_.g4_save_failures.fetch_add(1, std::memory_order_relaxed);
+    }
+    release(w);
+  };
   auto job =
       engine_->Submit(std::move(moves), TransferPriority::kSave,
                       [shared, end_one](size_t i, const Status& s) { end_one((*shared)[i], s); });
   if (!job.ok()) {
     // The G4 save queue is full (a slow or dead server): dropped, never waited for.
     c_.g4_dropped.fetch_add(shared->size(), std::memory_order_relaxed);
-    for (const G4Write& w : *shared) {
-      if (w.evicted) {
-        ReleaseG2Slot(w.g2_slot);
-        EndDemotion();
-      } else {
-        Status u = index_->Unpin(std::span<const BlockKey>(&w.key, 1));
-        if (!u.ok()) KVTIER_LOG(kError) << "internal: " << u.ToString();
-      }
-      EndG4Write();
-    }
+    for (const G4Write& w : *shared) release(w);
   }
 }
 
