@@ -1,0 +1,94 @@
+"""Type stubs of kvtier's native module (python/src/kvtier_bindings.cc)."""
+
+from typing import List, Optional, Sequence, Tuple
+
+NUM_TIERS: int
+TIER_NAMES: Tuple[str, str, str, str]
+
+class KvtierError(RuntimeError):
+    code: str  # kvtier's StatusCode name, e.g. "InvalidArgument"
+    detail: str  # the message without the code
+
+class Config:
+    """kvtier's settings; the same fields as `kvtier config`."""
+
+    def __init__(self) -> None: ...
+    def load_file(self, path: str) -> None: ...
+    def load_environment(self) -> None: ...
+    def set(self, name: str, value: str | int | float | bool) -> None: ...
+    def get(self, name: str) -> str: ...
+    def entries(self) -> List[Tuple[str, str, str, str, str]]: ...
+    def warnings(self) -> List[str]: ...
+    @staticmethod
+    def field_names() -> List[str]: ...
+
+class Layout:
+    """The shape of one KV block: layers x planes x tokens x kv heads x head dim x dtype."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_planes: int,
+        num_kv_heads: int,
+        head_dim: int,
+        tokens_per_block: int,
+        dtype: str,
+        g1_arrangement: str = "layer-separate",
+    ) -> None: ...
+    num_layers: int
+    num_planes: int
+    num_kv_heads: int
+    head_dim: int
+    tokens_per_block: int
+    dtype: str
+    g1_arrangement: str
+    chunk_bytes: int
+    block_bytes: int
+    fingerprint: int
+
+def block_keys(
+    tokens: Sequence[int],
+    model_id: str,
+    layout: Layout,
+    cache_salt: str = "",
+    adapter_id: str = "",
+    algorithm: str = "sha256",
+) -> List[bytes]: ...
+
+class BlockManager:
+    """kvtier's connector API (include/kvtier/connector.h), one method per C++ method."""
+
+    def __init__(
+        self, layout: Layout, model_id: str, config: Config, event_queue_capacity: int = 65536
+    ) -> None: ...
+    def close(self) -> None: ...
+    def lookup(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        num_computed_tokens: int,
+        cache_salt: str = "",
+        adapter_id: str = "",
+    ) -> Tuple[int, Tuple[int, int, int, int]]: ...
+    def prepare_load(
+        self, request_id: str, g1_block_ids: Sequence[int], num_external_tokens: int
+    ) -> int: ...
+    def commit(self, request_id: str, tokens: Sequence[int], g1_block_ids: Sequence[int]) -> None: ...
+    def request_finished(self, request_id: str) -> bool: ...
+    def register_memory(
+        self,
+        layout: Layout,
+        num_blocks: int,
+        regions: Sequence[Tuple[int, int]],
+        on_device: bool,
+    ) -> None: ...
+    def start_load(self) -> None: ...
+    def wait_layer(self, layer: int) -> Optional[str]: ...
+    def loaded_tokens(self, request_id: str) -> int: ...
+    def start_save(self) -> None: ...
+    def wait_for_saves(self) -> None: ...
+    def finished(self) -> Tuple[List[str], List[str]]: ...
+    def stats(self) -> dict: ...
+    def take_events(self) -> List[Tuple[str, bytes, bytes, str, int]]: ...
+    @property
+    def layout(self) -> Layout: ...

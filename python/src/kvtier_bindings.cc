@@ -1,0 +1,484 @@
+// kvtier._kvtier: the Python binding of kvtier's public API (include/kvtier/). It wraps
+// BlockManager, Config, KvLayout and the block hasher one to one; the logic stays in C++.
+//
+// Rules kept here:
+//  - The GIL is released around every call that hashes, copies, waits or does I/O (arguments
+//    are converted to C++ values first, while the GIL is held).
+//  - A Status that is not ok raises KvtierError (with .code, the StatusCode name), except where
+//    the C++ API reports a failure as data (WaitLayer: a load failure is an expected outcome,
+//    returned as a message so the connector can recompute without an exception per layer).
+//  - Events are queued in C++ (bounded; overflow is counted) and drained by take_events(), so
+//    no Python code ever runs on a kvtier thread.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/config.h"
+#include "kvtier/connector.h"
+#include "kvtier/events.h"
+#include "kvtier/g1_memory.h"
+#include "kvtier/layout.h"
+#include "kvtier/status.h"
+#include "kvtier/tier.h"
+
+namespace py = pybind11;
+
+namespace kvtier {
+namespace {
+
+// Raised for every kvtier error; `code` is the StatusCode name ("InvalidArgument", ...).
+struct KvtierError {
+  Status status;
+};
+
+[[noreturn]] void Throw(const Status& s) { throw KvtierError{s}; }
+void Check(const Status& s) {
+  if (!s.ok()) Throw(s);
+}
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) Throw(r.status());
+  return std::move(*r);
+}
+
+// Config values given from Python: str, bool (true/false), int.
+std::string ConfigText(const py::handle& value, const std::string& name) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>() ? "true" : "false";
+  if (py::isinstance<py::int_>(value)) return py::str(value).cast<std::string>();
+  if (py::isinstance<py::float_>(value)) return py::repr(value).cast<std::string>();
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  Throw(Status::InvalidArgument("config value of '" + name +
+                                "' must be str, int, float or bool, not " +
+                                py::type::of(value).attr("__name__").cast<std::string>()));
+}
+
+// The bounded queue between kvtier's threads (producers) and take_events() (the consumer).
+class EventQueue {
+ public:
+  explicit EventQueue(size_t capacity) : capacity_(capacity) {}
+  void Push(std::span<const KvEvent> events) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const KvEvent& e : events) {
+      if (queue_.size() >= capacity_) {
+        ++dropped_;
+        continue;
+      }
+      queue_.push_back(e);
+    }
+  }
+  std::vector<KvEvent> Drain() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<KvEvent> out(queue_.begin(), queue_.end());
+    queue_.clear();
+    return out;
+  }
+  uint64_t dropped() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return dropped_;
+  }
+
+ private:
+  const size_t capacity_;
+  std::mutex mu_;
+  std::deque<KvEvent> queue_;
+  uint64_t dropped_ = 0;
+};
+
+py::bytes KeyBytes(const BlockKey& k) {
+  char b[16];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
+    b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
+  }
+  return py::bytes(b, 16);
+}
+
+// BlockManager plus what the binding keeps beside it (the event queue).
+class PyBlockManager {
+ public:
+  PyBlockManager(const KvLayout& layout, const std::string& model_id, const Config& config,
+                 size_t event_queue_capacity) {
+    ManagerOptions o;
+    o.layout = layout;
+    o.model_id = model_id;
+    o.config = config;
+    {
+      py::gil_scoped_release release;
+      auto r = BlockManager::Create(o);
+      if (!r.ok()) {
+        py::gil_scoped_acquire acquire;
+        Throw(r.status());
+      }
+      manager_ = std::move(*r);
+    }
+    if (event_queue_capacity > 0) {
+      events_ = std::make_shared<EventQueue>(event_queue_capacity);
+      std::weak_ptr<EventQueue> q = events_;
+      manager_->SubscribeEvents([q](std::span<const KvEvent> ev) {
+        if (auto queue = q.lock()) queue->Push(ev);
+      });
+    }
+  }
+
+  BlockManager& m() {
+    if (manager_ == nullptr) Throw(Status::FailedPrecondition("the BlockManager is closed"));
+    return *manager_;
+  }
+
+  void Close() {
+    std::unique_ptr<BlockManager> m = std::move(manager_);
+    py::gil_scoped_release release;
+    m.reset();  // finishes transfers, flushes G2 to G3 when configured
+  }
+
+  std::shared_ptr<EventQueue> events_;
+  std::unique_ptr<BlockManager> manager_;
+};
+
+py::dict StatsDict(const ManagerStats& s) {
+  py::dict d;
+  d["lookups"] = s.lookups;
+  d["lookup_blocks"] = s.lookup_blocks;
+  py::dict hits;
+  for (TierId t = 0; t < kNumTiers; ++t) hits[TierName(t)] = s.hit_blocks[t];
+  d["hit_blocks"] = hits;
+  d["miss_blocks"] = s.miss_blocks;
+  d["load_failures"] = s.load_failures;
+  d["saved_blocks"] = s.saved_blocks;
+  d["dedup_blocks"] = s.dedup_blocks;
+  d["dropped_saves"] = s.dropped_saves;
+  d["deferred_saves"] = s.deferred_saves;
+  d["demoted_blocks"] = s.demoted_blocks;
+  d["demotions_not_admitted"] = s.demotions_not_admitted;
+  d["demotion_failures"] = s.demotion_failures;
+  d["evicted_blocks_g2"] = s.evicted_blocks_g2;
+  d["evicted_blocks_g3"] = s.evicted_blocks_g3;
+  d["promoted_blocks"] = s.promoted_blocks;
+  d["corrupt_blocks"] = s.corrupt_blocks;
+  d["g3_quarantines"] = s.g3_quarantines;
+  d["g3_quarantined"] = s.g3_quarantined;
+  static const char* kPaths[8] = {"G1->G2", "G2->G1", "G2->G3", "G3->G2",
+                                  "G3->G1", "G2->G4", "G4->G2", "G4->G1"};
+  py::dict bytes;
+  for (int i = 0; i < 8; ++i) bytes[kPaths[i]] = s.bytes_by_path[i];
+  d["bytes_by_path"] = bytes;
+  d["g2_blocks"] = s.g2_blocks;
+  d["g2_slots"] = s.g2_slots;
+  d["g2_free_slots"] = s.g2_free_slots;
+  d["g3_blocks"] = s.g3_blocks;
+  d["g3_slots"] = s.g3_slots;
+  d["g2_staging_slots"] = s.g2_staging_slots;
+  d["staged_via_pool"] = s.staged_via_pool;
+  d["pinned_blocks"] = s.pinned_blocks;
+  d["events_emitted"] = s.events_emitted;
+  d["g4_enabled"] = s.g4_enabled;
+  d["g4_breaker_open"] = s.g4_breaker_open;
+  d["g4_lookup_blocks"] = s.g4_lookup_blocks;
+  d["g4_skipped_lookups"] = s.g4_skipped_lookups;
+  d["g4_lookup_failures"] = s.g4_lookup_failures;
+  d["g4_lookup_timeouts"] = s.g4_lookup_timeouts;
+  d["g4_saved_blocks"] = s.g4_saved_blocks;
+  d["g4_save_failures"] = s.g4_save_failures;
+  d["g4_dropped_saves"] = s.g4_dropped_saves;
+  d["g4_load_failures"] = s.g4_load_failures;
+  d["g4_corrupt_blocks"] = s.g4_corrupt_blocks;
+  d["g4_timeouts"] = s.g4_timeouts;
+  return d;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+using namespace kvtier;  // NOLINT: the module body names every kvtier type
+
+PYBIND11_MODULE(_kvtier, mod) {
+  mod.doc() = "kvtier's C++ API (see the kvtier package for the documented Python surface)";
+
+  static py::exception<KvtierError> error_type(mod, "KvtierError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const KvtierError& e) {
+      py::object type = py::reinterpret_borrow<py::object>(error_type.ptr());
+      py::object err = type(e.status.ToString());
+      err.attr("code") = StatusCodeName(e.status.code());
+      err.attr("detail") = e.status.message();
+      PyErr_SetObject(error_type.ptr(), err.ptr());
+    }
+  });
+
+  mod.attr("NUM_TIERS") = static_cast<int>(kNumTiers);
+  mod.attr("TIER_NAMES") = py::make_tuple("G1", "G2", "G3", "G4");
+
+  // ---- Config ----
+  py::class_<Config>(mod, "Config")
+      .def(py::init<>(), "All settings at their defaults.")
+      .def(
+          "load_file", [](Config& c, const std::string& path) { Check(c.LoadFile(path)); },
+          py::arg("path"), "Applies a TOML file; raises KvtierError naming the file and line.")
+      .def(
+          "load_environment", [](Config& c) { Check(c.LoadProcessEnvironment()); },
+          "Applies every KVTIER_* variable of this process's environment.")
+      .def(
+          "set",
+          [](Config& c, const std::string& name, py::handle value) {
+            Check(c.Set(name, ConfigText(value, name), ConfigSource::kOverride, "python"));
+          },
+          py::arg("name"), py::arg("value"),
+          "Sets one field (\"g2.capacity_bytes\", \"8GiB\"); raises KvtierError naming the "
+          "field, the value and what is allowed.")
+      .def(
+          "get",
+          [](const Config& c, const std::string& name) -> std::string {
+            for (const ConfigEntry& e : c.Entries()) {
+              if (e.spec->name == name) return e.value;
+            }
+            Throw(Status::InvalidArgument("unknown config field '" + name + "'"));
+          },
+          py::arg("name"), "The field's normalized value as text (sizes in bytes).")
+      .def(
+          "entries",
+          [](const Config& c) {
+            py::list out;
+            for (const ConfigEntry& e : c.Entries()) {
+              out.append(py::make_tuple(e.spec->name, e.value, ConfigSourceName(e.source), e.origin,
+                                        e.spec->doc));
+            }
+            return out;
+          },
+          "Every field as (name, value, source, origin, doc), in schema order.")
+      .def("warnings", &Config::Warnings, "Settings that are valid but have no effect.")
+      .def_static(
+          "field_names",
+          []() {
+            std::vector<std::string> names;
+            for (const ConfigFieldSpec& s : Config::Schema()) names.push_back(s.name);
+            return names;
+          },
+          "Every field kvtier knows.");
+
+  // ---- Layout ----
+  py::class_<KvLayout>(mod, "Layout")
+      .def(py::init([](uint32_t num_layers, uint32_t num_planes, uint32_t num_kv_heads,
+                       uint32_t head_dim, uint32_t tokens_per_block, const std::string& dtype,
+                       const std::string& g1_arrangement) {
+             KvLayout l;
+             l.num_layers = num_layers;
+             l.num_planes = num_planes;
+             l.num_kv_heads = num_kv_heads;
+             l.head_dim = head_dim;
+             l.tokens_per_block = tokens_per_block;
+             l.dtype = Take(ParseDType(dtype));
+             l.g1_arrangement = Take(ParseG1Arrangement(g1_arrangement));
+             Check(l.Validate());
+             return l;
+           }),
+           py::arg("num_layers"), py::arg("num_planes"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("tokens_per_block"), py::arg("dtype"),
+           py::arg("g1_arrangement") = "layer-separate")
+      .def_readonly("num_layers", &KvLayout::num_layers)
+      .def_readonly("num_planes", &KvLayout::num_planes)
+      .def_readonly("num_kv_heads", &KvLayout::num_kv_heads)
+      .def_readonly("head_dim", &KvLayout::head_dim)
+      .def_readonly("tokens_per_block", &KvLayout::tokens_per_block)
+      .def_property_readonly("dtype", [](const KvLayout& l) { return DTypeName(l.dtype); })
+      .def_property_readonly("g1_arrangement",
+                             [](const KvLayout& l) { return G1ArrangementName(l.g1_arrangement); })
+      .def_property_readonly("chunk_bytes", &KvLayout::ChunkBytes)
+      .def_property_readonly("block_bytes", &KvLayout::BlockBytes)
+      .def_property_readonly("fingerprint", &KvLayout::Fingerprint)
+      .def("__repr__", &KvLayout::ToString);
+
+  // ---- keys ----
+  mod.def(
+      "block_keys",
+      [](const std::vector<TokenId>& tokens, const std::string& model_id, const KvLayout& layout,
+         const std::string& cache_salt, const std::string& adapter_id,
+         const std::string& algorithm) {
+        HashAlgorithm alg = Take(ParseHashAlgorithm(algorithm));
+        KeyNamespace ns{model_id, layout.Fingerprint(), cache_salt, adapter_id};
+        BlockHasher h = Take(BlockHasher::Create(ns, layout.tokens_per_block, alg));
+        std::vector<BlockKey> keys;
+        {
+          py::gil_scoped_release release;
+          keys = h.KeysFor(tokens);
+        }
+        py::list out;
+        for (const BlockKey& k : keys) out.append(KeyBytes(k));
+        return out;
+      },
+      py::arg("tokens"), py::arg("model_id"), py::arg("layout"), py::arg("cache_salt") = "",
+      py::arg("adapter_id") = "", py::arg("algorithm") = "sha256",
+      "The 16-byte keys of the full blocks of `tokens`, as BlockManager computes them.");
+
+  // ---- BlockManager ----
+  py::class_<PyBlockManager>(mod, "BlockManager")
+      .def(py::init<const KvLayout&, const std::string&, const Config&, size_t>(),
+           py::arg("layout"), py::arg("model_id"), py::arg("config"),
+           py::arg("event_queue_capacity") = 65536)
+      .def("close", &PyBlockManager::Close)
+      .def(
+          "lookup",
+          [](PyBlockManager& self, const std::string& request_id, std::vector<TokenId> prompt,
+             uint32_t num_computed_tokens, const std::string& cache_salt,
+             const std::string& adapter_id) {
+            BlockManager& m = self.m();
+            Result<LookupResult> r = Status::Internal("unset");
+            {
+              py::gil_scoped_release release;
+              r = m.Lookup(RequestSpec{request_id, prompt, cache_salt, adapter_id},
+                           num_computed_tokens);
+            }
+            LookupResult lr = Take(std::move(r));
+            py::tuple by_tier(kNumTiers);
+            for (TierId t = 0; t < kNumTiers; ++t) by_tier[t] = lr.blocks_by_tier[t];
+            return py::make_tuple(lr.num_tokens, by_tier);
+          },
+          py::arg("request_id"), py::arg("prompt"), py::arg("num_computed_tokens"),
+          py::arg("cache_salt") = "", py::arg("adapter_id") = "")
+      .def(
+          "prepare_load",
+          [](PyBlockManager& self, const std::string& request_id,
+             const std::vector<uint32_t>& g1_block_ids, uint32_t num_external_tokens) {
+            BlockManager& m = self.m();
+            Result<uint32_t> r = Status::Internal("unset");
+            {
+              py::gil_scoped_release release;
+              r = m.PrepareLoad(request_id, g1_block_ids, num_external_tokens);
+            }
+            return Take(std::move(r));
+          },
+          py::arg("request_id"), py::arg("g1_block_ids"), py::arg("num_external_tokens"))
+      .def(
+          "commit",
+          [](PyBlockManager& self, const std::string& request_id,
+             const std::vector<TokenId>& tokens, const std::vector<uint32_t>& g1_block_ids) {
+            BlockManager& m = self.m();
+            Status s;
+            {
+              py::gil_scoped_release release;
+              s = m.Commit(request_id, tokens, g1_block_ids);
+            }
+            Check(s);
+          },
+          py::arg("request_id"), py::arg("tokens"), py::arg("g1_block_ids"))
+      .def(
+          "request_finished",
+          [](PyBlockManager& self, const std::string& request_id) {
+            BlockManager& m = self.m();
+            py::gil_scoped_release release;
+            return m.RequestFinished(request_id);
+          },
+          py::arg("request_id"))
+      .def(
+          "register_memory",
+          [](PyBlockManager& self, const KvLayout& layout, uint32_t num_blocks,
+             const std::vector<std::pair<uint64_t, uint64_t>>& regions, bool on_device) {
+            G1Memory g1;
+            g1.layout = layout;
+            g1.num_blocks = num_blocks;
+            g1.on_device = on_device;
+            for (const auto& [base, stride] : regions) {
+              g1.regions.push_back(G1Region{reinterpret_cast<uint8_t*>(base), stride});
+            }
+            Check(g1.Validate());
+            BlockManager& m = self.m();
+            Status s;
+            {
+              py::gil_scoped_release release;
+              s = m.RegisterDeviceMemory(g1);
+            }
+            Check(s);
+          },
+          py::arg("layout"), py::arg("num_blocks"), py::arg("regions"), py::arg("on_device"))
+      .def("start_load",
+           [](PyBlockManager& self) {
+             BlockManager& m = self.m();
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = m.StartLoad();
+             }
+             Check(s);
+           })
+      .def(
+          "wait_layer",
+          [](PyBlockManager& self, uint32_t layer) -> std::optional<std::string> {
+            BlockManager& m = self.m();
+            Status s;
+            {
+              py::gil_scoped_release release;
+              s = m.WaitLayer(layer);
+            }
+            if (s.Is(StatusCode::kInvalidArgument)) Throw(s);
+            if (s.ok()) return std::nullopt;
+            return s.ToString();
+          },
+          py::arg("layer"))
+      .def(
+          "loaded_tokens",
+          [](PyBlockManager& self, const std::string& request_id) {
+            BlockManager& m = self.m();
+            py::gil_scoped_release release;
+            return m.LoadedTokens(request_id);
+          },
+          py::arg("request_id"))
+      .def("start_save",
+           [](PyBlockManager& self) {
+             BlockManager& m = self.m();
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = m.StartSave();
+             }
+             Check(s);
+           })
+      .def("wait_for_saves",
+           [](PyBlockManager& self) {
+             BlockManager& m = self.m();
+             py::gil_scoped_release release;
+             m.WaitForSaves();
+           })
+      .def("finished",
+           [](PyBlockManager& self) {
+             BlockManager& m = self.m();
+             FinishedRequests f;
+             {
+               py::gil_scoped_release release;
+               f = m.Finished();
+             }
+             return py::make_tuple(f.saves_done, f.loads_done);
+           })
+      .def("stats",
+           [](PyBlockManager& self) {
+             BlockManager& m = self.m();
+             ManagerStats s;
+             {
+               py::gil_scoped_release release;
+               s = m.Stats();
+             }
+             py::dict d = StatsDict(s);
+             d["events_dropped"] = self.events_ ? self.events_->dropped() : 0;
+             return d;
+           })
+      .def("take_events",
+           [](PyBlockManager& self) {
+             py::list out;
+             if (!self.events_) return out;
+             for (const KvEvent& e : self.events_->Drain()) {
+               out.append(py::make_tuple(KvEventKindName(e.kind), KeyBytes(e.key),
+                                         KeyBytes(e.parent), TierName(e.tier), e.time_ns));
+             }
+             return out;
+           })
+      .def_property_readonly("layout", [](PyBlockManager& self) { return self.m().layout(); });
+}
