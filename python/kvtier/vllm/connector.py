@@ -26,7 +26,6 @@ Where things live (docs/vllm.md says why):
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -52,6 +51,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvtier
+from vllm.logger import init_logger
 from kvtier.vllm.layouts import KvCacheLayout, describe_kv_caches
 from kvtier.vllm.lookup import LookupClient, LookupServer
 from kvtier.vllm.settings import ConnectorSettings
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-logger = logging.getLogger("kvtier.vllm")
+logger = init_logger("kvtier.vllm")
 
 _TIER_HIT_SOURCE = {
     "G2": CacheHitSource.HOST,
@@ -237,12 +237,22 @@ class KvtierConnector(KVConnectorBase_V1):
         self._engine_id = str(self._kv_transfer_config.engine_id)
         self._tp_size = vllm_config.parallel_config.tensor_parallel_size
         self._model_name = self._settings.model_id or str(vllm_config.model_config.model)
+        self._manager: Optional[kvtier.BlockManager] = None  # worker side only
         if role == KVConnectorRole.SCHEDULER:
+            # kvtier is a cache: a block that fails to load is recomputed, never fatal. vLLM
+            # reads this right after building the scheduler's connector.
+            self._kv_transfer_config.kv_load_failure_policy = self._settings.load_failure_policy
             self._init_scheduler()
         else:
             self._init_worker()
 
     # ======================= scheduler side =======================
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A dropped save is only a future miss: a preempted request need not be recomputed
+        # for kvtier's sake.
+        return False
 
     def _init_scheduler(self) -> None:
         timeout = self._settings.lookup_timeout_ms / 1000.0
@@ -387,7 +397,6 @@ class KvtierConnector(KVConnectorBase_V1):
     # ======================= worker side =======================
 
     def _init_worker(self) -> None:
-        self._manager: Optional[kvtier.BlockManager] = None
         self._server: Optional[LookupServer] = None
         self._layout: Optional[KvCacheLayout] = None
         self._layer_index: Dict[str, int] = {}
@@ -399,6 +408,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._held: Set[str] = set()  # kvtier keys kept for saves (RequestFinished -> True)
         self._layer_error: Optional[str] = None
         self._stats_prev: Dict[str, int] = {}
+        self._load_error_count = 0  # G1 blocks reported to vLLM as failed loads
         self._rank = 0
         self._lock = threading.Lock()
 
@@ -495,7 +505,9 @@ class KvtierConnector(KVConnectorBase_V1):
         first = spec.num_computed_tokens // self._block_size
         ok_blocks = min(planned, loaded) // self._block_size
         want_blocks = spec.num_tokens // self._block_size
-        self._load_errors.update(spec.block_ids[first + ok_blocks:first + want_blocks])
+        failed = spec.block_ids[first + ok_blocks:first + want_blocks]
+        self._load_errors.update(failed)
+        self._load_error_count += len(failed)
 
     def wait_for_save(self) -> None:
         m = self._manager
@@ -568,6 +580,7 @@ class KvtierConnector(KVConnectorBase_V1):
             "corrupt_blocks": s["corrupt_blocks"] + s["g4_corrupt_blocks"],
             "bytes_loaded": sum(v for k, v in s["bytes_by_path"].items() if k.endswith("G1")),
             "bytes_saved": s["bytes_by_path"]["G1->G2"],
+            "load_error_blocks": self._load_error_count,
         }
         delta = {k: v - self._stats_prev.get(k, 0) for k, v in now.items()}
         self._stats_prev = now

@@ -25,6 +25,9 @@ _OWN = {
     "async_load": "auto",
     # The model's name in kvtier's key namespace (default: vLLM's model path or name).
     "model_id": "",
+    # vLLM's kv_load_failure_policy, set by the connector: "recompute" (a block that fails to
+    # load is computed again) or "fail" (the request fails).
+    "load_failure_policy": "recompute",
 }
 
 
@@ -45,6 +48,7 @@ class ConnectorSettings:
     lookup_timeout_ms: int
     async_load: str
     model_id: str
+    load_failure_policy: str
     kvtier_values: Dict[str, Any]
 
     @staticmethod
@@ -65,6 +69,7 @@ class ConnectorSettings:
             lookup_timeout_ms=own.get("lookup_timeout_ms", _OWN["lookup_timeout_ms"]),
             async_load=str(own.get("async_load", _OWN["async_load"])),
             model_id=str(own.get("model_id", _OWN["model_id"])),
+            load_failure_policy=str(own.get("load_failure_policy", _OWN["load_failure_policy"])),
             kvtier_values=flat,
         )
         if (not isinstance(s.lookup_timeout_ms, int) or isinstance(s.lookup_timeout_ms, bool)
@@ -73,6 +78,9 @@ class ConnectorSettings:
                              f"not {s.lookup_timeout_ms!r}")
         if s.async_load not in ("auto", "never"):
             raise ValueError(f"kvtier: async_load must be 'auto' or 'never', not {s.async_load!r}")
+        if s.load_failure_policy not in ("recompute", "fail"):
+            raise ValueError(f"kvtier: load_failure_policy must be 'recompute' or 'fail', not "
+                             f"{s.load_failure_policy!r}")
         s.kvtier_config()  # refuse a bad kvtier setting at start-up, in every process
         return s
 

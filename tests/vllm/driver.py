@@ -1,0 +1,119 @@
+"""Runs one vLLM engine (offline LLM class) through a plan and prints what happened as JSON.
+
+Used by tests/vllm/test_vllm_connector.py and bench/vllm_bench.py, each vLLM instance in its
+own process (vLLM spawns its engine core and worker processes; a fresh process per instance
+keeps runs independent). Usage:
+
+    python driver.py PLAN.json OUT.json
+
+PLAN: {"model": DIR, "kvtier": {extra config} | null, "example_connector": DIR | null,
+       "num_gpu_blocks": N | null, "max_model_len": 2048,
+       "steps": [{"generate": [PROMPT, ...], "max_tokens": 8, "name": "..."},
+                 {"reset_prefix_cache": true},
+                 {"signal": PID, "signum": 9}, ...]}
+PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]}, optional "cache_salt".
+
+OUT: {"steps": [{"name", "outputs": [[token ids]], "texts": [...], "ttft_s": [...],
+       "wall_s"}], "metrics": {name: value}} where metrics are vLLM's counters whose names
+       start with vllm:kvtier_ (kvtier's connector stats in vLLM's own Prometheus metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List
+
+
+def _prompt(spec: Dict[str, Any], tokenizer: Any) -> Dict[str, Any]:
+    if "tokens" in spec:
+        p: Dict[str, Any] = {"prompt_token_ids": list(spec["tokens"])}
+    elif "chat" in spec:
+        ids = tokenizer.apply_chat_template(spec["chat"], add_generation_prompt=True,
+                                            tokenize=True)
+        p = {"prompt_token_ids": list(ids)}
+    else:
+        p = {"prompt": spec["text"]}
+    if spec.get("cache_salt"):
+        p["cache_salt"] = spec["cache_salt"]
+    return p
+
+
+def main() -> int:
+    plan = json.load(open(sys.argv[1]))
+    # vLLM's KV space on the CPU, in GiB (without it vLLM sizes it from a memory fraction
+    # that a shared 24 GiB machine rarely has free); num_gpu_blocks caps it further.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    kwargs: Dict[str, Any] = dict(
+        model=plan["model"], dtype="float32", enforce_eager=True,
+        max_model_len=plan.get("max_model_len", 2048), enable_prefix_caching=True,
+        disable_log_stats=False, seed=0)
+    if plan.get("num_gpu_blocks"):
+        kwargs["num_gpu_blocks_override"] = int(plan["num_gpu_blocks"])
+    if plan.get("kvtier") is not None:
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
+            "kv_role": "kv_both", "kv_connector_extra_config": plan["kvtier"]}
+    elif plan.get("example_connector"):
+        kwargs["kv_transfer_config"] = {
+            "kv_connector": "ExampleConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": plan["example_connector"]}}
+    llm = LLM(**kwargs)
+    tokenizer = llm.get_tokenizer()
+    out: Dict[str, Any] = {"steps": []}
+    for step in plan["steps"]:
+        if step.get("reset_prefix_cache"):
+            llm.reset_prefix_cache()
+            continue
+        if "signal" in step:
+            os.kill(int(step["signal"]), int(step.get("signum", signal.SIGKILL)))
+            continue
+        if "sleep" in step:
+            time.sleep(float(step["sleep"]))
+            continue
+        prompts = [_prompt(p, tokenizer) for p in step["generate"]]
+        sp = SamplingParams(temperature=0.0, max_tokens=int(step.get("max_tokens", 8)),
+                            ignore_eos=bool(step.get("ignore_eos", False)))
+        record: Dict[str, Any] = {"name": step.get("name", ""), "outputs": [], "texts": [],
+                                  "ttft_s": [], "prompt_tokens": []}
+        t0 = time.perf_counter()
+        if step.get("one_by_one", True):
+            results = []
+            for p in prompts:
+                results.extend(llm.generate([p], sp, use_tqdm=False))
+        else:
+            results = llm.generate(prompts, sp, use_tqdm=False)
+        record["wall_s"] = time.perf_counter() - t0
+        for r in results:
+            record["outputs"].append(list(r.outputs[0].token_ids))
+            record["texts"].append(r.outputs[0].text)
+            record["prompt_tokens"].append(len(r.prompt_token_ids or []))
+            m = r.metrics
+            ttft = None
+            if m is not None:
+                first = getattr(m, "first_token_latency", None)
+                if first:
+                    ttft = float(first)
+            record["ttft_s"].append(ttft)
+        out["steps"].append(record)
+    metrics: Dict[str, float] = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:kvtier_") or metric.name in (
+                "vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+                "vllm:prompt_tokens", "vllm:external_prefix_cache_hits"):
+            value = getattr(metric, "value", None)
+            if value is not None:
+                metrics[metric.name] = metrics.get(metric.name, 0.0) + float(value)
+    out["metrics"] = metrics
+    json.dump(out, open(sys.argv[2], "w"))
+    del llm
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
