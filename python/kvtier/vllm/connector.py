@@ -116,7 +116,8 @@ class KvtierMetadata(KVConnectorMetadata):
 
 _COUNTERS = ("lookups", "lookup_failures", "hit_blocks_g2", "hit_blocks_g3", "hit_blocks_g4",
              "miss_blocks", "load_failures", "saved_blocks", "dropped_saves", "corrupt_blocks",
-             "bytes_loaded", "bytes_saved", "load_error_blocks")
+             "bytes_loaded", "bytes_saved", "load_error_blocks", "evicted_blocks",
+             "demoted_blocks", "g4_saved_blocks", "g4_failures")
 
 
 @dataclasses.dataclass
@@ -581,6 +582,11 @@ class KvtierConnector(KVConnectorBase_V1):
             "bytes_loaded": sum(v for k, v in s["bytes_by_path"].items() if k.endswith("G1")),
             "bytes_saved": s["bytes_by_path"]["G1->G2"],
             "load_error_blocks": self._load_error_count,
+            "evicted_blocks": s["evicted_blocks_g2"] + s["evicted_blocks_g3"],
+            "demoted_blocks": s["demoted_blocks"],
+            "g4_saved_blocks": s["g4_saved_blocks"],
+            "g4_failures": (s["g4_lookup_failures"] + s["g4_save_failures"]
+                            + s["g4_load_failures"] + s["g4_dropped_saves"]),
         }
         delta = {k: v - self._stats_prev.get(k, 0) for k, v in now.items()}
         self._stats_prev = now

@@ -1,6 +1,6 @@
 """Runs one vLLM engine (offline LLM class) through a plan and prints what happened as JSON.
 
-Used by tests/vllm/test_vllm_connector.py and bench/vllm_bench.py, each vLLM instance in its
+Used by tests/vllm/test_vllm_connector.py and tools/vllm/bench_vllm.py (kvtier bench vllm), each vLLM instance in its
 own process (vLLM spawns its engine core and worker processes; a fresh process per instance
 keeps runs independent). Usage:
 
@@ -34,7 +34,9 @@ def _prompt(spec: Dict[str, Any], tokenizer: Any) -> Dict[str, Any]:
     elif "chat" in spec:
         ids = tokenizer.apply_chat_template(spec["chat"], add_generation_prompt=True,
                                             tokenize=True)
-        p = {"prompt_token_ids": list(ids)}
+        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        p = {"prompt_token_ids": [int(t) for t in ids]}
     else:
         p = {"prompt": spec["text"]}
     if spec.get("cache_salt"):

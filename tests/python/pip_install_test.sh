@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# ctest python_pip_install_test: `pip install .` of this repository builds the kvtier package
+# (scikit-build-core drives the project's CMake build of the native module), and the binding
+# tests pass against the installed package, not the build tree.
+# Uses the cached vLLM environment's Python (scripts/setup-vllm.sh), which has pip,
+# scikit-build-core, pybind11, ninja and pytest; exit 77 (skipped) without PyPI.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CLI="${1:?usage: pip_install_test.sh KVTIER_CLI}"
+setup="$("$ROOT/scripts/setup-vllm.sh")"
+rc=$?
+if [ $rc -eq 3 ]; then
+  echo "SKIPPED: no Python environment with pip could be made (PyPI unreachable)" >&2
+  exit 77
+elif [ $rc -ne 0 ]; then
+  echo "python_pip_install_test: scripts/setup-vllm.sh failed (exit $rc)" >&2
+  exit 1
+fi
+eval "$setup"
+work="$(mktemp -d /tmp/kvtier-pip-XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+# A copy of the tracked sources: pip must not find or reuse anything of this checkout's builds.
+mkdir -p "$work/src"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+   | xargs -0 cp --parents -t "$work/src") || { echo "cannot copy the sources" >&2; exit 1; }
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+start=$(date +%s)
+if ! "$KVTIER_VLLM_PYTHON" -m pip install --no-build-isolation --no-deps --no-index \
+     --target "$work/site" "$work/src" > "$work/pip.log" 2>&1; then
+  echo "python_pip_install_test: pip install failed:" >&2
+  tail -40 "$work/pip.log" >&2
+  exit 1
+fi
+echo "pip install . built and installed kvtier in $(( $(date +%s) - start )) s"
+test -f "$work/site/kvtier/__init__.py" || { echo "no kvtier/__init__.py installed" >&2; exit 1; }
+ls "$work/site/kvtier/"_kvtier*.so >/dev/null || { echo "no native module installed" >&2; exit 1; }
+cd "$work"
+PYTHONPATH="$work/site" KVTIER_TEST_CLI="$CLI" "$KVTIER_VLLM_PYTHON" -m pytest -q \
+  -p no:cacheprovider "$ROOT/tests/python/test_bindings.py"

