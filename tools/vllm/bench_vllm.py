@@ -134,8 +134,9 @@ def main() -> int:
     ap.add_argument("--answer-words", type=int, default=170)
     ap.add_argument("--question-words", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=4, help="tokens generated per request")
-    ap.add_argument("--g1-blocks", type=int, default=16,
-                    help="vLLM's own KV space in 128-token blocks (16 = max_model_len 2048)")
+    ap.add_argument("--g1-blocks", type=int, default=17,
+                    help="vLLM's own KV space in 128-token blocks (one is vLLM's null block; "
+                         "17 serves max_model_len 2048)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions of each floor timing")
     ap.add_argument("--plot", default="bench-vllm-ttft.png", help="TTFT per round (PNG)")
     ap.add_argument("--configs", default="vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3")
@@ -147,7 +148,7 @@ def main() -> int:
                              args.question_words)
     gen = [{"chat": r["chat"]} for r in requests]
     base: Dict[str, Any] = {"model": args.model, "num_gpu_blocks": args.g1_blocks,
-                            "max_model_len": args.g1_blocks * BLOCK}
+                            "max_model_len": (args.g1_blocks - 1) * BLOCK}
     step = {"name": "chat", "generate": gen, "max_tokens": args.max_tokens}
     timeout = 3600.0
 
@@ -186,7 +187,7 @@ def main() -> int:
     outputs_equal = all(o == outs[0] for o in outs)
 
     # The floor: one long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset.
-    floor_tokens = (args.g1_blocks - 1) * BLOCK - 8
+    floor_tokens = (args.g1_blocks - 2) * BLOCK - 8
     floor_steps: List[Dict[str, Any]] = []
     for i in range(args.reps):
         text = f"Document {i}. " + words(9000 + i, int(floor_tokens * 0.8))
