@@ -47,6 +47,10 @@ const std::vector<Command>& Commands() {
       {{"bench", "remote"},
        "G4 Redis put/get throughput (pipelined batches) vs redis-benchmark SET/GET",
        RunBenchRemote},
+      // Runs a Python program with its own flags: dispatched in main() before CliArgs.
+      {{"bench", "vllm"},
+       "vLLM (CPU) alone vs ExampleConnector vs kvtier on G2 and G2+G3: TTFT, multi-round chat",
+       nullptr},
   };
   return kCommands;
 }
@@ -75,8 +79,11 @@ int main(int argc, char** argv) {
     PrintHelp(stdout);
     return argc < 2 ? 2 : 0;
   }
+  if (argc >= 3 && std::strcmp(argv[1], "bench") == 0 && std::strcmp(argv[2], "vllm") == 0) {
+    return ExecBenchVllm(argc, argv, 3);
+  }
   for (const Command& c : Commands()) {
-    if (static_cast<size_t>(argc - 1) < c.words.size()) continue;
+    if (static_cast<size_t>(argc - 1) < c.words.size() || c.run == nullptr) continue;
     bool match = true;
     for (size_t i = 0; i < c.words.size(); ++i) match = match && c.words[i] == argv[1 + i];
     if (!match) continue;

@@ -208,7 +208,7 @@ def test_g4_second_process_then_redis_killed(tmp: Path, baseline: List[List[int]
     assert metric(killed, "g4_failures") > 0, killed["metrics"]
 
 
-def test_small_g2_and_cache_salt_isolation(tmp: Path, baseline: List[List[int]]) -> None:
+def test_small_g2_cache_salt_and_reset(tmp: Path, baseline: List[List[int]]) -> None:
     # G2 of 6 blocks against a working set of ~24: evictions every round, outputs unchanged.
     block_bytes = 30 * 3 * 128 * 128 * 4  # layers x heads x tokens x (2 x 64) x fp32
     small = kvtier_config(tmp, **{"g3.enabled": False,
@@ -227,11 +227,19 @@ def test_small_g2_and_cache_salt_isolation(tmp: Path, baseline: List[List[int]])
              {"reset_prefix_cache": True},
              {"name": "b", "generate": other, "max_tokens": 8},
              {"reset_prefix_cache": True},
-             {"name": "c", "generate": other, "max_tokens": 8}]
+             {"name": "c", "generate": other, "max_tokens": 8},
+             # reset_connector: what kvtier held is no longer found ("d" misses and saves
+             # again, under the new namespace, where "e" finds it).
+             {"reset_prefix_cache": True, "reset_connector": True},
+             {"name": "d", "generate": other, "max_tokens": 8},
+             {"reset_prefix_cache": True},
+             {"name": "e", "generate": other, "max_tokens": 8}]
     s = run_vllm(tmp, "salt", steps, kvtier_config(tmp, **{"g3.enabled": False}))
-    assert outputs(s, 0) == outputs(s, 1) == outputs(s, 2) == baseline[:1]
-    # Only run "c" hits: 4 blocks, those "b" saved under tenant-b.
-    assert metric(s, "hit_blocks_g2") == 4, s["metrics"]
+    for i in range(5):
+        assert outputs(s, i) == baseline[:1]
+    # Runs "c" and "e" hit, 4 blocks each: "c" those "b" saved under tenant-b, "e" those "d"
+    # saved after the reset. "b" (another salt) and "d" (after the reset) miss.
+    assert metric(s, "hit_blocks_g2") == 8, s["metrics"]
 
 
 def test_openai_server_multi_turn_chats(tmp: Path) -> None:

@@ -9,7 +9,7 @@ keeps runs independent). Usage:
 PLAN: {"model": DIR, "kvtier": {extra config} | null, "example_connector": DIR | null,
        "num_gpu_blocks": N | null, "max_model_len": 2048,
        "steps": [{"generate": [PROMPT, ...], "max_tokens": 8, "name": "..."},
-                 {"reset_prefix_cache": true},
+                 {"reset_prefix_cache": true, "reset_connector": false},
                  {"signal": PID, "signum": 9}, ...]}
 PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]}, optional "cache_salt".
 
@@ -70,7 +70,7 @@ def main() -> int:
     out: Dict[str, Any] = {"steps": []}
     for step in plan["steps"]:
         if step.get("reset_prefix_cache"):
-            llm.reset_prefix_cache()
+            llm.reset_prefix_cache(reset_connector=bool(step.get("reset_connector", False)))
             continue
         if "signal" in step:
             os.kill(int(step["signal"]), int(step.get("signum", signal.SIGKILL)))

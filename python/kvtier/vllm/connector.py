@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
@@ -114,7 +115,7 @@ class KvtierMetadata(KVConnectorMetadata):
 # Stats, Prometheus metrics and events that travel from workers to the scheduler
 # ---------------------------------------------------------------------------------------------
 
-_COUNTERS = ("lookups", "lookup_failures", "hit_blocks_g2", "hit_blocks_g3", "hit_blocks_g4",
+_COUNTERS = ("lookups", "lookup_failures", "lookup_seconds", "hit_blocks_g2", "hit_blocks_g3", "hit_blocks_g4",
              "miss_blocks", "load_failures", "saved_blocks", "dropped_saves", "corrupt_blocks",
              "bytes_loaded", "bytes_saved", "load_error_blocks", "evicted_blocks",
              "demoted_blocks", "g4_saved_blocks", "g4_failures")
@@ -263,7 +264,11 @@ class KvtierConnector(KVConnectorBase_V1):
         self._preempted: List[str] = []
         self._awaiting_send: Set[str] = set()
         self._events: Optional[KvtierKVEvents] = None
+        # Since the last get_kv_connector_stats (the scheduler's share of the stats).
         self._lookup_failures = 0
+        self._lookup_seconds = 0.0
+        # Bumped by reset_cache: later requests key under a new namespace (see reset_cache).
+        self._epoch = 0
 
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> Tuple[Optional[int], bool]:
@@ -272,9 +277,13 @@ class KvtierConnector(KVConnectorBase_V1):
             state = self._reqs[request.request_id] = _SchedReq(request)
         tokens = list(request.all_token_ids)
         salt = request.cache_salt or ""
+        if self._epoch:
+            salt = f"{salt}\x00kvtier-epoch-{self._epoch}"
         lora = request.lora_request.lora_name if request.lora_request is not None else ""
         query = (state.key, tokens, num_computed_tokens, salt, lora)
+        t0 = time.perf_counter()
         answers = [c.lookup(query) for c in self._clients]
+        self._lookup_seconds += time.perf_counter() - t0
         state.lookup_computed = num_computed_tokens
         if any(a is None for a in answers):
             self._lookup_failures += 1
@@ -566,6 +575,12 @@ class KvtierConnector(KVConnectorBase_V1):
         return errors
 
     def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        if self._role == KVConnectorRole.SCHEDULER:
+            data = {"lookup_failures": self._lookup_failures,
+                    "lookup_seconds": self._lookup_seconds}
+            self._lookup_failures, self._lookup_seconds = 0, 0.0
+            stats = KvtierConnectorStats(data=data)
+            return None if stats.is_empty() else stats
         if self._manager is None:
             return None
         s = self._manager.stats()
@@ -627,9 +642,14 @@ class KvtierConnector(KVConnectorBase_V1):
             c.close()
 
     def reset_cache(self) -> Optional[bool]:
-        # kvtier's tiers outlive vLLM's prefix cache on purpose; a reset of kvtier itself would
-        # have to reach every worker, which this hook (scheduler side) cannot do.
-        return False
+        """vLLM's reset_prefix_cache(reset_connector=True). Every block stored so far becomes
+        unreachable for this engine: later requests key under a new namespace (an epoch in the
+        salt), and the old blocks leave the tiers as eviction takes them. A restarted vLLM
+        starts again at epoch 0. (vLLM's plain reset_prefix_cache() leaves kvtier alone.)"""
+        if self._role != KVConnectorRole.SCHEDULER:
+            return None
+        self._epoch += 1
+        return True
 
     # ======================= both =======================
 
