@@ -120,6 +120,9 @@ def summarize(result: Dict[str, Any], step: int = 0) -> Dict[str, Any]:
             "kvtier_g4": BLOCK * m.get("vllm:kvtier_hit_blocks_g4", 0.0),
         },
         "prompt_tokens": m.get("vllm:prompt_tokens", 0.0),
+        # The scheduler's lookup over the channel to the worker, mean per vLLM lookup call.
+        "kvtier_lookup_us_mean": (m.get("vllm:kvtier_lookup_microseconds", 0.0)
+                                  / max(1.0, m.get("vllm:kvtier_lookups", 0.0))),
         "ttft_by_round_ms": {},
     }
 

@@ -1,8 +1,18 @@
 """kvtier's vLLM integration: ``KvtierConnector`` (a KV connector, KVConnectorBase_V1).
 
-Importing this module imports vLLM. See docs/vllm.md.
+vLLM loads it with ``kv_connector_module_path="kvtier.vllm"``. The connector (and vLLM) are
+imported on first use, so the vLLM-free parts (``kvtier.vllm.lookup``, ``kvtier.vllm.settings``)
+import without vLLM. See docs/vllm.md.
 """
 
-from kvtier.vllm.connector import KvtierConnector, KvtierMetadata
+from typing import Any
 
 __all__ = ["KvtierConnector", "KvtierMetadata"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from kvtier.vllm import connector
+
+        return getattr(connector, name)
+    raise AttributeError(f"module 'kvtier.vllm' has no attribute {name!r}")

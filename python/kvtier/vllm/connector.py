@@ -115,10 +115,11 @@ class KvtierMetadata(KVConnectorMetadata):
 # Stats, Prometheus metrics and events that travel from workers to the scheduler
 # ---------------------------------------------------------------------------------------------
 
-_COUNTERS = ("lookups", "lookup_failures", "lookup_seconds", "hit_blocks_g2", "hit_blocks_g3", "hit_blocks_g4",
-             "miss_blocks", "load_failures", "saved_blocks", "dropped_saves", "corrupt_blocks",
-             "bytes_loaded", "bytes_saved", "load_error_blocks", "evicted_blocks",
-             "demoted_blocks", "g4_saved_blocks", "g4_failures")
+_COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2",
+             "hit_blocks_g3", "hit_blocks_g4", "miss_blocks", "load_failures", "saved_blocks",
+             "dropped_saves", "corrupt_blocks", "bytes_loaded", "bytes_saved",
+             "load_error_blocks", "evicted_blocks", "demoted_blocks", "g4_saved_blocks",
+             "g4_failures")
 
 
 @dataclasses.dataclass
@@ -213,6 +214,8 @@ class _SchedReq:
     lookup_by_tier: Tuple[int, int, int, int] = (0, 0, 0, 0)
     lookup_async: bool = False
     pending_load: Optional[LoadSpec] = None
+    # A lookup still out: (what was asked, a sequence number per rank, when it was sent).
+    pending_lookup: Optional[Tuple[Tuple[int, int, str, str], List[int], float]] = None
 
     @property
     def key(self) -> str:
@@ -257,8 +260,7 @@ class KvtierConnector(KVConnectorBase_V1):
         return False
 
     def _init_scheduler(self) -> None:
-        timeout = self._settings.lookup_timeout_ms / 1000.0
-        self._clients = [LookupClient(self._engine_id, r, timeout) for r in range(self._tp_size)]
+        self._clients = [LookupClient(self._engine_id, r) for r in range(self._tp_size)]
         self._reqs: Dict[str, _SchedReq] = {}
         self._finished: List[Tuple[str, bool]] = []
         self._preempted: List[str] = []
@@ -280,22 +282,48 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._epoch:
             salt = f"{salt}\x00kvtier-epoch-{self._epoch}"
         lora = request.lora_request.lora_name if request.lora_request is not None else ""
-        query = (state.key, tokens, num_computed_tokens, salt, lora)
+        signature = (len(tokens), num_computed_tokens, salt, lora)
         t0 = time.perf_counter()
-        answers = [c.lookup(query) for c in self._clients]
+        pending = state.pending_lookup
+        if pending is None or pending[0] != signature:
+            self._forget_lookup(state)
+            query = (state.key, tokens, num_computed_tokens, salt, lora)
+            pending = state.pending_lookup = (signature, [c.submit(query) for c in self._clients],
+                                              time.monotonic())
+        # Wait a little for the answers (a lookup is normally well under a millisecond); a
+        # slower one (a G4 query) is asked about again at the next step: (None, False).
+        wait_until = time.monotonic() + self._settings.lookup_wait_ms / 1000.0
+        results = [c.result(seq, wait_until - time.monotonic())
+                   for c, seq in zip(self._clients, pending[1])]
         self._lookup_seconds += time.perf_counter() - t0
         state.lookup_computed = num_computed_tokens
-        if any(a is None for a in answers):
+        statuses = {r[0] for r in results}
+        if LookupClient.FAILED not in statuses and LookupClient.PENDING in statuses:
+            if time.monotonic() - pending[2] < self._settings.lookup_timeout_ms / 1000.0:
+                return None, False  # the answers that came stay with their client
+            statuses.add(LookupClient.FAILED)
+        self._forget_lookup(state)
+        if LookupClient.FAILED in statuses:
+            why = next((r[1] for r in results if r[0] == LookupClient.FAILED), "timed out")
+            logger.warning("kvtier: lookup for %s failed (counted as a miss): %s",
+                           request.request_id, why)
             self._lookup_failures += 1
             state.lookup_tokens, state.lookup_by_tier, state.lookup_async = 0, (0, 0, 0, 0), False
             return 0, False
-        num = min(a[0] for a in answers)  # type: ignore[index]
+        answers = [r[1] for r in results]
+        num = min(a[0] for a in answers)
         # Tiers as rank 0 reports them (ranks hold the same blocks unless one lost some).
-        by_tier = answers[0][1]  # type: ignore[index]
+        by_tier = answers[0][1]
         slow = by_tier[2] + by_tier[3] > 0
         is_async = num > 0 and slow and self._settings.async_load == "auto"
         state.lookup_tokens, state.lookup_by_tier, state.lookup_async = num, by_tier, is_async
         return num, is_async
+
+    def _forget_lookup(self, state: _SchedReq) -> None:
+        if state.pending_lookup is not None:
+            for c, seq in zip(self._clients, state.pending_lookup[1]):
+                c.forget(seq)
+            state.pending_lookup = None
 
     def get_external_cache_hit_sources(self, request: "Request",
                                        num_external_tokens: int) -> Dict[CacheHitSource, int]:
@@ -387,6 +415,7 @@ class KvtierConnector(KVConnectorBase_V1):
         state = self._reqs.pop(request.request_id, None)
         if state is None:
             return False, None
+        self._forget_lookup(state)
         # Blocks saved by earlier steps may still be copying out of G1: the worker lists the
         # request in finished_sending when kvtier no longer reads them.
         delay = state.tokens_sent > 0
@@ -576,8 +605,9 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
         if self._role == KVConnectorRole.SCHEDULER:
+            # Whole microseconds: vLLM's offline metrics reader truncates counters to integers.
             data = {"lookup_failures": self._lookup_failures,
-                    "lookup_seconds": self._lookup_seconds}
+                    "lookup_microseconds": int(self._lookup_seconds * 1e6)}
             self._lookup_failures, self._lookup_seconds = 0, 0.0
             stats = KvtierConnectorStats(data=data)
             return None if stats.is_empty() else stats

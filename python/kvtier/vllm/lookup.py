@@ -117,51 +117,77 @@ class LookupServer:
 
 
 class LookupClient:
-    """The scheduler's end of one rank's lookup channel. Not thread-safe (vLLM's scheduler
-    calls it from one thread)."""
+    """The scheduler's end of one rank's lookup channel: submit() sends a lookup, result()
+    collects its answer, waiting at most a given time, so the scheduler can move on to other
+    requests while a slow lookup (a G4 query) is out. Not thread-safe (vLLM's scheduler calls
+    it from one thread).
 
-    def __init__(self, engine_id: str, rank: int, timeout_s: float) -> None:
+    The server answers one connection's lookups in order; answers that arrive for a call that
+    is no longer outstanding (forgotten, or given up) are dropped."""
+
+    PENDING = "pending"
+    OK = "ok"
+    FAILED = "failed"
+
+    def __init__(self, engine_id: str, rank: int) -> None:
         self._name = socket_name(engine_id, rank)
         self._authkey = _authkey(engine_id)
-        self._timeout_s = timeout_s
         self._conn: Optional[Connection] = None
         self._seq = 0
-        self.failures = 0
+        self._outstanding: Dict[int, None] = {}  # seqs sent and not yet answered
+        self._answers: Dict[int, Tuple[str, Any]] = {}  # seq -> (OK, answer) | (FAILED, why)
 
-    def lookup(self, request: Tuple[str, List[int], int, str, str]) -> Optional[LookupAnswer]:
-        """The rank's answer, or None when the server cannot be reached, fails, or does not
-        answer within the time-out (the caller treats None as a miss)."""
+    def submit(self, request: Tuple[str, List[int], int, str, str]) -> int:
+        """Sends one lookup; returns its sequence number for result(). Never raises: a failure
+        to send becomes a FAILED result."""
+        self._seq += 1
+        seq = self._seq
         with _LOCAL_LOCK:
             local = _LOCAL.get(self._name)
         if local is not None:
             try:
-                return local.call(request)
+                self._answers[seq] = (self.OK, local.call(request))
             except Exception as e:
-                logger.warning("kvtier lookup failed: %s", e)
-                self.failures += 1
-                return None
+                self._answers[seq] = (self.FAILED, f"{type(e).__name__}: {e}")
+            return seq
         try:
             if self._conn is None:
                 self._conn = Client(self._name, family="AF_UNIX", authkey=self._authkey)
-            self._seq += 1
-            self._conn.send((self._seq, request))
-            deadline = time.monotonic() + self._timeout_s
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._conn.poll(left):
-                    raise TimeoutError(f"no answer within {self._timeout_s:.3f} s")
-                seq, (status, value) = self._conn.recv()
-                if seq != self._seq:
-                    continue  # the late answer to a call that already gave up
-                if status != "ok":
-                    raise RuntimeError(value)
-                return value
+            self._conn.send((seq, request))
+            self._outstanding[seq] = None
         except Exception as e:
-            self.failures += 1
-            logger.warning("kvtier lookup on %r failed (counted as a miss): %s",
-                           self._name.lstrip("\0"), e)
+            self._answers[seq] = (self.FAILED, f"cannot reach the worker's lookup server: {e}")
             self.close()
-            return None
+        return seq
+
+    def result(self, seq: int, wait_s: float) -> Tuple[str, Any]:
+        """(OK, (num_tokens, blocks_by_tier)), (FAILED, why), or (PENDING, None) when no
+        answer came within `wait_s`. An OK or FAILED result stays until forget(seq)."""
+        deadline = time.monotonic() + max(0.0, wait_s)
+        while seq not in self._answers:
+            if seq not in self._outstanding or self._conn is None:
+                return (self.FAILED, "the lookup was given up")
+            left = deadline - time.monotonic()
+            try:
+                if not self._conn.poll(max(0.0, left)):
+                    return (self.PENDING, None)
+                got, (status, value) = self._conn.recv()
+            except Exception as e:  # the server went away: every outstanding call fails
+                why = f"the lookup channel broke: {e}"
+                for s in self._outstanding:
+                    self._answers[s] = (self.FAILED, why)
+                self._outstanding.clear()
+                self.close()
+                break
+            if got in self._outstanding:
+                del self._outstanding[got]
+                self._answers[got] = (self.OK, value) if status == "ok" else (self.FAILED, value)
+        return self._answers[seq]
+
+    def forget(self, seq: int) -> None:
+        """The caller no longer wants `seq`'s answer (its request went away)."""
+        self._outstanding.pop(seq, None)
+        self._answers.pop(seq, None)
 
     def close(self) -> None:
         if self._conn is not None:

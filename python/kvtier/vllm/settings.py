@@ -20,6 +20,9 @@ _OWN = {
     "config_file": "",
     # How long the scheduler waits for a worker's lookup answer before it counts a miss.
     "lookup_timeout_ms": 2000,
+    # How long one scheduling pass waits for it; a slower answer (a G4 query) makes vLLM ask
+    # again at a later step (None), while other requests are scheduled.
+    "lookup_wait_ms": 50,
     # "auto": loads that read G3 or G4 run between steps (vLLM's asynchronous loads), G2
     # loads are layer-pipelined inside the step. "never": every load is layer-pipelined.
     "async_load": "auto",
@@ -46,6 +49,7 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
 class ConnectorSettings:
     config_file: str
     lookup_timeout_ms: int
+    lookup_wait_ms: int
     async_load: str
     model_id: str
     load_failure_policy: str
@@ -67,6 +71,7 @@ class ConnectorSettings:
         s = ConnectorSettings(
             config_file=str(own.get("config_file", _OWN["config_file"])),
             lookup_timeout_ms=own.get("lookup_timeout_ms", _OWN["lookup_timeout_ms"]),
+            lookup_wait_ms=own.get("lookup_wait_ms", _OWN["lookup_wait_ms"]),
             async_load=str(own.get("async_load", _OWN["async_load"])),
             model_id=str(own.get("model_id", _OWN["model_id"])),
             load_failure_policy=str(own.get("load_failure_policy", _OWN["load_failure_policy"])),
@@ -76,6 +81,10 @@ class ConnectorSettings:
                 or not 1 <= s.lookup_timeout_ms <= 600_000):
             raise ValueError(f"kvtier: lookup_timeout_ms must be an integer in 1..600000, "
                              f"not {s.lookup_timeout_ms!r}")
+        if (not isinstance(s.lookup_wait_ms, int) or isinstance(s.lookup_wait_ms, bool)
+                or not 0 <= s.lookup_wait_ms <= s.lookup_timeout_ms):
+            raise ValueError(f"kvtier: lookup_wait_ms must be an integer in 0..lookup_timeout_ms "
+                             f"({s.lookup_timeout_ms}), not {s.lookup_wait_ms!r}")
         if s.async_load not in ("auto", "never"):
             raise ValueError(f"kvtier: async_load must be 'auto' or 'never', not {s.async_load!r}")
         if s.load_failure_policy not in ("recompute", "fail"):
