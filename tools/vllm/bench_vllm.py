@@ -19,7 +19,8 @@ users, so between two turns of one user the other users' prompts pass through vL
 
 Also measured: the floor (one long prompt cold, as a vLLM prefix-cache hit, and as a kvtier G2
 hit after vLLM's cache is reset; medians of --reps repetitions), and overhead_no_reuse (unique
-prompts, kvtier on vs vLLM alone: the cost of lookups and saves when nothing hits).
+prompts, kvtier on vs vLLM alone, the medians over two alternating processes of each: the
+cost of lookups and saves when nothing hits).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def main() -> int:
                     help="vLLM's own KV space in 128-token blocks (one is vLLM's null block; "
                          "17 serves max_model_len 2048)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions of each floor timing")
+    ap.add_argument("--no-reuse-requests", type=int, default=12,
+                    help="unique prompts per no-reuse process (4 processes)")
     ap.add_argument("--plot", default="bench-vllm-ttft.png", help="TTFT per round (PNG)")
     ap.add_argument("--configs", default="vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -208,17 +211,32 @@ def main() -> int:
     g2 = statistics.median(ttft[f"g2hit{i}"] for i in range(args.reps))
     floor_prompt = floor["steps"][0]["prompt_tokens"][0]
 
-    # No reuse: unique prompts (distinct from the first token), kvtier on vs vLLM alone.
-    unique = [{"text": f"Unrelated request {i}: " + words(20000 + i, 700)} for i in range(12)]
-    nr_step = [{"name": "unique", "generate": unique, "max_tokens": 1}]
-    alone = run_driver(tmp, "noreuse_alone", dict(base, steps=nr_step), timeout)
-    with_kvtier = run_driver(tmp, "noreuse_kvtier", dict(base, steps=nr_step, kvtier={
-        "g2.capacity_bytes": "2GiB", "g2.lock_memory": False, "g3.dir": str(tmp / "g3-nr"),
-        "g3.capacity_bytes": "1GiB"}), timeout)
-    a = statistics.median(t for t in alone["steps"][0]["ttft_s"])
-    k = statistics.median(t for t in with_kvtier["steps"][0]["ttft_s"])
+    # No reuse: unique prompts (distinct from the first token), kvtier on vs vLLM alone. Two
+    # processes of each, alternating (alone, kvtier, alone, kvtier), each with two unmeasured
+    # warm-up requests, so that drift in a shared machine's speed hits both sides alike.
+    def unique(base_seed: int, n: int) -> List[Dict[str, Any]]:
+        return [{"text": f"Unrelated request {base_seed + i}: " + words(base_seed + i, 700)}
+                for i in range(n)]
+
+    nr_alone: List[float] = []
+    nr_kvtier: List[float] = []
+    no_reuse_hits = 0.0
+    for rep in range(2):
+        for side in ("alone", "kvtier"):
+            seed = 20000 + 1000 * rep + (500 if side == "kvtier" else 0)
+            steps = [{"name": "warmup", "generate": unique(seed + 900, 2), "max_tokens": 1},
+                     {"name": "unique", "generate": unique(seed, args.no_reuse_requests),
+                      "max_tokens": 1}]
+            plan = dict(base, steps=steps)
+            if side == "kvtier":
+                plan["kvtier"] = {"g2.capacity_bytes": "2GiB", "g2.lock_memory": False,
+                                  "g3.dir": str(tmp / f"g3-nr{rep}"), "g3.capacity_bytes": "1GiB"}
+            r = run_driver(tmp, f"noreuse_{side}{rep}", plan, timeout)
+            (nr_kvtier if side == "kvtier" else nr_alone).extend(r["steps"][1]["ttft_s"])
+            no_reuse_hits += r["metrics"].get("vllm:kvtier_hit_blocks_g2", 0.0)
+    a = statistics.median(nr_alone)
+    k = statistics.median(nr_kvtier)
     overhead = k / a - 1.0
-    no_reuse_hits = with_kvtier["metrics"].get("vllm:kvtier_hit_blocks_g2", 0.0)
 
     report = {
         "workload": {"users": args.users, "rounds": args.rounds, "requests": len(requests),
