@@ -25,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,9 +48,13 @@ namespace kvtier {
 
 class BlockManager::Impl {
  public:
-  // `g3_open` is the seam for tests: e.g. its wrap_io injects faults under G3.
+  // Wraps the G4 store the manager opened (a seam for tests: e.g. a store whose calls stall).
+  using WrapG4 = std::function<std::unique_ptr<RemoteStore>(std::unique_ptr<RemoteStore>)>;
+  // `g3_open` and `wrap_g4` are the seams for tests: e.g. g3_open.wrap_io injects faults under
+  // G3.
   static Result<std::unique_ptr<Impl>> Create(const ManagerOptions& options,
-                                              const DiskTier::OpenOptions& g3_open = {});
+                                              const DiskTier::OpenOptions& g3_open = {},
+                                              WrapG4 wrap_g4 = nullptr);
   ~Impl();
 
   Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens)
@@ -221,6 +226,7 @@ class BlockManager::Impl {
   std::unique_ptr<TransferEngine> engine_;
   bool g1_registered_ = false;
   std::unique_ptr<RemoteStore> g4_;  // null without G4; outlives engine_ (see ~Impl)
+  WrapG4 wrap_g4_;                   // set once by Create, before Init
   bool g4_write_through_ = true;
   std::chrono::milliseconds g4_lookup_deadline_{20};
   // G4 blocks are offered only when loading one is expected to be faster than recomputing it

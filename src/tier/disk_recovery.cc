@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/regular_file.h"
+
 namespace kvtier {
 
 namespace {
@@ -209,9 +211,13 @@ Status WriteSnapshot(const std::string& path, const Snapshot& snapshot) {
   const uint64_t sum = XXH3_64bits(out.data(), out.size());
   Append(&out, &sum, sizeof(sum));
 
+  // A fresh file: whatever was left under the temporary name (a crashed writer's file, or
+  // something else entirely, such as a FIFO that would block the open) is removed first.
   const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, "create " + tmp);
+  if (unlink(tmp.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + tmp);
+  Result<int> opened = OpenRegularFile(tmp, O_WRONLY | O_CREAT | O_EXCL);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   size_t written = 0;
   while (written < out.size()) {
     const ssize_t n = write(fd, out.data() + written, out.size() - written);
@@ -240,11 +246,17 @@ Status WriteSnapshot(const std::string& path, const Snapshot& snapshot) {
 }
 
 Result<Snapshot> ReadSnapshot(const std::string& path, uint32_t num_slots) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Status::NotFound("no snapshot at " + path);
-    return Status::FromErrno(errno, "open " + path);
+  Result<int> opened = OpenRegularFile(path, O_RDONLY);
+  if (!opened.ok()) {
+    if (opened.status().Is(StatusCode::kNotFound))
+      return Status::NotFound("no snapshot at " + path);
+    // Not a regular file (a FIFO would block a plain open forever): not a snapshot.
+    if (opened.status().Is(StatusCode::kInvalidArgument)) {
+      return Status::Corruption(opened.status().message());
+    }
+    return opened.status();
   }
+  const int fd = *opened;
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;
