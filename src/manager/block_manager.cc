@@ -430,8 +430,8 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   uint32_t local = 0, in_g4 = 0;
   bool g4_reused = false;
   if (start < max_blocks) {
-    MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
-                                  static_cast<uint8_t>(kAllTiers & ~(1u << kTierG1)));
+    MatchResult m =
+        index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks), LocalTiersToOffer());
     local = static_cast<uint32_t>(m.num_blocks());
     if (m.num_blocks() > start) {
       loadable = static_cast<uint32_t>(m.num_blocks()) - start;
@@ -530,8 +530,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
   }
   c_.lookup_blocks.fetch_add(asked, std::memory_order_relaxed);
 
-  MatchResult m =
-      index_->MatchAndPin(keys, static_cast<uint8_t>((1u << kTierG2) | (1u << kTierG3)));
+  MatchResult m = index_->MatchAndPin(keys, LocalTiersToOffer());
   std::vector<PlannedLoad> plan;
   size_t planned = 0;
   for (; planned < m.num_blocks(); ++planned) {

@@ -190,6 +190,13 @@ class BlockManager::Impl {
     return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
   }
   void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job) EXCLUDES(mu_);
+  // The local tiers Lookup may offer and PrepareLoad may load from (a mask of tier bits): G2,
+  // and G3 unless it is quarantined (its loads would fail fast: a miss, not a planned load).
+  uint8_t LocalTiersToOffer() const {
+    uint8_t tiers = 1u << kTierG2;
+    if (g3_ && !g3_->quarantined()) tiers |= 1u << kTierG3;
+    return tiers;
+  }
 
   // ---- G4 (block_manager_g4.cc) ----
   // Opens the configured G4 store and registers it with the transfer engine. InvalidArgument
