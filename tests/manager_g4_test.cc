@@ -568,10 +568,12 @@ TEST(ManagerG4Config, IncompleteG4ConfigIsRefusedClearly) {
   m = BlockManager::Create(o);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("g4.endpoints"), std::string::npos);
-  ASSERT_TRUE(redis.Set("g4.endpoints", "not-an-endpoint").ok());
-  o.config = redis;
-  m = BlockManager::Create(o);
-  EXPECT_TRUE(m.status().Is(StatusCode::kInvalidArgument)) << m.status().ToString();
+  // A malformed endpoint is refused by the configuration itself (so `kvtier config` refuses it
+  // too), before any manager is built.
+  const Status bad = redis.Set("g4.endpoints", "not-an-endpoint");
+  EXPECT_TRUE(bad.Is(StatusCode::kInvalidArgument)) << bad.ToString();
+  EXPECT_NE(bad.message().find("'not-an-endpoint' has no :port"), std::string::npos)
+      << bad.ToString();
   EXPECT_FALSE(fs.Set("g4.backend", "s3").ok());
 }
 
