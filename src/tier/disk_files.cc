@@ -294,6 +294,8 @@ Result<std::unique_ptr<DiskFileSet>> DiskFileSet::Open(const Options& options) {
     if (mismatch.empty()) {
       set->tier_id_ = tier_id;
       set->reused_ = true;
+      // As found, before Reserve (fallocate changes allocation and change time).
+      KVTIER_ASSIGN_OR_RETURN(set->identities_at_open_, set->Identities());
       for (uint32_t i = 0; i < g.num_files; ++i) {
         // Idempotent; also restores a file that was truncated while the tier was down.
         KVTIER_RETURN_IF_ERROR(set->Reserve(i));
@@ -396,6 +398,19 @@ Result<std::vector<FileHealth>> DiskFileSet::Health() const {
     struct stat st;
     if (fstat(fds_[i], &st) != 0) return Status::FromErrno(errno, "fstat " + FilePath(i));
     out.push_back(FileHealth{st.st_nlink == 0, static_cast<uint64_t>(st.st_size)});
+  }
+  return out;
+}
+
+Result<std::vector<FileIdentity>> DiskFileSet::Identities() const {
+  std::vector<FileIdentity> out;
+  for (uint32_t i = 0; i < fds_.size(); ++i) {
+    struct stat st;
+    if (fstat(fds_[i], &st) != 0) return Status::FromErrno(errno, "fstat " + FilePath(i));
+    out.push_back(
+        FileIdentity{static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+                     static_cast<uint64_t>(st.st_blocks) * 512,
+                     static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec});
   }
   return out;
 }
