@@ -3,6 +3,7 @@
 // `kvtier inspect` report of the same directories.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,8 +12,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "disk_test_util.h"
@@ -198,6 +201,79 @@ TEST(DiskRecovery, SnapshotParserRefusesBadLengths) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << std::string(len, '\xff');
     EXPECT_FALSE(ReadSnapshot(path, 8).ok()) << len;
   }
+}
+
+// The parser's checks that sit behind a valid checksum: each case edits a valid snapshot's bytes
+// and forges the checksum again (as the block header tests do), so the check itself must refuse
+// it, with its own message. Removing any one check fails one of these.
+TEST(DiskRecovery, SnapshotParserRefusesForgedFieldsBehindAValidChecksum) {
+  TempDir dir;
+  const std::string path = dir.sub("snap");
+  Snapshot s;
+  s.tier_id = 1;
+  s.geometry_hash = 2;
+  s.next_generation = 3;
+  s.files.push_back(FileIdentity{11, 12, 13, 14});
+  s.blocks.push_back(RecoveredBlock{TestKey(1), TestParent(1), 5, 2, 7, TestTokens(1)});
+  s.blocks.push_back(RecoveredBlock{TestKey(2), TestParent(2), 5, 3, 8, TestTokens(2)});
+  ASSERT_TRUE(WriteSnapshot(path, s).ok());
+  std::string good;
+  {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto back = ReadSnapshot(path, 8);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->files.size(), 1u);
+  EXPECT_EQ(back->files[0], (FileIdentity{11, 12, 13, 14}));
+  // Layout (disk_recovery.cc): a 48-byte header (version at 8, file_count at 12, entry_count at
+  // 40), 32 bytes per file record, then entries of 56 bytes (token_count at 4) and their tokens,
+  // then the checksum.
+  constexpr size_t kVersion = 8, kFileCount = 12, kEntryCount = 40, kFirstEntry = 48 + 32;
+  auto forged = [&](const std::function<void(std::string*)>& edit) {
+    std::string body = good.substr(0, good.size() - 8);
+    edit(&body);
+    const uint64_t sum = XXH3_64bits(body.data(), body.size());
+    body.append(reinterpret_cast<const char*>(&sum), 8);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << body;
+    return ReadSnapshot(path, 8).status();
+  };
+  auto put32 = [](std::string* b, size_t at, uint32_t v) { std::memcpy(b->data() + at, &v, 4); };
+  auto put64 = [](std::string* b, size_t at, uint64_t v) { std::memcpy(b->data() + at, &v, 8); };
+  struct Case {
+    const char* what;
+    std::function<void(std::string*)> edit;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"wrong version", [&](std::string* b) { put32(b, kVersion, 1); }, "not a snapshot of this"},
+      {"more entries than slots", [&](std::string* b) { put64(b, kEntryCount, 9); },
+       "9 entries for 8 slots"},
+      {"more file records than files may be", [&](std::string* b) { put32(b, kFileCount, 257); },
+       "257 file records"},
+      {"file records past the end", [&](std::string* b) { put32(b, kFileCount, 200); },
+       "truncated file records"},
+      {"an entry past the end", [&](std::string* b) { put64(b, kEntryCount, 3); },
+       "truncated entry"},
+      {"a token count above the maximum",
+       [&](std::string* b) { put32(b, kFirstEntry + 4, KvLayout::kMaxTokensPerBlock + 1); },
+       "bad token count"},
+      {"tokens past the end", [&](std::string* b) { put32(b, kFirstEntry + 4, 1000); },
+       "bad token count"},
+      {"trailing bytes", [&](std::string* b) { b->append(4, '\0'); }, "trailing bytes"},
+  };
+  for (const Case& c : cases) {
+    const Status st = forged(c.edit);
+    EXPECT_TRUE(st.Is(StatusCode::kCorruption)) << c.what << ": " << st.ToString();
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << c.what << ": " << st.ToString();
+  }
+  EXPECT_TRUE(forged([](std::string*) {}).ok()) << "the unedited bytes still parse";
+  // A token count above the maximum whose tokens are all there (the writer does not check).
+  Snapshot big = s;
+  big.blocks[1].tokens.assign(KvLayout::kMaxTokensPerBlock + 1, 7);
+  ASSERT_TRUE(WriteSnapshot(path, big).ok());
+  const Status st = ReadSnapshot(path, 8).status();
+  EXPECT_NE(st.message().find("bad token count"), std::string::npos) << st.ToString();
 }
 
 TEST(DiskRecovery, CorruptSlotsFoundAtOpenAreNeverServed) {
