@@ -420,7 +420,7 @@ class OvertakingWriteIo final : public DiskIo {
 // A read of a slot's generation g that finds generation g+1 there (same key, slot, tokens and
 // a valid checksum, but other bytes) must not serve it: only the write generation tells them
 // apart, so this fails if the read's generation check is switched off.
-TEST(DiskFault, AReadNeverServesANewerGenerationThatOvertookIt) {
+TEST(DiskFaults, AReadNeverServesANewerGenerationThatOvertookIt) {
   TempDir dir;
   const DiskTier::Config config = TestConfig(dir.path(), kPayload, 4);
   std::vector<uint8_t> newer;  // the overtaking write's bytes, set once the slot is known
