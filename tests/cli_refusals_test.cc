@@ -260,7 +260,7 @@ TEST(CliRefusals, ReplayJsonShowsG3AndG4FailureCounters) {
   for (const char* key :
        {"\"corrupt_blocks\": ", "\"g3_quarantines\": ", "\"g3_quarantined_at_end\": ",
         "\"demotion_failures\": ", "\"g4_abandoned_loads\": ", "\"g4_late_returns\": ",
-        "\"g4_timeouts\": "}) {
+        "\"g4_timeouts\": ", "\"g2_slots_unaccounted_at_end\": 0"}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
 }

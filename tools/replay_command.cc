@@ -275,6 +275,13 @@ PassFigures Figures(const ReplayResult& r) {
 }
 
 // The G4 counters of a pass (docs/g4.md): every G4 failure is a miss or a dropped save.
+// G2 slots in none of the places a slot may be at rest (free, staging pool, holding a block):
+// a leak (the run has ended and every save and demotion with it).
+uint64_t G2SlotsUnaccounted(const ManagerStats& s) {
+  const uint64_t accounted = s.g2_free_slots + s.g2_blocks + s.g2_staging_slots;
+  return s.g2_slots > accounted ? s.g2_slots - accounted : 0;
+}
+
 void AddG3Counters(const ManagerStats& s, JsonObject* o) {
   o->Add("corrupt_blocks", s.corrupt_blocks)
       .Add("g3_quarantines", s.g3_quarantines)
@@ -658,7 +665,8 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("short_loads", r.short_loads)
         .Add("verified_blocks", r.verified_blocks)
         .Add("mismatched_blocks", r.mismatched_blocks)
-        .Add("pinned_blocks_at_end", s.pinned_blocks);
+        .Add("pinned_blocks_at_end", s.pinned_blocks)
+        .Add("g2_slots_unaccounted_at_end", G2SlotsUnaccounted(s));
     // Why a run lost hits: G3 blocks refused by verification, and the tier's quarantines.
     AddG3Counters(s, &out);
     out.Add("prefill_tokens_per_s", o.cost.prefill_tokens_per_s)
@@ -707,7 +715,8 @@ int RunReplayCommand(const CliArgs& args) {
           .Add("short_loads", w.short_loads)
           .Add("verified_blocks", w.verified_blocks)
           .Add("mismatched_blocks", w.mismatched_blocks)
-          .Add("pinned_blocks_at_end", w.stats.pinned_blocks);
+          .Add("pinned_blocks_at_end", w.stats.pinned_blocks)
+          .Add("g2_slots_unaccounted_at_end", G2SlotsUnaccounted(w.stats));
       AddG3Counters(w.stats, &wo);
       AddG4Counters(w.stats, &wo);
       out.Raw("warm_pass", wo.Str());
