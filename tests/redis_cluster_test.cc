@@ -213,5 +213,52 @@ TEST(RedisClusterSeedTest, NoSeedAnsweringIsUnavailableNotAHang) {
   EXPECT_TRUE((*store)->Stats().breaker_open);
 }
 
+// CLUSTER SLOTS refused: the seed is a plain (non-cluster) redis-server, which answers
+// "ERR This instance has cluster support disabled". The store still opens (a seed may be fixed
+// later), and every call fails at once, saying why the topology is unknown.
+TEST(RedisClusterSeedTest, ASeedThatRefusesClusterSlotsIsAFailureNamingWhy) {
+  KVTIER_REQUIRE_REDIS();
+  testing::RedisServer plain;
+  ASSERT_TRUE(plain.Start()) << plain.error();
+  auto store = OpenRedisStore(ClusterOpts({plain.endpoint()}));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const std::vector<uint8_t> v(100, 1);
+  std::vector<RemotePut> put = {{"k", v}};
+  std::vector<Status> r(1);
+  (*store)->Put(put, In(milliseconds(500)), r);
+  EXPECT_TRUE(r[0].Is(StatusCode::kUnavailable)) << r[0].ToString();
+  EXPECT_NE(r[0].message().find("CLUSTER SLOTS refused: ERR This instance has cluster support "
+                                "disabled"),
+            std::string::npos)
+      << r[0].ToString();
+  auto probe = testing::RedisCommand(plain.port(), {"DBSIZE"});
+  ASSERT_TRUE(probe.ok) << probe.text;
+  EXPECT_EQ(probe.text, "0") << "nothing was written to a node that is not in a cluster";
+}
+
+// CLUSTER SLOTS timed out: the seed accepts the connection and answers nothing (paused). The
+// refresh gives up by its deadline, and calls fail at once, saying the seed did not answer.
+TEST(RedisClusterSeedTest, ASeedThatNeverAnswersClusterSlotsTimesOutByTheDeadline) {
+  KVTIER_REQUIRE_REDIS();
+  testing::RedisServer seed;
+  ASSERT_TRUE(seed.Start()) << seed.error();
+  seed.Pause();
+  RedisStoreOptions o = ClusterOpts({seed.endpoint()});
+  o.connect_timeout = milliseconds(300);  // the deadline of the refresh at open
+  const auto t0 = RemoteClock::now();
+  auto store = OpenRedisStore(o);
+  const auto took = RemoteClock::now() - t0;
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_LT(took, milliseconds(300 + 2000)) << "the open waited past its refresh deadline";
+  const std::vector<uint8_t> v(100, 1);
+  std::vector<RemotePut> put = {{"k", v}};
+  std::vector<Status> r(1);
+  (*store)->Put(put, In(milliseconds(400)), r);
+  seed.Resume();
+  EXPECT_FALSE(r[0].ok());
+  EXPECT_NE(r[0].message().find("CLUSTER SLOTS got no answer by the deadline"), std::string::npos)
+      << r[0].ToString();
+}
+
 }  // namespace
 }  // namespace kvtier

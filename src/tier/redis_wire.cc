@@ -177,6 +177,10 @@ Result<std::vector<RedisConnection::SlotRange>> RedisConnection::ClusterSlots(
   if (left == 0) return Status::TimedOut(who + ": deadline passed before CLUSTER SLOTS");
   redisSetTimeout(context_, ToTimeval(std::chrono::milliseconds(left)));
   ReplyPtr reply(static_cast<redisReply*>(redisCommand(context_, "CLUSTER SLOTS")));
+  if (reply == nullptr && RemoteClock::now() >= deadline) {
+    // hiredis reports its socket timeout as EAGAIN ("Resource temporarily unavailable").
+    return Status::TimedOut(who + ": CLUSTER SLOTS got no answer by the deadline");
+  }
   if (reply == nullptr) {
     return Status::Unavailable(who + ": CLUSTER SLOTS failed: " + ContextError(context_));
   }
