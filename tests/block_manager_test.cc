@@ -283,6 +283,63 @@ TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
   EXPECT_EQ(s.pinned_blocks, 0u);
 }
 
+// A quarantined G3 fails every load at once: Lookup must not offer its blocks (they would be
+// counted as load failures, and the engine would plan loads that cannot happen).
+TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
+  TempDirectory dir;
+  Config config = SmallConfig(dir.path(), 12, 64);
+  ASSERT_TRUE(config.Set("g3.quarantine_after_errors", "2").ok());
+  ASSERT_TRUE(config.Set("g3.reprobe_interval_ms", "3600000").ok());  // no probe of its own
+  ManagerOptions options;
+  options.layout = TestLayout();
+  options.model_id = "test-model";
+  options.config = config;
+  FaultInjectingIo* faults = nullptr;
+  DiskTier::OpenOptions open;
+  open.wrap_io = [&faults](std::unique_ptr<DiskIo> inner) -> std::unique_ptr<DiskIo> {
+    auto f = std::make_unique<FaultInjectingIo>(std::move(inner));
+    faults = f.get();
+    return f;
+  };
+  auto impl = BlockManager::Impl::Create(options, open);
+  ASSERT_TRUE(impl.ok()) << impl.status().ToString();
+  BlockManager manager(std::move(impl).value());
+  ASSERT_NE(faults, nullptr);
+  MiniEngine engine(&manager, 64);
+  const auto first = Prompt(90, 16 * 4 + 1);
+  engine.Run("p0", first);
+  for (uint32_t i = 1; i <= 4; ++i) engine.Run("p" + std::to_string(i), Prompt(90 + i, 16 * 4 + 1));
+  manager.WaitForSaves();
+  auto probe = manager.Lookup({"probe", first, "", ""}, 0);
+  ASSERT_TRUE(probe.ok());
+  ASSERT_GT(probe->blocks_by_tier[kTierG3], 0u) << "the first prompt went to G3";
+  const uint32_t from_g2 = probe->blocks_by_tier[kTierG2];
+  manager.RequestFinished("probe");
+
+  // Two failed writes in a row quarantine G3.
+  faults->FailNext(IoKind::kWrite, EIO, 2);
+  for (uint32_t i = 5; i <= 7 && !manager.Stats().g3_quarantined; ++i) {
+    engine.Run("p" + std::to_string(i), Prompt(90 + i, 16 * 4 + 1));
+    manager.WaitForSaves();
+  }
+  ManagerStats s = manager.Stats();
+  ASSERT_TRUE(s.g3_quarantined);
+  const uint64_t failures_before = s.load_failures;
+
+  auto offered = manager.Lookup({"q", first, "", ""}, 0);
+  ASSERT_TRUE(offered.ok());
+  EXPECT_EQ(offered->blocks_by_tier[kTierG3], 0u) << "a quarantined tier is not offered";
+  EXPECT_LE(offered->blocks_by_tier[kTierG2], from_g2);
+  manager.RequestFinished("q");
+  auto r = engine.Run("again", first);
+  EXPECT_FALSE(r.load_error);
+  EXPECT_EQ(r.loaded_tokens, r.planned_tokens);
+  EXPECT_EQ(r.mismatched_blocks, 0u);
+  s = manager.Stats();
+  EXPECT_EQ(s.load_failures, failures_before) << "no load was planned from the quarantined G3";
+  EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
 TEST(BlockManagerTest, RequestFinishedHoldsG1BlocksUntilSavesEnd) {
   auto mgr = MakeManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);

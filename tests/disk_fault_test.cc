@@ -1,11 +1,15 @@
 // DiskTier under injected faults (FaultInjectingIo): silent corruption is never served, I/O
 // errors and ENOSPC quarantine the tier, a quarantined tier fails fast and comes back after a
 // probe, short transfers are resumed, stuck I/O is noticed.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <functional>
 #include <thread>
 
 #include "disk_test_util.h"
+#include "tier/block_format.h"
 #include "tier/disk_tier.h"
 #include "tier/fault_injecting_io.h"
 
@@ -383,6 +387,96 @@ TEST(DiskFaults, ReadErrorsDuringTheOpenScanFreeThoseSlots) {
     ASSERT_TRUE(ReadBlock(opened.tier.get(), b.tokens[0] / 131, buf.data(), &wrong).ok());
     EXPECT_FALSE(wrong);
   }
+}
+
+// A DiskIo that, just before it starts a read of (file, offset), lets the test rewrite those
+// bytes on the device: a write that overtakes a read already issued for the slot's old
+// generation (another process writing the file, a device reordering writes).
+class OvertakingWriteIo final : public DiskIo {
+ public:
+  using Hook = std::function<void(const IoRequest&)>;
+  OvertakingWriteIo(std::unique_ptr<DiskIo> inner, Hook before_read)
+      : inner_(std::move(inner)), before_read_(std::move(before_read)) {}
+  uint32_t queue_depth() const override { return inner_->queue_depth(); }
+  void Queue(const IoRequest& r) override {
+    if (r.kind == IoKind::kRead) before_read_(r);
+    inner_->Queue(r);
+  }
+  Result<size_t> Poll(int timeout_ms, std::vector<IoCompletion>* out) override {
+    return inner_->Poll(timeout_ms, out);
+  }
+  void Wake() override { inner_->Wake(); }
+  Status RegisterBuffers(std::span<const iovec> regions) override {
+    return inner_->RegisterBuffers(regions);
+  }
+  bool buffers_registered() const override { return inner_->buffers_registered(); }
+  std::string name() const override { return "overtaking(" + inner_->name() + ")"; }
+
+ private:
+  std::unique_ptr<DiskIo> inner_;
+  Hook before_read_;
+};
+
+// A read of a slot's generation g that finds generation g+1 there (same key, slot, tokens and
+// a valid checksum, but other bytes) must not serve it: only the write generation tells them
+// apart, so this fails if the read's generation check is switched off.
+TEST(DiskFaults, AReadNeverServesANewerGenerationThatOvertookIt) {
+  TempDir dir;
+  const DiskTier::Config config = TestConfig(dir.path(), kPayload, 4);
+  std::vector<uint8_t> newer;  // the overtaking write's bytes, set once the slot is known
+  uint64_t target_offset = UINT64_MAX;
+  int overtaken = 0;
+  DiskTier::OpenOptions options;
+  options.wrap_io = [&](std::unique_ptr<DiskIo> io) -> std::unique_ptr<DiskIo> {
+    return std::make_unique<OvertakingWriteIo>(std::move(io), [&](const IoRequest& r) {
+      if (r.file != 0 || r.offset != target_offset || newer.empty()) return;
+      const int fd = ::open(dir.sub("g3-0000.kvt").c_str(), O_WRONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::pwrite(fd, newer.data(), newer.size(), static_cast<off_t>(r.offset)),
+                static_cast<ssize_t>(newer.size()));
+      ::fdatasync(fd);
+      ::close(fd);
+      ++overtaken;
+    });
+  };
+  auto opened = OpenOrDie(config, options);
+  DiskTier* tier = opened.tier.get();
+  AlignedBuffer buf(tier->io_bytes());
+  ASSERT_TRUE(WriteBlock(tier, 0, buf.data()).ok());
+  // Slot 0 (the first free slot) holds block 0 at some generation g.
+  target_offset = tier->geometry().OffsetOf(0);
+  {
+    AlignedBuffer probe(tier->io_bytes());
+    const int fd = ::open(dir.sub("g3-0000.kvt").c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pread(fd, probe.data(), kBlockHeaderBytes, static_cast<off_t>(target_offset)),
+              static_cast<ssize_t>(kBlockHeaderBytes));
+    ::close(fd);
+    DecodedBlockHeader h;
+    ASSERT_EQ(DecodeBlockHeader({probe.data(), kBlockHeaderBytes}, &h), BlockCheck::kOk);
+    ASSERT_EQ(h.fields.key, TestKey(0));
+    ASSERT_EQ(h.fields.slot_index, 0u);
+    // Generation g + 1 of the same key in the same slot, with other payload bytes.
+    newer.assign(tier->io_bytes(), 0);
+    std::vector<uint8_t> payload(kPayload);
+    FillTestPayload(1, payload.data(), kPayload);
+    std::copy(payload.begin(), payload.end(), newer.begin() + kBlockHeaderBytes);
+    BlockHeaderFields f = h.fields;
+    f.write_generation = h.fields.write_generation + 1;
+    const std::vector<TokenId> tokens = TestTokens(0);
+    ASSERT_TRUE(EncodeBlockHeader(f, tokens, kPayload, PayloadChecksum(payload.data(), kPayload),
+                                  newer.data())
+                    .ok());
+  }
+  bool wrong = false;
+  const Status r = ReadBlock(tier, 0, buf.data(), &wrong);
+  EXPECT_EQ(overtaken, 1);
+  EXPECT_TRUE(r.Is(StatusCode::kCorruption)) << r.ToString();
+  EXPECT_FALSE(wrong && r.ok()) << "the overtaking generation was served";
+  EXPECT_EQ(
+      tier->stats().verify_failures_by_check[static_cast<size_t>(BlockCheck::kWrongGeneration)],
+      1u);
+  EXPECT_FALSE(tier->Contains(TestKey(0))) << "the slot is dropped, never served";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // `kvtier inspect` report of the same directories.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,8 +12,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "disk_test_util.h"
@@ -200,6 +203,79 @@ TEST(DiskRecovery, SnapshotParserRefusesBadLengths) {
   }
 }
 
+// The parser's checks that sit behind a valid checksum: each case edits a valid snapshot's bytes
+// and forges the checksum again (as the block header tests do), so the check itself must refuse
+// it, with its own message. Removing any one check fails one of these.
+TEST(DiskRecovery, SnapshotParserRefusesForgedFieldsBehindAValidChecksum) {
+  TempDir dir;
+  const std::string path = dir.sub("snap");
+  Snapshot s;
+  s.tier_id = 1;
+  s.geometry_hash = 2;
+  s.next_generation = 3;
+  s.files.push_back(FileIdentity{11, 12, 13, 14});
+  s.blocks.push_back(RecoveredBlock{TestKey(1), TestParent(1), 5, 2, 7, TestTokens(1)});
+  s.blocks.push_back(RecoveredBlock{TestKey(2), TestParent(2), 5, 3, 8, TestTokens(2)});
+  ASSERT_TRUE(WriteSnapshot(path, s).ok());
+  std::string good;
+  {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto back = ReadSnapshot(path, 8);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->files.size(), 1u);
+  EXPECT_EQ(back->files[0], (FileIdentity{11, 12, 13, 14}));
+  // Layout (disk_recovery.cc): a 48-byte header (version at 8, file_count at 12, entry_count at
+  // 40), 32 bytes per file record, then entries of 56 bytes (token_count at 4) and their tokens,
+  // then the checksum.
+  constexpr size_t kVersion = 8, kFileCount = 12, kEntryCount = 40, kFirstEntry = 48 + 32;
+  auto forged = [&](const std::function<void(std::string*)>& edit) {
+    std::string body = good.substr(0, good.size() - 8);
+    edit(&body);
+    const uint64_t sum = XXH3_64bits(body.data(), body.size());
+    body.append(reinterpret_cast<const char*>(&sum), 8);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << body;
+    return ReadSnapshot(path, 8).status();
+  };
+  auto put32 = [](std::string* b, size_t at, uint32_t v) { std::memcpy(b->data() + at, &v, 4); };
+  auto put64 = [](std::string* b, size_t at, uint64_t v) { std::memcpy(b->data() + at, &v, 8); };
+  struct Case {
+    const char* what;
+    std::function<void(std::string*)> edit;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"wrong version", [&](std::string* b) { put32(b, kVersion, 1); }, "not a snapshot of this"},
+      {"more entries than slots", [&](std::string* b) { put64(b, kEntryCount, 9); },
+       "9 entries for 8 slots"},
+      {"more file records than files may be", [&](std::string* b) { put32(b, kFileCount, 257); },
+       "257 file records"},
+      {"file records past the end", [&](std::string* b) { put32(b, kFileCount, 200); },
+       "truncated file records"},
+      {"an entry past the end", [&](std::string* b) { put64(b, kEntryCount, 3); },
+       "truncated entry"},
+      {"a token count above the maximum",
+       [&](std::string* b) { put32(b, kFirstEntry + 4, KvLayout::kMaxTokensPerBlock + 1); },
+       "bad token count"},
+      {"tokens past the end", [&](std::string* b) { put32(b, kFirstEntry + 4, 1000); },
+       "bad token count"},
+      {"trailing bytes", [&](std::string* b) { b->append(4, '\0'); }, "trailing bytes"},
+  };
+  for (const Case& c : cases) {
+    const Status st = forged(c.edit);
+    EXPECT_TRUE(st.Is(StatusCode::kCorruption)) << c.what << ": " << st.ToString();
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << c.what << ": " << st.ToString();
+  }
+  EXPECT_TRUE(forged([](std::string*) {}).ok()) << "the unedited bytes still parse";
+  // A token count above the maximum whose tokens are all there (the writer does not check).
+  Snapshot big = s;
+  big.blocks[1].tokens.assign(KvLayout::kMaxTokensPerBlock + 1, 7);
+  ASSERT_TRUE(WriteSnapshot(path, big).ok());
+  const Status st = ReadSnapshot(path, 8).status();
+  EXPECT_NE(st.message().find("bad token count"), std::string::npos) << st.ToString();
+}
+
 TEST(DiskRecovery, CorruptSlotsFoundAtOpenAreNeverServed) {
   TempDir dir;
   DiskTier::Config config = TestConfig(dir.path(), kPayload, 32);
@@ -279,6 +355,85 @@ TEST(DiskRecovery, InspectReportsATruncatedFile) {
   EXPECT_NE(report.find("\"blocks\": 5"), std::string::npos) << report;
   EXPECT_NE(report.find("\"missing_slots\": 3"), std::string::npos) << report;
   EXPECT_NE(report.find("\"snapshot\": \"valid (8 blocks)\""), std::string::npos) << report;
+}
+
+// Reads the 12 blocks written by TruncatedAndExtended* back: how many are served intact, how many
+// are misses; none may be served wrong.
+void CountReads(DiskTier* tier, uint64_t n, uint64_t* served, uint64_t* missing) {
+  AlignedBuffer buf(tier->io_bytes());
+  for (uint64_t i = 0; i < n; ++i) {
+    bool wrong = true;
+    const Status r = ReadBlock(tier, i, buf.data(), &wrong);
+    if (r.ok()) {
+      EXPECT_FALSE(wrong) << "block " << i;
+      ++*served;
+    } else {
+      EXPECT_TRUE(r.Is(StatusCode::kNotFound)) << "block " << i << ": " << r.ToString();
+      ++*missing;
+    }
+  }
+}
+
+// A slot file truncated and extended back to its size between two runs: same inode, same size,
+// but the slots past the cut are zeros now. The snapshot used to be trusted for them (every read
+// then failed verification, and enough of those quarantine the whole tier); now the file is not
+// the one the snapshot saw (less allocated, changed since), so its slots are scanned, and the
+// other file's still come from the snapshot.
+TEST(DiskRecovery, TruncatedAndExtendedBetweenRunsIsScannedNotTrusted) {
+  TempDir dir;
+  DiskTier::Config config = TestConfig(dir.path(), kPayload, 32);
+  config.num_files = 2;
+  uint64_t cut = 0;
+  {
+    auto opened = OpenOrDie(config);
+    AlignedBuffer buf(opened.tier->io_bytes());
+    for (uint64_t i = 0; i < 12; ++i)
+      ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
+    cut = opened.tier->geometry().OffsetOf(8);  // file 0 keeps its slots 0, 2, 4, 6
+  }
+  const std::string file0 = dir.sub("g3-0000.kvt");
+  const auto full = std::filesystem::file_size(file0);
+  ASSERT_EQ(truncate(file0.c_str(), static_cast<off_t>(cut)), 0);
+  ASSERT_EQ(truncate(file0.c_str(), static_cast<off_t>(full)), 0);
+  ASSERT_EQ(std::filesystem::file_size(file0), full) << "same size again";
+
+  auto opened = OpenOrDie(config);
+  const DiskTierStats s = opened.tier->stats();
+  EXPECT_TRUE(s.recovered_from_snapshot) << "file 1 is unchanged: its slots come from it";
+  EXPECT_EQ(s.files_rescanned, 1u);
+  uint64_t served = 0, missing = 0;
+  CountReads(opened.tier.get(), 12, &served, &missing);
+  EXPECT_EQ(missing, 2u) << "the two blocks past the cut";
+  EXPECT_EQ(served, 10u);
+  EXPECT_EQ(opened.tier->stats().verify_failures, 0u) << "no zeroed slot was trusted";
+  EXPECT_FALSE(opened.tier->stats().quarantined);
+}
+
+// The same damage while the tier runs, between two health checks (none sees a short file): the
+// snapshot written at close records the file as damaged (a preallocated file holding less than
+// its size), so the restart scans it.
+TEST(DiskRecovery, TruncatedAndExtendedWhileRunningIsScannedAtTheRestart) {
+  TempDir dir;
+  DiskTier::Config config = TestConfig(dir.path(), kPayload, 32);
+  config.num_files = 2;
+  {
+    auto opened = OpenOrDie(config);
+    ASSERT_FALSE(opened.tier->stats().sparse_files) << "the check needs preallocated files";
+    AlignedBuffer buf(opened.tier->io_bytes());
+    for (uint64_t i = 0; i < 12; ++i)
+      ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
+    const std::string file0 = dir.sub("g3-0000.kvt");
+    const auto full = std::filesystem::file_size(file0);
+    ASSERT_EQ(truncate(file0.c_str(), static_cast<off_t>(opened.tier->geometry().OffsetOf(8))), 0);
+    ASSERT_EQ(truncate(file0.c_str(), static_cast<off_t>(full)), 0);
+  }
+  auto opened = OpenOrDie(config);
+  EXPECT_EQ(opened.tier->stats().files_rescanned, 1u);
+  uint64_t served = 0, missing = 0;
+  CountReads(opened.tier.get(), 12, &served, &missing);
+  EXPECT_EQ(missing, 2u);
+  EXPECT_EQ(served, 10u);
+  EXPECT_EQ(opened.tier->stats().verify_failures, 0u);
 }
 
 TEST(DiskRecovery, NewestCopyOfAKeyWins) {

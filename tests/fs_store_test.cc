@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "disk_test_util.h"
+#include "hang_guard.h"
 #include "tier/block_format.h"
 #include "tier/remote_store.h"
 
@@ -336,6 +337,32 @@ TEST(FsStore, TruncatedObjectFailsVerificationAtTheCaller) {
   ASSERT_TRUE(PutOne(store.get(), name, bad).ok());
   ASSERT_TRUE(GetOne(store.get(), name, dest, &n).ok());
   EXPECT_EQ(VerifyBlock(std::span<const uint8_t>(dest.data(), n), e), BlockCheck::kBadPayload);
+}
+
+// A FIFO put under an object name (between a Contains and the Get that follows it) used to hold
+// the Get in open(2) for good: FsStore opened without O_NONBLOCK. Now the Get refuses it at once,
+// saying what it is, and Contains never offered it.
+TEST(FsStore, AFifoUnderAnObjectNameIsRefusedWithoutBlocking) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  const std::string name = RemoteObjectName(5, BlockKey{0xab00000000000000ull, 9});
+  const std::string path = dir.sub("g4/ab/" + name);
+  ASSERT_EQ(mkfifo(path.c_str(), 0644), 0) << std::strerror(errno);
+  std::vector<uint8_t> dest(64 * 1024);
+  Status got;
+  const auto call =
+      testing::RunGuarded([&] { got = GetOne(store.get(), name, dest); }, std::chrono::seconds(20),
+                          [&] { testing::ReleaseFifoReaders(path); });
+  EXPECT_TRUE(call.returned_in_time) << "Get blocked in open() of a FIFO for " << call.took.count()
+                                     << " ms (released by the test)";
+  EXPECT_TRUE(got.Is(StatusCode::kCorruption)) << got.ToString();
+  EXPECT_NE(got.message().find("FIFO"), std::string::npos) << got.ToString();
+  EXPECT_FALSE(store->Stats().breaker_open) << "a bad object is not a failing filesystem";
+  std::vector<uint8_t> present(1, 1);
+  const std::string names[] = {name};
+  ASSERT_TRUE(store->Contains(names, Soon(), present).ok());
+  EXPECT_EQ(present[0], 0) << "Contains offers regular files only";
 }
 
 TEST(FsStore, StaleTemporaryFilesAreIgnoredAndCleanedAtOpen) {

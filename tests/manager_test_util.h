@@ -177,6 +177,26 @@ class MiniEngine {
     return BlockHasher::Create(ns, layout_.tokens_per_block)->KeysFor(prompt);
   }
 
+  // G1 blocks for a test that drives the connector API itself (Run never hands them out until
+  // FreeBlocks gives them back).
+  std::vector<uint32_t> AllocBlocks(uint32_t n) { return Alloc(n); }
+  void FreeBlocks(const std::vector<uint32_t>& blocks) { Free(blocks); }
+  // Sets every byte of G1 block `block` to `byte` (what an engine's recompute writes, as far as
+  // a test can tell).
+  void FillBlock(uint32_t block, uint8_t byte) {
+    for (uint32_t l = 0; l < layout_.num_layers; ++l) {
+      for (uint32_t p = 0; p < layout_.num_planes; ++p) {
+        std::memset(g1_.Chunk(block, l, p), byte, layout_.ChunkBytes());
+      }
+    }
+  }
+  // The bytes of G1 block `block`, in the contiguous block layout.
+  std::vector<uint8_t> BlockBytes(uint32_t block) {
+    std::vector<uint8_t> out(layout_.BlockBytes());
+    Gather(block, out.data());
+    return out;
+  }
+
   size_t free_blocks() {
     std::lock_guard<std::mutex> lock(mu_);
     return free_.size();

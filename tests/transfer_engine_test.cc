@@ -126,7 +126,8 @@ TEST(TransferEngineTest, CallbacksRunOncePerMoveAndBeforeWaitReturns) {
   std::vector<BlockTransfer> batch;
   for (uint32_t b = 0; b < 5; ++b) batch.push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
   auto job = rig.engine->Submit(
-      batch, TransferPriority::kSave, [&](size_t, const Status& s) { moves += s.ok() ? 1 : 100; },
+      batch, TransferPriority::kSave,
+      [&](const TransferJob&, size_t, const Status& s) { moves += s.ok() ? 1 : 100; },
       [&](const TransferJob& j) { done += j.failed_moves() == 0 ? 1 : 100; });
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE((*job)->Wait().ok());
@@ -214,7 +215,7 @@ TEST(TransferEngineTest, SaveQueueIsBoundedAndOverflowIsDroppedAndCounted) {
   Gate gate;
   auto blocker =
       rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
-                         [&](size_t, const Status&) { gate.Enter(); });
+                         [&](const TransferJob&, size_t, const Status&) { gate.Enter(); });
   ASSERT_TRUE(blocker.ok());
   gate.WaitEntered();  // the worker is busy; nothing else drains the queue
   std::vector<BlockTransfer> three;
@@ -246,7 +247,7 @@ TEST(TransferEngineTest, LoadsRunBeforeQueuedSaves) {
   };
   auto blocker =
       rig.engine->Submit({Move(BlockTransfer::Op::kG1ToG2, 0, 0)}, TransferPriority::kSave,
-                         [&](size_t, const Status&) { gate.Enter(); });
+                         [&](const TransferJob&, size_t, const Status&) { gate.Enter(); });
   ASSERT_TRUE(blocker.ok());
   gate.WaitEntered();
   std::vector<BlockTransfer> saves, loads;
@@ -254,9 +255,9 @@ TEST(TransferEngineTest, LoadsRunBeforeQueuedSaves) {
   for (uint32_t i = 1; i <= 3; ++i)
     loads.push_back(Move(BlockTransfer::Op::kG2ToG1, 8 + i, 10 + i));
   auto s = rig.engine->Submit(saves, TransferPriority::kSave,
-                              [&](size_t, const Status&) { record('s'); });
+                              [&](const TransferJob&, size_t, const Status&) { record('s'); });
   auto l = rig.engine->Submit(loads, TransferPriority::kLoad,
-                              [&](size_t, const Status&) { record('l'); });
+                              [&](const TransferJob&, size_t, const Status&) { record('l'); });
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(l.ok());
   gate.Open();

@@ -271,7 +271,8 @@ TEST(TransferRemote, ALateLoadFailsByItsDeadlineAndNeverHangs) {
   EXPECT_TRUE((*a)->WaitLayer(0).Is(StatusCode::kTimedOut));
   EXPECT_TRUE((*b)->Wait().Is(StatusCode::kTimedOut));
   const auto waited = std::chrono::steady_clock::now() - t0;
-  EXPECT_LT(waited, std::chrono::milliseconds(400)) << "an 80 ms deadline, a 2 s server";
+  // Well short of the 2 s the server would take; slack for a loaded machine.
+  EXPECT_LT(waited, std::chrono::milliseconds(1500)) << "an 80 ms deadline, a 2 s server";
   EXPECT_EQ(rig.engine->stats().remote_timeouts, 2u);
   EXPECT_EQ(rig.slow->calls.load(), 2) << "the put, and the first load; the queued one: no call";
 }

@@ -44,7 +44,15 @@ int RunConfig(const CliArgs& args) {
   }
   if (Status s = args.CheckKnown({"help", "json", "config"}); !s.ok()) return UsageError(s);
   Result<Config> config = LoadConfig(args.GetString("config", ""));
-  if (!config.ok()) return UsageError(config.status());
+  if (!config.ok()) {
+    if (args.Has("json")) {
+      // A script that asked for JSON gets JSON, with the error.
+      JsonObject o;
+      o.Add("error", config.status().message());
+      std::printf("%s\n", o.Str().c_str());
+    }
+    return UsageError(config.status());
+  }
   for (const std::string& warning : config->Warnings()) {
     std::fprintf(stderr, "kvtier: warning: %s\n", warning.c_str());
   }

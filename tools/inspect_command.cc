@@ -33,6 +33,19 @@ std::string CheckSummary(const ScanReport& r) {
   return out;
 }
 
+// The failure as the command reports it: on stderr, and with --json also as a JSON object on
+// stdout ({"dir", "error", "code"}), so a script that asked for JSON always gets JSON.
+int InspectFailure(const std::string& dir, bool json, const Status& status) {
+  if (json) {
+    JsonObject o;
+    o.Add("dir", dir);
+    o.Add("error", status.message());
+    o.Add("code", std::string(StatusCodeName(status.code())));
+    std::printf("%s\n", o.Str().c_str());
+  }
+  return Failure(status);
+}
+
 }  // namespace
 
 int RunInspect(const CliArgs& args) {
@@ -54,12 +67,12 @@ int RunInspect(const CliArgs& args) {
   const bool verify_payload = !args.Has("headers-only");
 
   auto files = DiskFileSet::OpenReadOnly(dir);
-  if (!files.ok()) return Failure(files.status());
+  if (!files.ok()) return InspectFailure(dir, json, files.status());
   const DiskGeometry& g = (*files)->geometry();
   // A file cut short (a crash during a copy, an operator's truncate) is scanned as far as it
   // goes; the slots past its end are reported missing rather than read.
   auto health = (*files)->Health();
-  if (!health.ok()) return Failure(health.status());
+  if (!health.ok()) return InspectFailure(dir, json, health.status());
   DiskGeometry present = g;
   for (const FileHealth& h : *health) {
     const uint64_t slots =
@@ -69,9 +82,9 @@ int RunInspect(const CliArgs& args) {
   }
   const uint64_t missing = uint64_t{g.num_slots()} - present.num_slots();
   auto io = CreateDiskIo(IoBackend::kAuto, (*files)->fds(), static_cast<uint32_t>(*qd));
-  if (!io.ok()) return Failure(io.status());
+  if (!io.ok()) return InspectFailure(dir, json, io.status());
   auto report = ScanSlots(io->get(), present, verify_payload);
-  if (!report.ok()) return Failure(report.status());
+  if (!report.ok()) return InspectFailure(dir, json, report.status());
 
   std::string snapshot = "absent";
   auto snap = ReadSnapshot((*files)->SnapshotPath(), g.num_slots());

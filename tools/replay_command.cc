@@ -275,6 +275,20 @@ PassFigures Figures(const ReplayResult& r) {
 }
 
 // The G4 counters of a pass (docs/g4.md): every G4 failure is a miss or a dropped save.
+// G2 slots in none of the places a slot may be at rest (free, staging pool, holding a block):
+// a leak (the run has ended and every save and demotion with it).
+uint64_t G2SlotsUnaccounted(const ManagerStats& s) {
+  const uint64_t accounted = s.g2_free_slots + s.g2_blocks + s.g2_staging_slots;
+  return s.g2_slots > accounted ? s.g2_slots - accounted : 0;
+}
+
+void AddG3Counters(const ManagerStats& s, JsonObject* o) {
+  o->Add("corrupt_blocks", s.corrupt_blocks)
+      .Add("g3_quarantines", s.g3_quarantines)
+      .Add("g3_quarantined_at_end", s.g3_quarantined)
+      .Add("demotion_failures", s.demotion_failures);
+}
+
 void AddG4Counters(const ManagerStats& s, JsonObject* o) {
   o->Add("g4_saved_blocks", s.g4_saved_blocks)
       .Add("g4_lookup_blocks", s.g4_lookup_blocks)
@@ -286,13 +300,16 @@ void AddG4Counters(const ManagerStats& s, JsonObject* o) {
       .Add("g4_load_failures", s.g4_load_failures)
       .Add("g4_corrupt_blocks", s.g4_corrupt_blocks)
       .Add("g4_timeouts", s.g4_timeouts)
+      .Add("g4_abandoned_loads", s.g4_abandoned_loads)
+      .Add("g4_late_returns", s.g4_late_returns)
       .Add("g4_breaker_open_at_end", s.g4_breaker_open);
 }
 
 void PrintG4Counters(const ManagerStats& s) {
   std::printf(
       "G4: %llu blocks written, %llu found by lookups; errors: lookups %llu (timed out %llu), "
-      "saves %llu (+%llu dropped), loads %llu (corrupt %llu), timeouts %llu%s%s\n",
+      "saves %llu (+%llu dropped), loads %llu (corrupt %llu), timeouts %llu (%llu loads ended "
+      "while the store's call was stuck)%s%s\n",
       static_cast<unsigned long long>(s.g4_saved_blocks),
       static_cast<unsigned long long>(s.g4_lookup_blocks),
       static_cast<unsigned long long>(s.g4_lookup_failures),
@@ -302,6 +319,7 @@ void PrintG4Counters(const ManagerStats& s) {
       static_cast<unsigned long long>(s.g4_load_failures),
       static_cast<unsigned long long>(s.g4_corrupt_blocks),
       static_cast<unsigned long long>(s.g4_timeouts),
+      static_cast<unsigned long long>(s.g4_abandoned_loads),
       s.g4_breaker_open ? "; breaker OPEN at the end" : "",
       s.g4_skipped_lookups > 0
           ? ("; " + std::to_string(s.g4_skipped_lookups) +
@@ -357,6 +375,13 @@ int RunReplayCommand(const CliArgs& args) {
   PolicyOptions policy_options;
   policy_options.credit_lru = credit_lru->config;
   if (!args.Has("trace")) return UsageError(Status::InvalidArgument("--trace FILE is required"));
+  for (const char* flag : {"sweep-fractions", "sweep-out"}) {
+    if (args.Has(flag) && !args.Has("sweep")) {
+      return UsageError(Status::InvalidArgument("--" + std::string(flag) +
+                                                " goes with --sweep (a simulated sweep); "
+                                                "without --sweep it would be ignored"));
+    }
+  }
   auto tpb = args.GetUint("tokens-per-block", 512);
   if (!tpb.ok()) return UsageError(tpb.status());
   if (*tpb == 0 || *tpb > 1024 || (*tpb & (*tpb - 1)) != 0) {
@@ -369,6 +394,10 @@ int RunReplayCommand(const CliArgs& args) {
   if (!trace.ok()) {
     return trace.status().code() == StatusCode::kInvalidArgument ? UsageError(trace.status())
                                                                  : Failure(trace.status());
+  }
+  if (trace->requests() == 0) {
+    return UsageError(Status::InvalidArgument(
+        "trace " + path + " holds no requests (it is empty or blank); nothing to replay"));
   }
   if (trace->blocks().lineage_conflicts > 0) {
     std::fprintf(stderr,
@@ -637,7 +666,10 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("verified_blocks", r.verified_blocks)
         .Add("mismatched_blocks", r.mismatched_blocks)
         .Add("pinned_blocks_at_end", s.pinned_blocks)
-        .Add("prefill_tokens_per_s", o.cost.prefill_tokens_per_s)
+        .Add("g2_slots_unaccounted_at_end", G2SlotsUnaccounted(s));
+    // Why a run lost hits: G3 blocks refused by verification, and the tier's quarantines.
+    AddG3Counters(s, &out);
+    out.Add("prefill_tokens_per_s", o.cost.prefill_tokens_per_s)
         .Add("kv_bytes_per_token", o.cost.kv_bytes_per_token)
         .Add("g2_load_gbps", o.cost.load_bytes_per_s[kTierG2] / 1e9)
         .Add("g3_load_gbps", o.cost.load_bytes_per_s[kTierG3] / 1e9)
@@ -683,7 +715,9 @@ int RunReplayCommand(const CliArgs& args) {
           .Add("short_loads", w.short_loads)
           .Add("verified_blocks", w.verified_blocks)
           .Add("mismatched_blocks", w.mismatched_blocks)
-          .Add("pinned_blocks_at_end", w.stats.pinned_blocks);
+          .Add("pinned_blocks_at_end", w.stats.pinned_blocks)
+          .Add("g2_slots_unaccounted_at_end", G2SlotsUnaccounted(w.stats));
+      AddG3Counters(w.stats, &wo);
       AddG4Counters(w.stats, &wo);
       out.Raw("warm_pass", wo.Str());
     }
@@ -755,6 +789,13 @@ int RunReplayCommand(const CliArgs& args) {
   std::printf("verified %llu loaded blocks byte for byte: %llu mismatches\n",
               static_cast<unsigned long long>(r.verified_blocks),
               static_cast<unsigned long long>(r.mismatched_blocks));
+  if (r.g3_slots > 0) {
+    std::printf("G3: %llu corrupt blocks refused, %llu quarantines%s, %llu demotion failures\n",
+                static_cast<unsigned long long>(s.corrupt_blocks),
+                static_cast<unsigned long long>(s.g3_quarantines),
+                s.g3_quarantined ? " (quarantined at the end)" : "",
+                static_cast<unsigned long long>(s.demotion_failures));
+  }
   if (g4) PrintG4Counters(s);
   std::printf("wall time %.2f s\n", r.wall_seconds);
   if (warm) {

@@ -96,7 +96,9 @@ Result<ReplayTrace> ReplayTrace::ParseTokens(std::istream& in, uint32_t tokens_p
                                               tokens_per_block, HashAlgorithm::kXxh3_128));
   std::unordered_map<BlockKey, uint64_t, BlockKeyHash> id_of;
   std::string text;
-  for (uint64_t line = 1; std::getline(in, text); ++line) {
+  JsonLineReader reader(in);
+  while (reader.Next(&text)) {
+    const uint64_t line = reader.line();
     if (text.find_first_not_of(" \t\r\n") == std::string::npos) continue;
     TokenLine parsed;
     KVTIER_RETURN_IF_ERROR(ParseTokenLine(text, line, &parsed));
@@ -110,6 +112,7 @@ Result<ReplayTrace> ReplayTrace::ParseTokens(std::istream& in, uint32_t tokens_p
     t.token_ends_.push_back(t.tokens_.size());
     t.ids_.push_back(std::move(parsed.request_id));
   }
+  KVTIER_RETURN_IF_ERROR(reader.status());
   if (in.bad()) return Status::IOError("reading the trace failed");
   t.blocks_.distinct_blocks = id_of.size();
   return t;
@@ -129,8 +132,11 @@ Result<ReplayTrace> ReplayTrace::Load(const std::string& path, const std::string
   bool mooncake = format == "mooncake";
   if (format == "auto") {
     std::string first;
-    while (std::getline(in, first) && first.find_first_not_of(" \t\r\n") == std::string::npos) {
+    JsonLineReader reader(in);
+    while (reader.Next(&first) && first.find_first_not_of(" \t\r\n") == std::string::npos) {
     }
+    if (!reader.status().ok())
+      return Status::InvalidArgument(path + ": " + reader.status().message());
     mooncake = first.find("\"hash_ids\"") != std::string::npos;
     in.clear();
     in.seekg(0);

@@ -128,6 +128,10 @@ int RunSim(const CliArgs& args) {
     return trace.status().code() == StatusCode::kInvalidArgument ? UsageError(trace.status())
                                                                  : Failure(trace.status());
   }
+  if (trace->requests() == 0) {
+    return UsageError(Status::InvalidArgument("trace " + args.GetString("trace", "") +
+                                              " holds no requests (it is empty or blank)"));
+  }
   const uint64_t capacity = CapacityForFraction(*trace, *fraction);
   const std::vector<BlockKey> references = TraceReferences(*trace);
 

@@ -101,6 +101,11 @@ struct ManagerStats {
   uint64_t g4_load_failures = 0;    // G4 loads that failed (the engine recomputes those blocks)
   uint64_t g4_corrupt_blocks = 0;   // G4 objects that failed verification (never served)
   uint64_t g4_timeouts = 0;         // G4 moves that ended TimedOut
+  // G4 loads ended at their deadline while the store's call had not returned (a stuck NFS
+  // server, a FIFO under an object name): the engine recomputed them. Their G2 slots stay lent
+  // to the call until it returns; g4_late_returns counts those that have (results discarded).
+  uint64_t g4_abandoned_loads = 0;
+  uint64_t g4_late_returns = 0;
 };
 
 class BlockManager {

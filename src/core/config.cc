@@ -1,6 +1,8 @@
 #include "kvtier/config.h"
 
+#include <fcntl.h>
 #include <toml++/toml.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -10,6 +12,9 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+
+#include "core/host_port.h"
+#include "core/regular_file.h"
 
 extern char** environ;
 
@@ -328,6 +333,9 @@ const ConfigFieldSpec* FindSpec(std::string_view name) {
 }
 
 std::string Allowed(const ConfigFieldSpec& spec) {
+  if (spec.name == "g4.endpoints") {
+    return "comma-separated host:port (e.g. 127.0.0.1:6379,[::1]:6380), or empty (not set)";
+  }
   switch (spec.type) {
     case ConfigType::kBytes:
       return "a size in bytes from " + std::to_string(spec.min) +
@@ -377,6 +385,25 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
     case ConfigType::kString:
       // Empty is allowed only where the default is empty ("not set", e.g. g4.password).
       if (value.empty() && !spec.default_value.empty()) return Status::InvalidArgument("empty");
+      if (spec.name == "g4.endpoints") {
+        // Checked here, so that `kvtier config` refuses what the Redis store would refuse.
+        size_t start = 0;
+        while (start <= value.size()) {
+          size_t comma = value.find(',', start);
+          if (comma == std::string_view::npos) comma = value.size();
+          std::string_view item = value.substr(start, comma - start);
+          while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+          while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+          if (!item.empty()) {  // empty items are skipped, as the manager skips them
+            Result<HostPort> hp = ParseHostPort(item, "the endpoint");
+            if (!hp.ok()) {
+              return Status::InvalidArgument("not a list of host:port (" + hp.status().message() +
+                                             ")");
+            }
+          }
+          start = comma + 1;
+        }
+      }
       return std::string(value);
     case ConfigType::kChoice:
       for (const auto& c : spec.choices) {
@@ -453,15 +480,43 @@ Status Config::Set(std::string_view name, std::string_view value, ConfigSource s
 }
 
 Status Config::LoadFile(const std::string& path) {
-  std::ifstream probe(path);
-  if (!probe.good()) {
-    return Status::NotFound("config file " + path +
-                            " cannot be opened; check the path (given "
-                            "by --config or KVTIER_CONFIG)");
+  // Read through one descriptor of a regular file: a directory, a FIFO or a device given by
+  // mistake is refused by name (a directory used to parse as an empty file, silently).
+  Result<int> fd = OpenRegularFile(path, O_RDONLY);
+  if (!fd.ok()) {
+    if (fd.status().Is(StatusCode::kNotFound)) {
+      return Status::NotFound("config file " + path +
+                              " cannot be opened: it does not exist; check the path (given by "
+                              "--config or KVTIER_CONFIG)");
+    }
+    return Status(fd.status().code(), "config file: " + fd.status().message() +
+                                          "; give --config (or KVTIER_CONFIG) a TOML file");
+  }
+  std::string text;
+  {
+    constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(*fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int err = errno;
+        ::close(*fd);
+        return Status::FromErrno(err, "reading config file " + path);
+      }
+      if (n == 0) break;
+      text.append(buf, static_cast<size_t>(n));
+      if (text.size() > kMaxConfigBytes) {
+        ::close(*fd);
+        return Status::InvalidArgument("config file " + path + " is larger than " +
+                                       std::to_string(kMaxConfigBytes) + " bytes");
+      }
+    }
+    ::close(*fd);
   }
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     std::ostringstream msg;
     msg << "config file " << path << ":" << e.source().begin.line << ":" << e.source().begin.column
@@ -492,6 +547,12 @@ Status Config::LoadFile(const std::string& path) {
       } else if (auto b = value.value<bool>(); b && value.is_boolean()) {
         text = *b ? "true" : "false";
       } else if (auto i = value.value<int64_t>(); i && value.is_integer()) {
+        if (spec != nullptr && spec->type == ConfigType::kBool) {
+          // TOML has booleans: `enabled = 1` is a mistake (the environment, which has only
+          // text, may say 1).
+          return Status::InvalidArgument(name + " = " + std::to_string(*i) + " (from " + origin +
+                                         ") is an integer; allowed: true or false (unquoted)");
+        }
         if (*i < 0 && !(spec != nullptr && spec->type == ConfigType::kDouble)) {
           return Status::InvalidArgument(
               name + " = " + std::to_string(*i) + " (from " + origin +

@@ -9,12 +9,70 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <istream>
 #include <string>
 #include <string_view>
 
 #include "kvtier/status.h"
 
 namespace kvtier {
+
+// The longest line a trace may hold. A request of 16 Mi tokens written as JSON fits; a file with
+// no newline (/dev/zero, a binary file given by mistake) is refused at this size instead of
+// growing memory without end (std::getline has no bound).
+inline constexpr size_t kMaxTraceLineBytes = size_t{64} << 20;
+// The most block ids (Mooncake "hash_ids") one request may hold: 16384 blocks of 1024 tokens
+// are 16 Mi tokens, the bound of a request's tokens. Each id becomes tokens_per_block tokens in a
+// replay, so a line's ids are bounded up front, not after its prompt was built.
+inline constexpr size_t kMaxTraceLineIds = 16384;
+
+// Reads a JSONL stream one line at a time, holding at most `max_bytes` of a line: a longer one
+// ends the reading with InvalidArgument naming its number.
+class JsonLineReader {
+ public:
+  explicit JsonLineReader(std::istream& in, size_t max_bytes = kMaxTraceLineBytes)
+      : in_(in), max_bytes_(max_bytes) {}
+
+  // The next line (without its '\n') into *text: true, or false at the end of the stream or
+  // on an over-long line (status() then says which) or a read error.
+  bool Next(std::string* text) {
+    text->clear();
+    std::streambuf* sb = in_.rdbuf();
+    if (sb == nullptr || !status_.ok()) return false;
+    bool any = false;
+    for (;;) {
+      const int c = sb->sbumpc();
+      if (c == std::char_traits<char>::eof()) {
+        in_.setstate(std::ios::eofbit);
+        if (!any) return false;
+        break;
+      }
+      any = true;
+      if (c == '\n') break;
+      if (text->size() >= max_bytes_) {
+        status_ = Status::InvalidArgument(
+            "trace line " + std::to_string(line_ + 1) + " is longer than " +
+            std::to_string(max_bytes_) +
+            " bytes (no newline so far); a trace is JSON lines, one request per line");
+        text->clear();
+        return false;
+      }
+      text->push_back(static_cast<char>(c));
+    }
+    ++line_;
+    return true;
+  }
+  // The number of the line Next returned last (1 for the first).
+  uint64_t line() const { return line_; }
+  // Ok, or why reading stopped early.
+  const Status& status() const { return status_; }
+
+ private:
+  std::istream& in_;
+  const size_t max_bytes_;
+  uint64_t line_ = 0;
+  Status status_;
+};
 
 // A cursor over one JSONL line: just enough JSON to read a trace's objects and skip any value
 // it does not need. Every error names the line and column ("trace line N, column C: ...").

@@ -44,6 +44,10 @@ Status ParseLine(std::string_view text, uint64_t line, std::vector<uint64_t>* id
         if (Status s = p.Expect('['); !s.ok()) return s;
         if (!p.Take(']')) {
           do {
+            if (ids->size() >= kMaxTraceLineIds) {
+              return p.Error("more than " + std::to_string(kMaxTraceLineIds) +
+                             " hash ids in one request; split it");
+            }
             auto id = p.Uint("hash_ids[" + std::to_string(ids->size()) + "]");
             if (!id.ok()) return id.status();
             ids->push_back(*id);
@@ -72,7 +76,9 @@ Result<Trace> ParseMooncakeTrace(std::istream& in) {
   std::unordered_map<uint64_t, uint64_t> parent_of;  // id -> parent id (kNoParent at the root)
   std::string text;
   std::vector<uint64_t> ids;
-  for (uint64_t line = 1; std::getline(in, text); ++line) {
+  JsonLineReader reader(in);
+  while (reader.Next(&text)) {
+    const uint64_t line = reader.line();
     if (text.find_first_not_of(" \t\r\n") == std::string::npos) continue;
     ids.clear();
     double input_length = 0;
@@ -87,6 +93,7 @@ Result<Trace> ParseMooncakeTrace(std::istream& in) {
     }
     trace.request_ends.push_back(trace.ids.size());
   }
+  KVTIER_RETURN_IF_ERROR(reader.status());
   if (in.bad()) return Status::IOError("reading the trace failed");
   trace.distinct_blocks = parent_of.size();
   return trace;

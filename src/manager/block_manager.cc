@@ -52,7 +52,7 @@ BlockManager::Impl::Impl(const ManagerOptions& options)
     : options_(options), layout_(options.layout), tpb_(options.layout.tokens_per_block) {}
 
 Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
-    const ManagerOptions& options, const DiskTier::OpenOptions& g3_open) {
+    const ManagerOptions& options, const DiskTier::OpenOptions& g3_open, WrapG4 wrap_g4) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
   if (options.model_id.empty()) {
     return Status::InvalidArgument(
@@ -60,6 +60,7 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
         "different models never collide");
   }
   std::unique_ptr<Impl> impl(new Impl(options));
+  impl->wrap_g4_ = std::move(wrap_g4);
   KVTIER_RETURN_IF_ERROR(impl->Init(g3_open));
   return impl;
 }
@@ -324,7 +325,7 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
     }
   };
   auto job = engine_->Submit({std::move(m)}, TransferPriority::kSave,
-                             [this, key, parent, end](size_t, const Status& s) {
+                             [this, key, parent, end](const TransferJob&, size_t, const Status& s) {
                                if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
                                  if (index_->Insert(key, parent, kTierG3, 0).ok()) {
                                    c_.demoted.fetch_add(1, std::memory_order_relaxed);
@@ -429,8 +430,8 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   uint32_t local = 0, in_g4 = 0;
   bool g4_reused = false;
   if (start < max_blocks) {
-    MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
-                                  static_cast<uint8_t>(kAllTiers & ~(1u << kTierG1)));
+    MatchResult m =
+        index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks), LocalTiersToOffer());
     local = static_cast<uint32_t>(m.num_blocks());
     if (m.num_blocks() > start) {
       loadable = static_cast<uint32_t>(m.num_blocks()) - start;
@@ -529,8 +530,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
   }
   c_.lookup_blocks.fetch_add(asked, std::memory_order_relaxed);
 
-  MatchResult m =
-      index_->MatchAndPin(keys, static_cast<uint8_t>((1u << kTierG2) | (1u << kTierG3)));
+  MatchResult m = index_->MatchAndPin(keys, LocalTiersToOffer());
   std::vector<PlannedLoad> plan;
   size_t planned = 0;
   for (; planned < m.num_blocks(); ++planned) {
@@ -909,7 +909,7 @@ Status BlockManager::Impl::StartLoad() {
   auto shared = std::make_shared<std::vector<PlannedLoad>>(std::move(loads));
   auto job = engine_->Submit(
       std::move(moves), TransferPriority::kLoad,
-      [this, shared](size_t i, const Status& st) {
+      [this, shared](const TransferJob& job, size_t i, const Status& st) {
         const PlannedLoad& p = (*shared)[i];
         if (p.source == kTierG2) return;
         if (st.ok() && !HoldsCacheSlot(p)) return;  // staged through the pool: not promoted
@@ -924,7 +924,9 @@ Status BlockManager::Impl::StartLoad() {
           }
           return;
         }
-        if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
+        // A slot lent to a G4 call abandoned at its deadline comes back through the transfer
+        // engine's release_lent_slot once the call has returned, not now.
+        if (HoldsCacheSlot(p) && !job.SlotLent(i)) ReleaseG2Slot(p.g2_slot);
         if (p.source == kTierG4) {
           // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt object is
           // replaced when some worker commits the block again (write-through).
@@ -1122,6 +1124,8 @@ ManagerStats BlockManager::Impl::Stats() {
   s.g4_load_failures = c_.g4_load_failures.load();
   s.g4_corrupt_blocks = c_.g4_corrupt.load();
   s.g4_timeouts = ts.remote_timeouts;
+  s.g4_abandoned_loads = ts.remote_abandoned;
+  s.g4_late_returns = ts.remote_late_returns;
   return s;
 }
 

@@ -79,11 +79,15 @@ Status BlockManager::Impl::InitG4() {
                       << "; running without the networked tier";
     return Status::Ok();
   }
+  if (wrap_g4_) opened = wrap_g4_(std::move(opened).value());
   TransferEngine::RemoteConfig rc;
   rc.threads = static_cast<uint32_t>(cfg.GetUint("g4.threads"));
   rc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("g4.max_queued_saves"));
   rc.load_timeout = std::chrono::milliseconds(cfg.GetUint("g4.load_deadline_ms"));
   rc.save_timeout = std::chrono::milliseconds(cfg.GetUint("g4.save_deadline_ms"));
+  // A G4 load abandoned at its deadline lends its staging slot to the store's call until the
+  // call returns (TransferJob::SlotLent); then it is free again.
+  rc.release_lent_slot = [this](uint32_t slot) { ReleaseG2Slot(slot); };
   KVTIER_RETURN_IF_ERROR(engine_->RegisterRemote(opened->get(), rc));
   g4_ = std::move(opened).value();
   KVTIER_LOG(kInfo) << "G4: " << g4_->Describe()
@@ -170,9 +174,10 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
     }
     release(w);
   };
-  auto job =
-      engine_->Submit(std::move(moves), TransferPriority::kSave,
-                      [shared, end_one](size_t i, const Status& s) { end_one((*shared)[i], s); });
+  auto job = engine_->Submit(std::move(moves), TransferPriority::kSave,
+                             [shared, end_one](const TransferJob&, size_t i, const Status& s) {
+                               end_one((*shared)[i], s);
+                             });
   if (!job.ok()) {
     // The G4 save queue is full (a slow or dead server): dropped, never waited for.
     c_.g4_dropped.fetch_add(shared->size(), std::memory_order_relaxed);

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,9 +48,13 @@ namespace kvtier {
 
 class BlockManager::Impl {
  public:
-  // `g3_open` is the seam for tests: e.g. its wrap_io injects faults under G3.
+  // Wraps the G4 store the manager opened (a seam for tests: e.g. a store whose calls stall).
+  using WrapG4 = std::function<std::unique_ptr<RemoteStore>(std::unique_ptr<RemoteStore>)>;
+  // `g3_open` and `wrap_g4` are the seams for tests: e.g. g3_open.wrap_io injects faults under
+  // G3.
   static Result<std::unique_ptr<Impl>> Create(const ManagerOptions& options,
-                                              const DiskTier::OpenOptions& g3_open = {});
+                                              const DiskTier::OpenOptions& g3_open = {},
+                                              WrapG4 wrap_g4 = nullptr);
   ~Impl();
 
   Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens)
@@ -185,6 +190,13 @@ class BlockManager::Impl {
     return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
   }
   void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job) EXCLUDES(mu_);
+  // The local tiers Lookup may offer and PrepareLoad may load from (a mask of tier bits): G2,
+  // and G3 unless it is quarantined (its loads would fail fast: a miss, not a planned load).
+  uint8_t LocalTiersToOffer() const {
+    uint8_t tiers = 1u << kTierG2;
+    if (g3_ && !g3_->quarantined()) tiers |= 1u << kTierG3;
+    return tiers;
+  }
 
   // ---- G4 (block_manager_g4.cc) ----
   // Opens the configured G4 store and registers it with the transfer engine. InvalidArgument
@@ -221,6 +233,7 @@ class BlockManager::Impl {
   std::unique_ptr<TransferEngine> engine_;
   bool g1_registered_ = false;
   std::unique_ptr<RemoteStore> g4_;  // null without G4; outlives engine_ (see ~Impl)
+  WrapG4 wrap_g4_;                   // set once by Create, before Init
   bool g4_write_through_ = true;
   std::chrono::milliseconds g4_lookup_deadline_{20};
   // G4 blocks are offered only when loading one is expected to be faster than recomputing it

@@ -17,6 +17,7 @@
 #include <filesystem>
 
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "tier/block_format.h"
 
 namespace kvtier {
@@ -115,19 +116,17 @@ DiskGeometry GeometryOf(const Superblock& sb) {
   return g;
 }
 
+// Opens a slot file with O_DIRECT; only a regular file is ever opened (core/regular_file.h), so
+// a FIFO or a device named like a slot file is refused by what it is, never blamed on O_DIRECT.
+// -1 with *status set on failure: InvalidArgument for a non-regular file or a filesystem that
+// refuses O_DIRECT.
 int OpenDirect(const std::string& path, int flags, Status* status) {
-  const int fd = open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    if (errno == EINVAL) {
-      *status = Status::InvalidArgument(
-          path +
-          ": the filesystem refuses O_DIRECT; put the G3 directory on ext4, xfs, btrfs "
-          "or tmpfs (Linux >= 6.6)");
-    } else {
-      *status = Status::FromErrno(errno, "open " + path);
-    }
+  Result<int> fd = OpenRegularFile(path, flags | O_DIRECT);
+  if (!fd.ok()) {
+    *status = fd.status();
+    return -1;
   }
-  return fd;
+  return *fd;
 }
 
 }  // namespace
@@ -250,8 +249,9 @@ Result<std::unique_ptr<DiskFileSet>> DiskFileSet::Open(const Options& options) {
     return Status::InvalidArgument(dir + " exists and is not a directory");
   }
 
-  set->lock_fd_ = open((dir + "/LOCK").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (set->lock_fd_ < 0) return Status::FromErrno(errno, "open " + dir + "/LOCK");
+  Result<int> lock_fd = OpenRegularFile(dir + "/LOCK", O_RDWR | O_CREAT);
+  if (!lock_fd.ok()) return lock_fd.status();
+  set->lock_fd_ = *lock_fd;
   if (flock(set->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return Status::FailedPrecondition(dir + " is in use by another kvtier process");
@@ -294,6 +294,8 @@ Result<std::unique_ptr<DiskFileSet>> DiskFileSet::Open(const Options& options) {
     if (mismatch.empty()) {
       set->tier_id_ = tier_id;
       set->reused_ = true;
+      // As found, before Reserve (fallocate changes allocation and change time).
+      KVTIER_ASSIGN_OR_RETURN(set->identities_at_open_, set->Identities());
       for (uint32_t i = 0; i < g.num_files; ++i) {
         // Idempotent; also restores a file that was truncated while the tier was down.
         KVTIER_RETURN_IF_ERROR(set->Reserve(i));
@@ -340,9 +342,13 @@ Result<std::unique_ptr<DiskFileSet>> DiskFileSet::OpenReadOnly(const std::string
   set->dir_ = dir;
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) return Status::NotFound(dir + " is not a directory");
-  set->lock_fd_ = open((dir + "/LOCK").c_str(), O_RDONLY | O_CLOEXEC);
-  if (set->lock_fd_ >= 0 && flock(set->lock_fd_, LOCK_SH | LOCK_NB) != 0) {
-    set->locked_by_other_ = true;
+  // No LOCK file: no tier ever ran here (or it was removed); inspect without the lock.
+  Result<int> lock_fd = OpenRegularFile(dir + "/LOCK", O_RDONLY);
+  if (lock_fd.ok()) {
+    set->lock_fd_ = *lock_fd;
+    if (flock(set->lock_fd_, LOCK_SH | LOCK_NB) != 0) set->locked_by_other_ = true;
+  } else if (!lock_fd.status().Is(StatusCode::kNotFound)) {
+    return lock_fd.status();
   }
   if (!std::filesystem::exists(set->FilePath(0), ec)) {
     return Status::NotFound("no G3 slot files in " + dir);
@@ -363,8 +369,12 @@ Result<std::unique_ptr<DiskFileSet>> DiskFileSet::OpenReadOnly(const std::string
   }
   for (uint32_t i = 1; i < g.num_files; ++i) {
     const int fd = OpenDirect(set->FilePath(i), O_RDONLY, &st);
-    if (fd < 0)
-      return Status::Corruption("missing slot file " + set->FilePath(i) + ": " + st.message());
+    if (fd < 0 && st.Is(StatusCode::kNotFound)) {
+      return Status::Corruption("missing slot file " + set->FilePath(i) + " (the superblock of " +
+                                set->FilePath(0) + " names " + std::to_string(g.num_files) +
+                                " files)");
+    }
+    if (fd < 0) return st;
     set->fds_.push_back(fd);
     KVTIER_ASSIGN_OR_RETURN(Superblock sb, ReadSuperblock(fd, set->FilePath(i)));
     if (GeometryOf(sb) != g || sb.tier_id != sb0.tier_id || sb.file_index != i) {
@@ -388,6 +398,19 @@ Result<std::vector<FileHealth>> DiskFileSet::Health() const {
     struct stat st;
     if (fstat(fds_[i], &st) != 0) return Status::FromErrno(errno, "fstat " + FilePath(i));
     out.push_back(FileHealth{st.st_nlink == 0, static_cast<uint64_t>(st.st_size)});
+  }
+  return out;
+}
+
+Result<std::vector<FileIdentity>> DiskFileSet::Identities() const {
+  std::vector<FileIdentity> out;
+  for (uint32_t i = 0; i < fds_.size(); ++i) {
+    struct stat st;
+    if (fstat(fds_[i], &st) != 0) return Status::FromErrno(errno, "fstat " + FilePath(i));
+    out.push_back(
+        FileIdentity{static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+                     static_cast<uint64_t>(st.st_blocks) * 512,
+                     static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec});
   }
   return out;
 }

@@ -59,6 +59,18 @@ struct DiskGeometry {
                                   uint32_t num_files, uint64_t layout_fingerprint);
 };
 
+// What a slot file is, as fstat(2) says. The restart snapshot records it for every file, and a
+// restart trusts the snapshot's slots of a file only while the file is still the same one,
+// untouched: a file replaced, truncated and extended (its slots now zeros), or written to by
+// anyone since the snapshot differs in inode, size, allocation or change time, and is scanned.
+struct FileIdentity {
+  uint64_t inode = 0;
+  uint64_t size = 0;
+  uint64_t allocated_bytes = 0;  // st_blocks x 512
+  int64_t ctime_ns = 0;
+  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
+};
+
 struct FileHealth {
   bool deleted = false;  // unlinked underneath the open file
   uint64_t size = 0;     // current size in bytes
@@ -111,6 +123,11 @@ class DiskFileSet {
   Status Sync() const;
   // fstat of every file. IOError when fstat itself fails.
   Result<std::vector<FileHealth>> Health() const;
+  // Every file's identity now. IOError when fstat fails.
+  Result<std::vector<FileIdentity>> Identities() const;
+  // Every file's identity when Open found it, before anything (preallocation included) touched
+  // it; empty when the files were created (not reused).
+  const std::vector<FileIdentity>& identities_at_open() const { return identities_at_open_; }
   // Gives `file` its full size again after it was truncated, and rewrites its superblock when
   // the truncation reached it. FailedPrecondition when the file was deleted.
   Status Restore(uint32_t file);
@@ -130,6 +147,7 @@ class DiskFileSet {
   bool preallocate_ = true;
   bool locked_by_other_ = false;
   std::string reformat_reason_;
+  std::vector<FileIdentity> identities_at_open_;
 };
 
 }  // namespace kvtier

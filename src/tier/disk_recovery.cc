@@ -12,6 +12,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/regular_file.h"
+
 namespace kvtier {
 
 namespace {
@@ -35,18 +37,30 @@ void NoteProblem(ScanReport* report, uint32_t slot, const std::string& what) {
 
 // "KVTSNAP1" read as a little-endian integer.
 constexpr uint64_t kSnapshotMagic = 0x3150414e5354564bull;
-constexpr uint32_t kSnapshotVersion = 1;
+// Version 2 added the file records (FileIdentity of each slot file). A version 1 snapshot is
+// refused (the tier scans, once).
+constexpr uint32_t kSnapshotVersion = 2;
 
+// Layout: header, file_count file records, entry_count entries (each followed by its token
+// ids), then the XXH3-64 of everything before it.
 struct SnapshotHeader {
   uint64_t magic;
   uint32_t version;
-  uint32_t reserved;
+  uint32_t file_count;
   uint64_t tier_id;
   uint64_t geometry_hash;
   uint64_t next_generation;
   uint64_t entry_count;
 };
 static_assert(sizeof(SnapshotHeader) == 48);
+
+struct SnapshotFile {
+  uint64_t inode;
+  uint64_t size;
+  uint64_t allocated_bytes;
+  int64_t ctime_ns;
+};
+static_assert(sizeof(SnapshotFile) == 32);
 
 struct SnapshotEntry {
   uint32_t slot;
@@ -80,7 +94,8 @@ std::string DirOf(const std::string& path) {
 
 }  // namespace
 
-Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payload) {
+Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payload,
+                             const std::vector<bool>& files) {
   ScanReport report;
   const uint32_t depth = io->queue_depth();
   const uint64_t read_bytes = verify_payload ? g.slot_stride : kBlockHeaderBytes;
@@ -147,6 +162,11 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
     }
   };
 
+  // The next slot to read, past those of files not asked for.
+  auto skip = [&] {
+    while (next < g.num_slots() && !files.empty() && !files[g.FileOf(next)]) ++next;
+  };
+  skip();
   while (next < g.num_slots() || in_flight > 0) {
     while (next < g.num_slots() && !idle.empty()) {
       const uint32_t b = idle.back();
@@ -156,6 +176,7 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
                           static_cast<uint32_t>(read_bytes), b});
       ++next;
       ++in_flight;
+      skip();
     }
     done.clear();
     auto polled = io->Poll(-1, &done);
@@ -191,8 +212,13 @@ Status WriteSnapshot(const std::string& path, const Snapshot& snapshot) {
   h.tier_id = snapshot.tier_id;
   h.geometry_hash = snapshot.geometry_hash;
   h.next_generation = snapshot.next_generation;
+  h.file_count = static_cast<uint32_t>(snapshot.files.size());
   h.entry_count = snapshot.blocks.size();
   Append(&out, &h, sizeof(h));
+  for (const FileIdentity& f : snapshot.files) {
+    const SnapshotFile r{f.inode, f.size, f.allocated_bytes, f.ctime_ns};
+    Append(&out, &r, sizeof(r));
+  }
   for (const RecoveredBlock& b : snapshot.blocks) {
     SnapshotEntry e{};
     e.slot = b.slot;
@@ -209,9 +235,13 @@ Status WriteSnapshot(const std::string& path, const Snapshot& snapshot) {
   const uint64_t sum = XXH3_64bits(out.data(), out.size());
   Append(&out, &sum, sizeof(sum));
 
+  // A fresh file: whatever was left under the temporary name (a crashed writer's file, or
+  // something else entirely, such as a FIFO that would block the open) is removed first.
   const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::FromErrno(errno, "create " + tmp);
+  if (unlink(tmp.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + tmp);
+  Result<int> opened = OpenRegularFile(tmp, O_WRONLY | O_CREAT | O_EXCL);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   size_t written = 0;
   while (written < out.size()) {
     const ssize_t n = write(fd, out.data() + written, out.size() - written);
@@ -240,11 +270,17 @@ Status WriteSnapshot(const std::string& path, const Snapshot& snapshot) {
 }
 
 Result<Snapshot> ReadSnapshot(const std::string& path, uint32_t num_slots) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return Status::NotFound("no snapshot at " + path);
-    return Status::FromErrno(errno, "open " + path);
+  Result<int> opened = OpenRegularFile(path, O_RDONLY);
+  if (!opened.ok()) {
+    if (opened.status().Is(StatusCode::kNotFound))
+      return Status::NotFound("no snapshot at " + path);
+    // Not a regular file (a FIFO would block a plain open forever): not a snapshot.
+    if (opened.status().Is(StatusCode::kInvalidArgument)) {
+      return Status::Corruption(opened.status().message());
+    }
+    return opened.status();
   }
+  const int fd = *opened;
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;
@@ -252,7 +288,7 @@ Result<Snapshot> ReadSnapshot(const std::string& path, uint32_t num_slots) {
     return Status::FromErrno(err, "fstat " + path);
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  const uint64_t max_size = sizeof(SnapshotHeader) + 8 +
+  const uint64_t max_size = sizeof(SnapshotHeader) + 8 + kMaxSlotFiles * sizeof(SnapshotFile) +
                             uint64_t{num_slots} * (sizeof(SnapshotEntry) +
                                                    KvLayout::kMaxTokensPerBlock * sizeof(TokenId));
   if (size < sizeof(SnapshotHeader) + 8 || size > max_size) {
@@ -287,15 +323,28 @@ Result<Snapshot> ReadSnapshot(const std::string& path, uint32_t num_slots) {
     return Status::Corruption(path + ": " + std::to_string(h.entry_count) + " entries for " +
                               std::to_string(num_slots) + " slots");
   }
+  if (h.file_count > kMaxSlotFiles) {
+    return Status::Corruption(path + ": " + std::to_string(h.file_count) +
+                              " file records (at most " + std::to_string(kMaxSlotFiles) + ")");
+  }
   Snapshot s;
   s.tier_id = h.tier_id;
   s.geometry_hash = h.geometry_hash;
   s.next_generation = h.next_generation;
+  size_t pos = sizeof(h);
+  const size_t end = size - 8;
+  if (end - pos < uint64_t{h.file_count} * sizeof(SnapshotFile)) {
+    return Status::Corruption(path + ": truncated file records");
+  }
+  for (uint32_t i = 0; i < h.file_count; ++i) {
+    SnapshotFile r;
+    std::memcpy(&r, data.data() + pos, sizeof(r));
+    pos += sizeof(r);
+    s.files.push_back(FileIdentity{r.inode, r.size, r.allocated_bytes, r.ctime_ns});
+  }
   s.blocks.reserve(h.entry_count);
   std::vector<bool> seen_slot(num_slots, false);
   std::unordered_set<BlockKey, BlockKeyHash> seen_key;
-  size_t pos = sizeof(h);
-  const size_t end = size - 8;
   for (uint64_t i = 0; i < h.entry_count; ++i) {
     if (end - pos < sizeof(SnapshotEntry)) return Status::Corruption(path + ": truncated entry");
     SnapshotEntry e;

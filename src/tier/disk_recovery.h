@@ -52,24 +52,31 @@ struct ScanReport {
 
 // Reads every slot of `geometry` through `io` (queue_depth() reads in flight) and returns what
 // verified. `verify_payload` reads whole slots and checks payload checksums too (what
-// `kvtier inspect` does); otherwise only the 4 KiB headers are read. IOError only when the I/O
-// engine itself fails; per-slot errors are counted in the report. REQUIRES: nothing else uses
-// `io` meanwhile.
-Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& geometry, bool verify_payload);
+// `kvtier inspect` does); otherwise only the 4 KiB headers are read. `files`, when not empty,
+// says which files to scan (files[f] for file f; the other files' slots are skipped). IOError
+// only when the I/O engine itself fails; per-slot errors are counted in the report. REQUIRES:
+// nothing else uses `io` meanwhile.
+Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& geometry, bool verify_payload,
+                             const std::vector<bool>& files = {});
 
 struct Snapshot {
   uint64_t tier_id = 0;
   uint64_t geometry_hash = 0;
   uint64_t next_generation = 0;
+  // Each slot file's identity when the snapshot was written (one per file, in file order). An
+  // identity of all zeros says the file was found damaged then: its slots must be scanned.
+  std::vector<FileIdentity> files;
   std::vector<RecoveredBlock> blocks;
 };
 
 // Writes `snapshot` to `path` atomically (temporary file, fsync, rename, directory fsync).
 Status WriteSnapshot(const std::string& path, const Snapshot& snapshot);
 
-// Reads and checks a snapshot: NotFound when absent; Corruption when truncated, oversized for
-// `num_slots`, failing its checksum, or holding an out-of-range or repeated slot, an
-// out-of-range token count, or a repeated key. Never trusts a length before checking it.
+// Reads and checks a snapshot: NotFound when absent; Corruption when not a regular file,
+// truncated, oversized for `num_slots`, failing its checksum, of another format version, or
+// holding more file records than kMaxSlotFiles, more entries than slots, an out-of-range or
+// repeated slot, an out-of-range token count, a repeated key, or trailing bytes. Never trusts a
+// length before checking it.
 Result<Snapshot> ReadSnapshot(const std::string& path, uint32_t num_slots);
 
 // Deletes the snapshot and syncs its directory; Ok when there is none.

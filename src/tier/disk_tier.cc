@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 #include "core/log.h"
 #include "tier/cond_wait.h"
@@ -130,11 +131,28 @@ Status DiskTier::Recover(std::vector<RecoveredBlock>* recovered) {
   std::vector<RecoveredBlock> blocks;
   uint64_t next_generation = 1;
   const std::string snapshot_path = files_->SnapshotPath();
+  // Files whose slots the header scan reads: all of them without a usable snapshot; with one,
+  // those that are no longer what the snapshot saw (replaced, truncated and extended, written
+  // to) or that it found damaged.
+  std::vector<bool> scan(geometry_.num_files, files_->reused());
   if (files_->reused()) {
     auto snapshot = ReadSnapshot(snapshot_path, geometry_.num_slots());
     if (snapshot.ok() && snapshot->tier_id == files_->tier_id() &&
-        snapshot->geometry_hash == geometry_.Hash()) {
-      blocks = std::move(snapshot->blocks);
+        snapshot->geometry_hash == geometry_.Hash() &&
+        snapshot->files.size() == geometry_.num_files) {
+      const std::vector<FileIdentity>& now = files_->identities_at_open();
+      for (uint32_t f = 0; f < geometry_.num_files; ++f) {
+        scan[f] = f >= now.size() || snapshot->files[f] != now[f];
+        if (scan[f]) {
+          KVTIER_LOG(kWarn) << files_->FilePath(f)
+                            << " is not the file the snapshot saw (replaced, resized, or written "
+                               "to since); its slots are scanned, not trusted";
+          ++counters_->files_rescanned;
+        }
+      }
+      for (RecoveredBlock& b : snapshot->blocks) {
+        if (!scan[geometry_.FileOf(b.slot)]) blocks.push_back(std::move(b));
+      }
       next_generation = snapshot->next_generation;
       counters_->recovered_from_snapshot = true;
     } else if (snapshot.ok()) {
@@ -147,11 +165,22 @@ Status DiskTier::Recover(std::vector<RecoveredBlock>* recovered) {
   }
   // Used at most once: gone before anything is written, so a crash later cannot reuse it.
   KVTIER_RETURN_IF_ERROR(RemoveSnapshot(snapshot_path));
-  if (files_->reused() && !counters_->recovered_from_snapshot) {
+  if (std::find(scan.begin(), scan.end(), true) != scan.end()) {
     KVTIER_ASSIGN_OR_RETURN(ScanReport report,
-                            ScanSlots(io_.get(), geometry_, /*verify_payload=*/false));
-    blocks = std::move(report.blocks);
-    next_generation = report.max_generation + 1;
+                            ScanSlots(io_.get(), geometry_, /*verify_payload=*/false, scan));
+    // A key the snapshot vouches for (in an unchanged file) and that the scan also found (an
+    // older copy left in a changed file): the newest generation wins, as within a scan.
+    std::unordered_map<BlockKey, size_t, BlockKeyHash> at;
+    for (size_t i = 0; i < blocks.size(); ++i) at.emplace(blocks[i].key, i);
+    for (RecoveredBlock& b : report.blocks) {
+      auto [it, inserted] = at.try_emplace(b.key, blocks.size());
+      if (inserted) {
+        blocks.push_back(std::move(b));
+      } else if (blocks[it->second].generation < b.generation) {
+        blocks[it->second] = std::move(b);
+      }
+    }
+    next_generation = std::max(next_generation, report.max_generation + 1);
     counters_->scan_corrupt = report.corrupt;
     counters_->scan_duplicates = report.duplicates;
     counters_->scan_read_errors = report.read_errors;
@@ -188,7 +217,10 @@ Status DiskTier::Recover(std::vector<RecoveredBlock>* recovered) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (files_->reused()) {
     KVTIER_LOG(kInfo) << "G3 " << config_.dir << ": recovered " << blocks.size() << " block(s) "
-                      << (counters_->recovered_from_snapshot ? "from the snapshot" : "by a scan")
+                      << (!counters_->recovered_from_snapshot ? "by a scan"
+                          : counters_->files_rescanned > 0
+                              ? "from the snapshot and a scan of the files it could not vouch for"
+                              : "from the snapshot")
                       << " in " << counters_->recovery_ms << " ms";
   }
   *recovered = std::move(blocks);
@@ -221,6 +253,20 @@ Status DiskTier::Close() {
       }
       // The data first: a snapshot must never list blocks that a power loss could take back.
       close_status_ = files_->Sync();
+      // Then what each file is now, so a restart can tell whether it is still that file. A
+      // preallocated file holding less than its size was truncated and extended while the tier
+      // ran (its slots may be zeros): recorded as damaged, so a restart scans it.
+      if (close_status_.ok()) {
+        Result<std::vector<FileIdentity>> ids = files_->Identities();
+        if (ids.ok()) {
+          snapshot.files = std::move(*ids);
+          for (FileIdentity& f : snapshot.files) {
+            if (!sparse_files_ && f.allocated_bytes < f.size) f = FileIdentity{};
+          }
+        } else {
+          close_status_ = ids.status();
+        }
+      }
       if (close_status_.ok()) close_status_ = WriteSnapshot(files_->SnapshotPath(), snapshot);
     }
     io_.reset();
@@ -527,6 +573,7 @@ DiskTierStats DiskTier::stats() const {
   s.scan_corrupt = c.scan_corrupt;
   s.scan_duplicates = c.scan_duplicates;
   s.scan_read_errors = c.scan_read_errors;
+  s.files_rescanned = c.files_rescanned;
   s.recovery_ms = c.recovery_ms;
   s.reformatted = !reformat_reason_.empty();
   s.sparse_files = sparse_files_;

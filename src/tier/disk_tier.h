@@ -159,6 +159,9 @@ struct DiskTierStats {
   uint64_t scan_corrupt = 0;
   uint64_t scan_duplicates = 0;
   uint64_t scan_read_errors = 0;
+  // Slot files the snapshot could not vouch for (changed since it was written, or found damaged
+  // when it was): their slots were scanned at open.
+  uint64_t files_rescanned = 0;
   double recovery_ms = 0;
   bool reformatted = false;
   bool sparse_files = false;

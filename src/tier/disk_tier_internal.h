@@ -53,6 +53,7 @@ struct DiskTier::Counters {
   uint64_t scan_corrupt = 0;
   uint64_t scan_duplicates = 0;
   uint64_t scan_read_errors = 0;
+  uint64_t files_rescanned = 0;
   double recovery_ms = 0;
 };
 

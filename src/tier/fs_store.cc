@@ -17,7 +17,11 @@
 // syscalls, because a blocking read/write on a local or network filesystem cannot be cancelled
 // (a hard-mounted NFS server that stops answering can hold one call past the deadline; mount
 // with "soft,timeo=" to bound that). Items left when the deadline passes fail with TimedOut
-// without touching the filesystem.
+// without touching the filesystem. A call held past its deadline does not hold the engine: the
+// transfer engine's watchdog ends the load at its deadline and discards the call's late result
+// (transfer_engine.h). Objects are opened with O_NONBLOCK and checked with fstat (only a
+// regular file is read; core/regular_file.h), so a FIFO or a device put under an object name
+// is refused at once instead of blocking open(2) or never ending a read.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -31,6 +35,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "core/regular_file.h"
 #include "tier/circuit_breaker.h"
 #include "tier/remote_store.h"
 
@@ -298,11 +303,20 @@ class FsStore final : public RemoteStore {
   Status GetOne(RemoteGet& item) {
     KVTIER_RETURN_IF_ERROR(CheckName(item.name));
     const std::string path = PathOf(item.name);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) return Status::NotFound("fs store: no object " + item.name);
-      return Errno(errno, "fs store: open " + path);
+    // Only a regular file is read: a FIFO put under the name (between a Contains and this
+    // Get) would block a plain open() forever, a device would never end (regular_file.h).
+    Result<int> opened = OpenRegularFile(path, O_RDONLY);
+    if (!opened.ok()) {
+      if (opened.status().Is(StatusCode::kNotFound)) {
+        return Status::NotFound("fs store: no object " + item.name);
+      }
+      if (opened.status().Is(StatusCode::kInvalidArgument)) {
+        // Someone else's doing, not the filesystem failing: a bad object, like a corrupt one.
+        return Status::Corruption("fs store: " + opened.status().message());
+      }
+      return Status::IOError("fs store: " + opened.status().message());
     }
+    const int fd = *opened;
     struct stat st;
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
@@ -310,11 +324,11 @@ class FsStore final : public RemoteStore {
       return Errno(err, "fs store: fstat " + path);
     }
     const uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (!S_ISREG(st.st_mode) || size > item.dest.size()) {
+    if (size > item.dest.size()) {
       ::close(fd);
       return Status::Corruption("fs store: object " + path + " holds " + std::to_string(size) +
                                 " bytes, more than the " + std::to_string(item.dest.size()) +
-                                "-byte destination (or is not a file); not read");
+                                "-byte destination; not read");
     }
     uint64_t done = 0;
     while (done < size) {

@@ -300,9 +300,9 @@ class RedisStore final : public RemoteStore {
     }
     const CircuitBreaker::Decision d = topology_breaker_->Admit();
     if (d == CircuitBreaker::Decision::kReject) {
-      return Status::Unavailable(
-          "redis cluster: topology unknown and every seed was down; "
-          "probing again later");
+      MutexLock lock(&topo_mu_);
+      return Status::Unavailable("redis cluster: topology unknown (" + last_topology_error_ +
+                                 "); probing again later");
     }
     const bool probe = d == CircuitBreaker::Decision::kProbe;
     std::vector<Node*> nodes = AllNodes();
@@ -337,6 +337,10 @@ class RedisStore final : public RemoteStore {
       return Status::Ok();
     }
     topology_breaker_->OnFailure(probe);
+    {
+      MutexLock lock(&topo_mu_);
+      last_topology_error_ = "last refresh: " + last.ToString();
+    }
     return last;
   }
 
@@ -395,7 +399,7 @@ class RedisStore final : public RemoteStore {
           if (node < 0) {
             results[it.index] = Status::Unavailable(
                 "redis cluster: no known node serves the slot of " + name(it.index) +
-                (have_topology_ ? "" : " (topology unknown: no seed answered)"));
+                (have_topology_ ? "" : " (topology unknown: " + last_topology_error_ + ")"));
             topology_stale_ = true;
             continue;
           }
@@ -556,6 +560,9 @@ class RedisStore final : public RemoteStore {
   std::vector<std::unique_ptr<Node>> nodes_ GUARDED_BY(topo_mu_);
   std::vector<int> slots_ GUARDED_BY(topo_mu_);
   bool have_topology_ GUARDED_BY(topo_mu_) = false;
+  // Why the last topology refresh failed (what every seed answered, or not), for the errors of
+  // calls made while the topology is unknown.
+  std::string last_topology_error_ GUARDED_BY(topo_mu_) = "no seed answered";
   bool topology_stale_ GUARDED_BY(topo_mu_) = false;
   RemoteClock::time_point last_refresh_ GUARDED_BY(topo_mu_){};
   Mutex refresh_mu_;  // held (TryLock) by the one caller refreshing the topology

@@ -14,6 +14,8 @@
 #include <charconv>
 #include <cstring>
 
+#include "core/host_port.h"
+
 namespace kvtier {
 namespace {
 
@@ -72,43 +74,8 @@ using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 }  // namespace
 
 Result<RedisEndpoint> ParseRedisEndpoint(std::string_view text) {
-  const std::string quoted = "'" + std::string(text) + "'";
-  if (text.empty()) {
-    return Status::InvalidArgument("redis endpoint is empty: give host:port, e.g. 127.0.0.1:6379");
-  }
-  std::string_view host, port;
-  if (text.front() == '[') {
-    const size_t close = text.find(']');
-    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return Status::InvalidArgument("redis endpoint " + quoted +
-                                     " is malformed: an IPv6 host is written [addr]:port");
-    }
-    host = text.substr(1, close - 1);
-    port = text.substr(close + 2);
-  } else {
-    const size_t colon = text.rfind(':');
-    if (colon == std::string_view::npos) {
-      return Status::InvalidArgument("redis endpoint " + quoted +
-                                     " has no :port: give host:port, e.g. 127.0.0.1:6379");
-    }
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) {
-      return Status::InvalidArgument("redis endpoint " + quoted +
-                                     " is malformed: write an IPv6 host as [addr]:port");
-    }
-  }
-  if (host.empty()) {
-    return Status::InvalidArgument("redis endpoint " + quoted + " has an empty host");
-  }
-  uint32_t value = 0;
-  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (port.empty() || ec != std::errc() || end != port.data() + port.size() || value < 1 ||
-      value > 65535) {
-    return Status::InvalidArgument("redis endpoint " + quoted +
-                                   ": port must be a number in 1..65535");
-  }
-  return RedisEndpoint{std::string(host), static_cast<uint16_t>(value)};
+  KVTIER_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(text, "redis endpoint"));
+  return RedisEndpoint{std::move(hp.host), hp.port};
 }
 
 uint16_t RedisCrc16(std::string_view data) {
@@ -210,6 +177,10 @@ Result<std::vector<RedisConnection::SlotRange>> RedisConnection::ClusterSlots(
   if (left == 0) return Status::TimedOut(who + ": deadline passed before CLUSTER SLOTS");
   redisSetTimeout(context_, ToTimeval(std::chrono::milliseconds(left)));
   ReplyPtr reply(static_cast<redisReply*>(redisCommand(context_, "CLUSTER SLOTS")));
+  if (reply == nullptr && RemoteClock::now() >= deadline) {
+    // hiredis reports its socket timeout as EAGAIN ("Resource temporarily unavailable").
+    return Status::TimedOut(who + ": CLUSTER SLOTS got no answer by the deadline");
+  }
   if (reply == nullptr) {
     return Status::Unavailable(who + ": CLUSTER SLOTS failed: " + ContextError(context_));
   }

@@ -600,6 +600,8 @@ TransferEngine::Stats TransferEngine::stats() const {
   s.remote_timeouts = remote_timeouts_.load(std::memory_order_relaxed);
   s.remote_corrupt = remote_corrupt_.load(std::memory_order_relaxed);
   s.remote_failures = remote_failures_.load(std::memory_order_relaxed);
+  s.remote_abandoned = remote_abandoned_.load(std::memory_order_relaxed);
+  s.remote_late_returns = remote_late_returns_.load(std::memory_order_relaxed);
   for (size_t i = 0; i < s.bytes_by_op.size(); ++i) {
     s.bytes_by_op[i] = bytes_by_op_[i].load(std::memory_order_relaxed);
     s.moves_by_op[i] = moves_by_op_[i].load(std::memory_order_relaxed);

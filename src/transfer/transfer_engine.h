@@ -21,8 +21,13 @@
 // G4 (a RemoteStore): the engine's own remote threads make every remote call, never the
 // submitting thread. Each Submit's G4 moves become at most `remote.threads` calls (one batch
 // per call, which the store pipelines), all with one deadline: submit time + load_timeout (or
-// save_timeout). A batch still queued at its deadline fails TimedOut without a call; a call
-// returns by the deadline (the store's contract). A put encodes the at-rest header into the
+// save_timeout). A batch still queued at its deadline fails TimedOut without a call. A load's
+// deadline holds whatever its store call does: a watchdog thread ends every G4 load move still
+// queued or in a call at its deadline (TimedOut), so the engine's waits return and it
+// recomputes; a call that returns later (a FIFO opened without O_NONBLOCK, a hard-mounted NFS
+// server that stops answering) finds its moves abandoned, discards what it read (nothing
+// reaches G1), and only then hands its G2 slot back (TransferJob::SlotLent). A put encodes the
+// at-rest header into the
 // slot's header area first; a get lands in a G2 slot and is verified against the expected key,
 // namespace, layout, tokens and payload length before it can end Ok (any mismatch: Corruption,
 // never served). G4 saves wait in their own bounded queue (refused whole when full, counted).
@@ -36,6 +41,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <thread>
 #include <unordered_map>
@@ -77,6 +83,11 @@ class TransferEngine final : private DiskCompletionSink {
     uint32_t max_queued_saves = 256;               // G4 save moves waiting at most, >= 1
     std::chrono::milliseconds load_timeout{500};   // deadline of a G4 load batch, > 0
     std::chrono::milliseconds save_timeout{2000};  // deadline of a G4 save batch, > 0
+    // Hands back a caller's G2 slot (a G4 load's g2_slot, not kAnyStagingSlot) that was lent
+    // to a store call abandoned at its deadline (TransferJob::SlotLent), once that call has
+    // returned and nothing writes into the slot any more. Runs on a remote thread, possibly
+    // long after the job ended; must be quick. Null: such slots are never handed back.
+    std::function<void(uint32_t g2_slot)> release_lent_slot;
     // Ok, or InvalidArgument naming the field, its value and the allowed range.
     Status Validate() const;
   };
@@ -91,6 +102,11 @@ class TransferEngine final : private DiskCompletionSink {
     uint64_t remote_timeouts = 0;  // G4 moves that ended TimedOut (queued or in the call)
     uint64_t remote_corrupt = 0;   // G4 gets that failed verification (never served)
     uint64_t remote_failures = 0;  // G4 moves that failed otherwise (NotFound not included)
+    // G4 loads ended TimedOut at their deadline by the watchdog while the store's call had not
+    // returned (counted in remote_timeouts too), and of those, calls that returned since: their
+    // result was discarded and their slot handed back.
+    uint64_t remote_abandoned = 0;
+    uint64_t remote_late_returns = 0;
   };
 
   // Starts the workers. InvalidArgument for a bad config.
@@ -194,6 +210,14 @@ class TransferEngine final : private DiskCompletionSink {
   void RemotePuts(const RemoteBatch& batch, std::span<const uint32_t> moves);
   void RemoteGets(const RemoteBatch& batch, std::span<const uint32_t> moves) EXCLUDES(mu_);
   void EndRemoteMove(TransferJob& job, uint32_t move, const Status& status);
+  // The G2 slot of a G4 load that nothing writes into any more goes back: a pool slot to the
+  // pool; a caller's slot lent to an abandoned call through release_lent_slot.
+  void ReleaseLentSlot(const BlockTransfer& m, uint32_t slot) EXCLUDES(disk_mu_);
+  // Ends, TimedOut, the moves of `job` among `moves` that are still queued or in a store call
+  // (TransferJob::Abandon).
+  void AbandonOverdue(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves,
+                      const char* why);
+  void WatchdogLoop() EXCLUDES(remote_mu_);
   void StopRemote() EXCLUDES(remote_mu_);
 
   const Config config_;
@@ -236,10 +260,20 @@ class TransferEngine final : private DiskCompletionSink {
   std::deque<RemoteBatch> remote_saves_ GUARDED_BY(remote_mu_);
   bool remote_stopping_ GUARDED_BY(remote_mu_) = false;
   std::vector<std::thread> remote_workers_;
+  // G4 load batches by deadline, for the watchdog (entries of finished jobs are harmless).
+  struct LoadDeadline {
+    std::weak_ptr<TransferJob> job;
+    std::vector<uint32_t> moves;
+  };
+  std::multimap<RemoteDeadline, LoadDeadline> load_deadlines_ GUARDED_BY(remote_mu_);
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stopping_ GUARDED_BY(remote_mu_) = false;
+  std::thread watchdog_;
   std::atomic<uint32_t> queued_remote_saves_{0};
 
   std::atomic<uint64_t> jobs_{0}, moves_ok_{0}, moves_failed_{0}, saves_dropped_{0};
   std::atomic<uint64_t> remote_timeouts_{0}, remote_corrupt_{0}, remote_failures_{0};
+  std::atomic<uint64_t> remote_abandoned_{0}, remote_late_returns_{0};
   std::array<std::atomic<uint64_t>, kNumTransferOps> bytes_by_op_{};
   std::array<std::atomic<uint64_t>, kNumTransferOps> moves_by_op_{};
 };

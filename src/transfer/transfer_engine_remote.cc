@@ -38,6 +38,7 @@ Status TransferEngine::RegisterRemote(RemoteStore* store, const RemoteConfig& co
   for (uint32_t i = 0; i < config.threads; ++i) {
     remote_workers_.emplace_back([this] { RemoteLoop(); });
   }
+  watchdog_ = std::thread([this] { WatchdogLoop(); });
   return Status::Ok();
 }
 
@@ -47,8 +48,76 @@ void TransferEngine::StopRemote() {
     remote_stopping_ = true;
   }
   remote_cv_.notify_all();
+  // A call that never returns (a hard-mounted NFS server gone for good) holds this join: its
+  // thread writes into a G2 slot, so neither the slot nor the arena may go before it returns.
+  // The watchdog keeps ending the loads queued behind it meanwhile.
   for (auto& w : remote_workers_) w.join();
   remote_workers_.clear();
+  {
+    MutexLock lock(&remote_mu_);
+    watchdog_stopping_ = true;
+  }
+  watchdog_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void TransferEngine::WatchdogLoop() {
+  for (;;) {
+    std::shared_ptr<TransferJob> job;
+    std::vector<uint32_t> moves;
+    {
+      MutexLock lock(&remote_mu_);
+      while (!job) {
+        if (watchdog_stopping_) return;
+        if (load_deadlines_.empty()) {
+          CondWait(&watchdog_cv_, &remote_mu_);
+          continue;
+        }
+        const auto first = load_deadlines_.begin();
+        const RemoteDeadline now = RemoteClock::now();
+        if (now < first->first) {
+          CondWaitFor(&watchdog_cv_, &remote_mu_, first->first - now);
+          continue;
+        }
+        job = first->second.job.lock();
+        moves = std::move(first->second.moves);
+        load_deadlines_.erase(first);
+      }
+    }
+    // Not under remote_mu_: ending a move runs the job's callbacks.
+    AbandonOverdue(job, moves, "its deadline passed");
+  }
+}
+
+void TransferEngine::AbandonOverdue(const std::shared_ptr<TransferJob>& job,
+                                    std::span<const uint32_t> moves, const char* why) {
+  for (uint32_t i : moves) {
+    const BlockTransfer& m = job->moves()[i];
+    switch (job->Abandon(i)) {
+      case TransferJob::Abandoned::kNo:
+        break;
+      case TransferJob::Abandoned::kWhileQueued:
+        EndRemoteMove(*job, i,
+                      Status::TimedOut(std::string(BlockTransferOpName(m.op)) + ": " + why +
+                                       " while it was queued"));
+        break;
+      case TransferJob::Abandoned::kInIo:
+        remote_abandoned_.fetch_add(1, std::memory_order_relaxed);
+        EndRemoteMove(*job, i,
+                      Status::TimedOut(std::string(BlockTransferOpName(m.op)) + ": " + why +
+                                       " while the store's call had not returned; its late "
+                                       "result will be discarded"));
+        break;
+    }
+  }
+}
+
+void TransferEngine::ReleaseLentSlot(const BlockTransfer& m, uint32_t slot) {
+  if (m.g2_slot == BlockTransfer::kAnyStagingSlot) {
+    ReleaseStaging(slot);
+  } else if (remote_config_.release_lent_slot) {
+    remote_config_.release_lent_slot(slot);
+  }
 }
 
 void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
@@ -58,6 +127,12 @@ void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
   // One call per remote thread at most, so a big load uses every connection.
   const size_t per_call =
       std::max<size_t>(1, (moves.size() + remote_config_.threads - 1) / remote_config_.threads);
+  // Gets are watched: at the deadline the watchdog ends whichever of them are still queued or
+  // in a call, whatever that call is doing.
+  std::vector<uint32_t> gets;
+  for (uint32_t i : moves) {
+    if (job->moves()[i].op != BlockTransfer::Op::kG2ToG4) gets.push_back(i);
+  }
   {
     MutexLock lock(&remote_mu_);
     for (size_t b = 0; b < moves.size(); b += per_call) {
@@ -65,8 +140,10 @@ void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
       RemoteBatch batch{job, std::vector<uint32_t>(moves.begin() + b, moves.begin() + e), deadline};
       (save ? remote_saves_ : remote_loads_).push_back(std::move(batch));
     }
+    if (!gets.empty()) load_deadlines_.emplace(deadline, LoadDeadline{job, std::move(gets)});
   }
   remote_cv_.notify_all();
+  watchdog_cv_.notify_all();
 }
 
 void TransferEngine::RemoteLoop() {
@@ -105,18 +182,19 @@ void TransferEngine::EndRemoteMove(TransferJob& job, uint32_t move, const Status
 }
 
 void TransferEngine::ExecuteRemote(const RemoteBatch& batch) {
+  std::vector<uint32_t> puts, gets;
+  for (uint32_t i : batch.moves) {
+    (batch.job->moves()[i].op == BlockTransfer::Op::kG2ToG4 ? puts : gets).push_back(i);
+  }
   if (RemoteClock::now() >= batch.deadline) {
     // Waited too long behind other calls: a late move is a failed move, never a late one.
-    for (uint32_t i : batch.moves) {
+    for (uint32_t i : puts) {
       EndRemoteMove(*batch.job, i,
                     Status::TimedOut(std::string(BlockTransferOpName(batch.job->moves()[i].op)) +
                                      " passed its deadline while queued"));
     }
+    AbandonOverdue(batch.job, gets, "its deadline passed");
     return;
-  }
-  std::vector<uint32_t> puts, gets;
-  for (uint32_t i : batch.moves) {
-    (batch.job->moves()[i].op == BlockTransfer::Op::kG2ToG4 ? puts : gets).push_back(i);
   }
   if (!puts.empty()) RemotePuts(batch, puts);
   if (!gets.empty()) RemoteGets(batch, gets);
@@ -164,6 +242,8 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
   items.reserve(moves.size());
   for (uint32_t i : moves) {
     const BlockTransfer& m = batch.job->moves()[i];
+    // Abandoned at its deadline while queued: ended already, and its slot is not ours.
+    if (!batch.job->BeginIo(i)) continue;
     uint32_t slot = m.g2_slot;
     if (slot == BlockTransfer::kAnyStagingSlot) {
       // A slot of the staging pool, only if one is free now: a G4 load never waits for one
@@ -175,8 +255,10 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
       }
     }
     if (slot == BlockTransfer::kAnyStagingSlot) {
-      EndRemoteMove(*batch.job, i,
-                    Status::ResourceExhausted("G4->G1: no staging slot free; recomputed"));
+      if (batch.job->FinishIo(i)) {
+        EndRemoteMove(*batch.job, i,
+                      Status::ResourceExhausted("G4->G1: no staging slot free; recomputed"));
+      }
       continue;
     }
     items.push_back(RemoteGet{
@@ -191,6 +273,13 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
   for (size_t k = 0; k < sent.size(); ++k) {
     const uint32_t i = sent[k];
     const BlockTransfer& m = batch.job->moves()[i];
+    if (!batch.job->FinishIo(i)) {
+      // The watchdog ended this move at its deadline while the call ran: whatever the call
+      // wrote stays in the slot, which goes back only now that nothing writes into it.
+      remote_late_returns_.fetch_add(1, std::memory_order_relaxed);
+      ReleaseLentSlot(m, slots[k]);
+      continue;
+    }
     const bool pooled = m.g2_slot == BlockTransfer::kAnyStagingSlot;
     Status st = results[k];
     if (st.ok()) {

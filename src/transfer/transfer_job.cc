@@ -46,6 +46,8 @@ TransferJob::TransferJob(std::vector<BlockTransfer> moves, uint32_t num_layers,
   layer_error_.assign(num_layers_, Status::Ok());
   remaining_ = moves_.size();
   callbacks_left_ = moves_.size();
+  io_phase_.assign(moves_.size(), IoPhase::kQueued);
+  lent_.assign(moves_.size(), 0);
   finished_ = moves_.empty();
 }
 
@@ -79,6 +81,12 @@ Status TransferJob::MoveStatus(size_t index) const {
 size_t TransferJob::failed_moves() const {
   MutexLock lock(&mu_);
   return failed_;
+}
+
+bool TransferJob::SlotLent(size_t index) const {
+  MutexLock lock(&mu_);
+  // Abandoned while queued ends the move too, but lends nothing: only kInIo sets lent_.
+  return index < lent_.size() && lent_[index] != 0;
 }
 
 bool TransferJob::LayerLanded(size_t index, uint32_t layer) {
@@ -134,7 +142,7 @@ void TransferJob::MoveDone(size_t index, const Status& status) {
     }
     --remaining_;
   }
-  if (on_move_) on_move_(index, reported);
+  if (on_move_) on_move_(*this, index, reported);
   // The done callback runs after EVERY move callback has returned, not only the last move's:
   // move callbacks run on different threads, and one may still be running when the last move
   // ends (the done callback would then miss what it did).
@@ -151,6 +159,40 @@ void TransferJob::MoveDone(size_t index, const Status& status) {
     finished_ = true;
   }
   cv_.notify_all();
+}
+
+bool TransferJob::BeginIo(size_t index) {
+  MutexLock lock(&mu_);
+  if (index >= moves_.size() || ended_[index] || io_phase_[index] != IoPhase::kQueued) {
+    return false;
+  }
+  io_phase_[index] = IoPhase::kInIo;
+  return true;
+}
+
+bool TransferJob::FinishIo(size_t index) {
+  MutexLock lock(&mu_);
+  if (index >= moves_.size() || io_phase_[index] != IoPhase::kInIo) return false;
+  io_phase_[index] = IoPhase::kLanding;
+  return true;
+}
+
+TransferJob::Abandoned TransferJob::Abandon(size_t index) {
+  MutexLock lock(&mu_);
+  if (index >= moves_.size() || ended_[index]) return Abandoned::kNo;
+  switch (io_phase_[index]) {
+    case IoPhase::kQueued:
+      io_phase_[index] = IoPhase::kAbandoned;
+      return Abandoned::kWhileQueued;
+    case IoPhase::kInIo:
+      io_phase_[index] = IoPhase::kAbandoned;
+      lent_[index] = 1;
+      return Abandoned::kInIo;
+    case IoPhase::kLanding:
+    case IoPhase::kAbandoned:
+      return Abandoned::kNo;
+  }
+  return Abandoned::kNo;
 }
 
 }  // namespace kvtier

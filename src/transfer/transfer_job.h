@@ -60,8 +60,9 @@ const char* BlockTransferOpName(BlockTransfer::Op op);
 class TransferJob {
  public:
   // Called once per move when it ends, on the thread that ended it. Must be quick and must
-  // not wait on this job.
-  using MoveCallback = std::function<void(size_t index, const Status& status)>;
+  // not wait on this job (it may ask it about the move: SlotLent).
+  using MoveCallback =
+      std::function<void(const TransferJob& job, size_t index, const Status& status)>;
   // Called once, after every move ended and every MoveCallback returned.
   using DoneCallback = std::function<void(const TransferJob& job)>;
 
@@ -87,6 +88,11 @@ class TransferJob {
   Status MoveStatus(size_t index) const EXCLUDES(mu_);
   // Moves that ended with an error so far.
   size_t failed_moves() const EXCLUDES(mu_);
+  // True when move `index` was abandoned at its deadline while its I/O was running (it ended
+  // TimedOut): the G2 slot it names is still lent to that I/O. The transfer engine hands a
+  // caller's slot back (TransferEngine::RemoteConfig::release_lent_slot) once the call has
+  // returned; until then the slot's owner must not reuse it.
+  bool SlotLent(size_t index) const EXCLUDES(mu_);
 
   // ---- for backends ----
   // Layer `layer` of G1-bound move `index` landed. Returns true when that was the move's last
@@ -99,6 +105,27 @@ class TransferJob {
   // Move `index` ended. For G1-bound moves, an Ok end REQUIRES all layers landed; an error end
   // lands the remaining layers as failed. Ignores a second end of the same move.
   void MoveDone(size_t index, const Status& status) EXCLUDES(mu_);
+
+  // ---- for backends whose I/O may outlive a deadline (G4 loads) ----
+  // Such a move is queued (no I/O began), in I/O (a call that may not return by the deadline
+  // writes into the move's G2 slot), landing (the call returned in time: the backend ends the
+  // move itself, in bounded time, without waiting on I/O), or abandoned (the deadline passed
+  // first: the move ended TimedOut, and the slot stays lent to the call until it returns).
+  // The backend is about to start the move's I/O. False when the move was abandoned while
+  // queued (it has ended): start nothing.
+  bool BeginIo(size_t index) EXCLUDES(mu_);
+  // The move's I/O call returned. True: the move is landing, and the backend ends it. False:
+  // it was abandoned meanwhile; the backend discards what the call delivered and releases the
+  // slot the call used (nothing else will).
+  bool FinishIo(size_t index) EXCLUDES(mu_);
+  enum class Abandoned : uint8_t {
+    kNo,           // ended already, or landing: nothing to do
+    kWhileQueued,  // no I/O began: the move's slot is free now
+    kInIo,         // a call still writes into the move's slot: FinishIo will say when it returned
+  };
+  // At the move's deadline: abandons it unless it ended already or is landing. The caller then
+  // ends it (MoveDone) with TimedOut; nobody else will.
+  Abandoned Abandon(size_t index) EXCLUDES(mu_);
 
  private:
   const std::vector<BlockTransfer> moves_;
@@ -119,6 +146,9 @@ class TransferJob {
   size_t callbacks_left_ GUARDED_BY(mu_);  // moves whose MoveCallback has not returned yet
   bool finished_ GUARDED_BY(mu_);          // every move ended and the callbacks returned
   size_t failed_ GUARDED_BY(mu_) = 0;
+  enum class IoPhase : uint8_t { kQueued, kInIo, kLanding, kAbandoned };
+  std::vector<IoPhase> io_phase_ GUARDED_BY(mu_);  // per move; see BeginIo
+  std::vector<uint8_t> lent_ GUARDED_BY(mu_);      // per move; see SlotLent
   Status first_error_ GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,301 @@
+// Nothing waits forever on G4: the engine's WaitLayer returns by the load deadline whatever the
+// store's call is doing, the engine recomputes, and a call that returns late touches neither G1
+// nor a G2 slot that was reused. Real files and real FIFOs: a FIFO swapped in under a
+// shared-filesystem object name between the lookup and the load, and a store call stuck in a
+// blocking open(2) of a FIFO (what a read from a hard-mounted NFS server that stopped answering
+// does).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "hang_guard.h"
+#include "manager/block_manager_impl.h"
+#include "manager_test_util.h"
+#include "tier/remote_store.h"
+
+namespace kvtier {
+namespace {
+
+using testing::MiniEngine;
+using testing::Prompt;
+using testing::ReleaseFifoReaders;
+using testing::RunGuarded;
+using testing::SmallConfig;
+using testing::TempDirectory;
+using testing::TestLayout;
+
+constexpr uint32_t kTpb = 16;
+constexpr uint32_t kG1Blocks = 64;
+constexpr int kLoadDeadlineMs = 400;
+// Slack on top of the deadline for a loaded 2-core machine. Without a deadline of its own the
+// wait never returns, so any finite limit tells the two apart.
+constexpr auto kWaitLimit = std::chrono::milliseconds(kLoadDeadlineMs) + std::chrono::seconds(20);
+
+Config FsConfig(const std::string& dir, uint64_t g2_blocks = 16) {
+  Config c = SmallConfig("", g2_blocks, 0);
+  EXPECT_TRUE(c.Set("g4.backend", "fs").ok());
+  EXPECT_TRUE(c.Set("g4.dir", dir).ok());
+  EXPECT_TRUE(c.Set("g4.load_deadline_ms", std::to_string(kLoadDeadlineMs)).ok());
+  return c;
+}
+
+// The G4 object file of block `key` of `prompt`'s namespace in the fs store at `dir`.
+std::string ObjectPath(const std::string& dir, const BlockKey& key) {
+  KeyNamespace kn{"test-model", TestLayout().Fingerprint(), "", ""};
+  const std::string name = RemoteObjectName(BlockHasher::Create(kn, kTpb)->root().hi, key);
+  return dir + "/" + name.substr(22, 2) + "/" + name;
+}
+
+// Writes `prompt`'s blocks to the G4 store of `config` through a first manager.
+void PublishToG4(const Config& config, const std::vector<TokenId>& prompt) {
+  auto a = testing::MakeTestManager(config);
+  ASSERT_NE(a, nullptr);
+  MiniEngine ea(a.get(), kG1Blocks);
+  ea.Run("publish", prompt);
+  a->WaitForSaves();
+  ASSERT_EQ(a->Stats().g4_saved_blocks, prompt.size() / kTpb);
+}
+
+// Waits every layer; returns the first failure.
+Status WaitAllLayers(BlockManager* m) {
+  Status first;
+  for (uint32_t l = 0; l < TestLayout().num_layers; ++l) {
+    Status s = m->WaitLayer(l);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+// The reproduction: the lookup stat()s a regular file; before the load opens it, a
+// FIFO takes its name. The load used to block in open(2) for good, and so did WaitLayer.
+TEST(G4Deadline, AFifoSwappedInUnderAnObjectNameDoesNotHoldTheEngine) {
+  TempDirectory dir;
+  const std::string g4 = dir.path() + "/g4";
+  const Config config = FsConfig(g4);
+  const std::vector<TokenId> prompt = Prompt(21, 4 * kTpb + 3);
+  PublishToG4(config, prompt);
+
+  auto b = testing::MakeTestManager(config);
+  ASSERT_NE(b, nullptr);
+  MiniEngine eb(b.get(), kG1Blocks);
+  const std::vector<BlockKey> keys = eb.Keys(prompt);
+  auto lr = b->Lookup({"b", prompt, "", ""}, 0);
+  ASSERT_TRUE(lr.ok());
+  ASSERT_EQ(lr->blocks_by_tier[kTierG4], 4u);
+  // Between the lookup and the load: block 1's object becomes a FIFO.
+  const std::string fifo = ObjectPath(g4, keys[1]);
+  ASSERT_EQ(::unlink(fifo.c_str()), 0) << fifo;
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+
+  const std::vector<uint32_t> blocks = eb.AllocBlocks(5);
+  auto planned = b->PrepareLoad("b", blocks, lr->num_tokens);
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  EXPECT_EQ(*planned, 4 * kTpb);
+  ASSERT_TRUE(b->StartLoad().ok());
+  Status waited;
+  const auto call = RunGuarded([&] { waited = WaitAllLayers(b.get()); }, kWaitLimit,
+                               [&] { ReleaseFifoReaders(fifo); });
+  EXPECT_TRUE(call.returned_in_time)
+      << "WaitLayer was still waiting after " << call.took.count() << " ms (released by the test)";
+  EXPECT_FALSE(waited.ok()) << "block 1 cannot load";
+  EXPECT_EQ(b->LoadedTokens("b"), 1 * kTpb) << "block 0 loads; 1 fails; 2-3 follow a failure";
+  std::vector<uint8_t> expect(TestLayout().BlockBytes());
+  testing::KeyContent(keys[0], expect.data(), expect.size());
+  EXPECT_EQ(eb.BlockBytes(blocks[0]), expect);
+  EXPECT_FALSE(b->RequestFinished("b"));
+  eb.FreeBlocks(blocks);
+
+  // Removing the FIFO and closing leave nothing behind (ASan checks the rest).
+  ASSERT_EQ(::unlink(fifo.c_str()), 0);
+  b->WaitForSaves();
+  const ManagerStats s = b->Stats();
+  EXPECT_GE(s.g4_load_failures, 1u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+  EXPECT_EQ(s.g2_free_slots + s.g2_blocks + s.g2_staging_slots, s.g2_slots) << "no slot leaked";
+}
+
+// A G4 store whose armed Get blocks, before it reads anything, in a real blocking open(2) of a
+// FIFO (what FsStore did with a FIFO under an object name, and what a read from a hard-mounted
+// NFS server that stopped answering does) until the test opens the FIFO for writing. Then it
+// runs the real store's Get with a fresh deadline, so the object does land in the caller's G2
+// slot: a late result, long after the load's deadline.
+class StallingStore final : public RemoteStore {
+ public:
+  StallingStore(std::unique_ptr<RemoteStore> inner, std::string fifo)
+      : inner_(std::move(inner)), fifo_(std::move(fifo)) {}
+
+  void Arm() { armed_.store(true); }
+  bool stalled() const { return stalled_.load(); }
+
+  void Put(std::span<const RemotePut> items, RemoteDeadline deadline,
+           std::span<Status> results) override {
+    inner_->Put(items, deadline, results);
+  }
+  void Get(std::span<RemoteGet> items, RemoteDeadline deadline,
+           std::span<Status> results) override {
+    if (armed_.exchange(false)) {
+      stalled_.store(true);
+      const int fd = ::open(fifo_.c_str(), O_RDONLY | O_CLOEXEC);  // blocks until a writer
+      if (fd >= 0) ::close(fd);
+      stalled_.store(false);
+      deadline = RemoteClock::now() + std::chrono::seconds(30);  // the late read still happens
+    }
+    inner_->Get(items, deadline, results);
+  }
+  Status Contains(std::span<const std::string> names, RemoteDeadline deadline,
+                  std::span<uint8_t> present) override {
+    return inner_->Contains(names, deadline, present);
+  }
+  Status Remove(std::span<const std::string> names, RemoteDeadline deadline) override {
+    return inner_->Remove(names, deadline);
+  }
+  std::string Describe() const override { return "stalling " + inner_->Describe(); }
+  RemoteStoreStats Stats() const override { return inner_->Stats(); }
+
+ private:
+  std::unique_ptr<RemoteStore> inner_;
+  const std::string fifo_;
+  std::atomic<bool> armed_{false};
+  std::atomic<bool> stalled_{false};
+};
+
+// Loads what kvtier holds of `prompt` without saving anything (so nothing is evicted), adds
+// the blocks loaded to *checked, and returns how many differ from their keys' bytes.
+uint64_t LoadAndCheck(BlockManager* m, MiniEngine* e, const std::string& id,
+                      const std::vector<TokenId>& prompt, uint64_t* checked) {
+  auto lr = m->Lookup({id, prompt, "", ""}, 0);
+  EXPECT_TRUE(lr.ok());
+  if (!lr.ok()) return 0;
+  const std::vector<uint32_t> blocks =
+      e->AllocBlocks(static_cast<uint32_t>((prompt.size() + kTpb - 1) / kTpb));
+  auto planned = m->PrepareLoad(id, blocks, lr->num_tokens);
+  EXPECT_TRUE(planned.ok());
+  EXPECT_TRUE(m->StartLoad().ok());
+  (void)WaitAllLayers(m);
+  const uint32_t loaded = m->LoadedTokens(id) / kTpb;
+  const std::vector<BlockKey> keys = e->Keys(prompt);
+  std::vector<uint8_t> expect(TestLayout().BlockBytes());
+  uint64_t bad = 0;
+  for (uint32_t i = 0; i < loaded; ++i) {
+    testing::KeyContent(keys[i], expect.data(), expect.size());
+    if (e->BlockBytes(blocks[i]) != expect) ++bad;
+  }
+  *checked += loaded;
+  EXPECT_FALSE(m->RequestFinished(id));
+  e->FreeBlocks(blocks);
+  return bad;
+}
+
+// Polls `done` every 10 ms for up to 30 s.
+template <typename F>
+bool WaitFor(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// The deadline holds while the store's call is stuck in a syscall: WaitLayer fails by the
+// deadline, the engine recomputes, and when the call returns much later its result is thrown
+// away: G1 keeps what the engine computed, and the G2 slot the call wrote into was kept out of
+// use until then (the traffic meanwhile churned every other slot), then freed.
+TEST(G4Deadline, ALoadsDeadlineHoldsWhileTheStoreCallIsStuck) {
+  TempDirectory dir;
+  const std::string g4 = dir.path() + "/g4";
+  const Config config = FsConfig(g4);
+  // One block (and the last token, always computed): one Get call, which stalls.
+  const std::vector<TokenId> prompt = Prompt(31, 1 * kTpb + 3);
+  PublishToG4(config, prompt);
+
+  const std::string fifo = dir.path() + "/stall";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  ManagerOptions options;
+  options.layout = TestLayout();
+  options.model_id = "test-model";
+  options.config = config;
+  StallingStore* stall = nullptr;
+  auto impl = BlockManager::Impl::Create(
+      options, {}, [&](std::unique_ptr<RemoteStore> inner) -> std::unique_ptr<RemoteStore> {
+        auto s = std::make_unique<StallingStore>(std::move(inner), fifo);
+        stall = s.get();
+        return s;
+      });
+  ASSERT_TRUE(impl.ok()) << impl.status().ToString();
+  BlockManager b(std::move(impl).value());
+  ASSERT_NE(stall, nullptr);
+  MiniEngine eb(&b, kG1Blocks);
+
+  stall->Arm();
+  auto lr = b.Lookup({"p", prompt, "", ""}, 0);
+  ASSERT_TRUE(lr.ok());
+  ASSERT_EQ(lr->blocks_by_tier[kTierG4], 1u);
+  const std::vector<uint32_t> blocks = eb.AllocBlocks(2);
+  auto planned = b.PrepareLoad("p", blocks, lr->num_tokens);
+  ASSERT_TRUE(planned.ok());
+  ASSERT_EQ(*planned, kTpb);
+  ASSERT_TRUE(b.StartLoad().ok());
+  Status waited;
+  const auto call = RunGuarded([&] { waited = WaitAllLayers(&b); }, kWaitLimit,
+                               [&] { ReleaseFifoReaders(fifo); });
+  ASSERT_TRUE(call.returned_in_time)
+      << "WaitLayer was still waiting after " << call.took.count() << " ms (released by the test)";
+  EXPECT_TRUE(waited.Is(StatusCode::kTimedOut)) << waited.ToString();
+  ASSERT_TRUE(stall->stalled()) << "the deadline held while the call was still in open(2)";
+  EXPECT_EQ(b.LoadedTokens("p"), 0u);
+  // The engine recomputes the block into G1.
+  eb.FillBlock(blocks[0], 0x5a);
+  const std::vector<uint8_t> recomputed = eb.BlockBytes(blocks[0]);
+  EXPECT_FALSE(b.RequestFinished("p"));
+  ManagerStats s = b.Stats();
+  EXPECT_EQ(s.g4_abandoned_loads, 1u);
+  EXPECT_EQ(s.g4_late_returns, 0u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+
+  // Traffic while the call is stuck: 60 blocks through G2's 12 cache slots, so every slot that
+  // is free to use is reused several times over.
+  uint64_t mismatched = 0;
+  for (uint32_t i = 0; i < 10; ++i) {
+    mismatched += eb.Run("c" + std::to_string(i), Prompt(200 + i, 6 * kTpb + 1)).mismatched_blocks;
+  }
+  b.WaitForSaves();
+  ASSERT_TRUE(stall->stalled());
+
+  // The call returns: it reads the object into the slot it was given, long after the deadline.
+  ASSERT_TRUE(WaitFor([&] {
+    ReleaseFifoReaders(fifo);
+    return !stall->stalled();
+  }));
+  ASSERT_TRUE(WaitFor([&] { return b.Stats().g4_late_returns == 1; }));
+  EXPECT_EQ(eb.BlockBytes(blocks[0]), recomputed) << "a late result never reaches G1";
+  eb.FreeBlocks(blocks);
+  // Every block G2 holds is still the one its key names: the late write hit no reused slot.
+  // Loads only (nothing saved, so nothing evicted before it is read).
+  uint64_t checked = 0;
+  for (uint32_t i = 0; i < 10; ++i) {
+    mismatched +=
+        LoadAndCheck(&b, &eb, "d" + std::to_string(i), Prompt(200 + i, 6 * kTpb + 1), &checked);
+  }
+  EXPECT_GE(checked, 8u) << "G2's cache slots were read back";
+  EXPECT_EQ(mismatched, 0u);
+  auto again = eb.Run("p2", prompt);
+  EXPECT_EQ(again.loaded_tokens, kTpb) << "G4 serves the block normally again";
+  EXPECT_EQ(again.mismatched_blocks, 0u);
+  b.WaitForSaves();
+  s = b.Stats();
+  EXPECT_EQ(s.pinned_blocks, 0u);
+  EXPECT_EQ(s.g2_free_slots + s.g2_blocks + s.g2_staging_slots, s.g2_slots)
+      << "the lent slot came back once the call returned";
+}
+
+}  // namespace
+}  // namespace kvtier
