@@ -10,6 +10,15 @@
 
 #include "commands.h"
 
+// CMake defines both for the kvtier target (CMakeLists.txt); the fallbacks let a tool that
+// compiles this file alone (the thread-safety check) see a complete translation unit.
+#ifndef KVTIER_SOURCE_DIR
+#define KVTIER_SOURCE_DIR "."
+#endif
+#ifndef KVTIER_BINARY_DIR
+#define KVTIER_BINARY_DIR "./build"
+#endif
+
 namespace kvtier::cli {
 
 int ExecBenchVllm(int argc, char** argv, int first) {
