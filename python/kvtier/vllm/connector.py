@@ -264,7 +264,6 @@ class KvtierConnector(KVConnectorBase_V1):
         self._reqs: Dict[str, _SchedReq] = {}
         self._finished: List[Tuple[str, bool]] = []
         self._preempted: List[str] = []
-        self._awaiting_send: Set[str] = set()
         self._events: Optional[KvtierKVEvents] = None
         # Since the last get_kv_connector_stats (the scheduler's share of the stats).
         self._lookup_failures = 0
@@ -400,8 +399,6 @@ class KvtierConnector(KVConnectorBase_V1):
         return meta
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
-        for key in connector_output.finished_sending or ():
-            self._awaiting_send.discard(key.split("#", 1)[0])
         events = connector_output.kv_cache_events
         if isinstance(events, KvtierKVEvents):
             if self._events is None:
@@ -420,8 +417,6 @@ class KvtierConnector(KVConnectorBase_V1):
         # request in finished_sending when kvtier no longer reads them.
         delay = state.tokens_sent > 0
         self._finished.append((state.key, delay))
-        if delay:
-            self._awaiting_send.add(request.request_id)
         return delay, None
 
     def take_events(self) -> Iterable[KVCacheEvent]:
@@ -507,7 +502,7 @@ class KvtierConnector(KVConnectorBase_V1):
             if kept:
                 self._held.add(key)
             elif delay_free:
-                self._sending_done.add(key.split("#", 1)[0])
+                self._sending_done.add(key.rsplit("#", 1)[0])
         self._layer_error = None
         if not meta.loads:
             return
@@ -579,7 +574,7 @@ class KvtierConnector(KVConnectorBase_V1):
         for key in saves_done:
             if key in self._held:
                 self._held.discard(key)
-                self._sending_done.add(key.split("#", 1)[0])
+                self._sending_done.add(key.rsplit("#", 1)[0])
         recving: Set[str] = set()
         for key in loads_done:
             entry = self._async_loads.pop(key, None)
@@ -587,13 +582,13 @@ class KvtierConnector(KVConnectorBase_V1):
                 continue
             spec, planned = entry
             self._note_load_errors(spec, planned, m.loaded_tokens(key) if planned else 0)
-            recving.add(key.split("#", 1)[0])
+            recving.add(key.rsplit("#", 1)[0])
         # Async loads that planned nothing never start a transfer: done at once.
         for key, (spec, planned) in list(self._async_loads.items()):
             if planned == 0:
                 del self._async_loads[key]
                 self._note_load_errors(spec, 0, 0)
-                recving.add(key.split("#", 1)[0])
+                recving.add(key.rsplit("#", 1)[0])
         sending = self._sending_done
         self._sending_done = set()
         return (sending or None), (recving or None)
