@@ -196,6 +196,36 @@ TEST_F(RedisClusterTest, KilledNodeFailsFastTheOthersStillServe) {
   EXPECT_GE(st.breaker_rejections, 1u);
 }
 
+// A half-done migration on real servers: the owner is MIGRATING the slot and lacks the key, so
+// it answers ASK; the target was never told it is IMPORTING, so it answers MOVED back to the
+// owner. The store follows a bounded number of redirects and fails the call with "too many
+// redirects" by its attempt limit, not by looping until the deadline.
+TEST_F(RedisClusterTest, RedirectsThatNeverEndAreCutOffByTheAttemptLimit) {
+  auto store = Open(cluster_->endpoints());
+  ASSERT_NE(store, nullptr);
+  const std::string key = Name(7);
+  const int slot = RedisHashSlot(key);
+  const int from = cluster_->NodeOfSlot(slot);
+  ASSERT_GE(from, 0);
+  auto& src = cluster_->node(from);
+  auto& dst = cluster_->node((from + 1) % 3);
+  const std::string dst_id = dst.Command({"CLUSTER", "MYID"}).text;
+  ASSERT_EQ(src.Command({"CLUSTER", "SETSLOT", std::to_string(slot), "MIGRATING", dst_id}).text,
+            "OK");
+  std::vector<uint8_t> buf(100);
+  std::vector<RemoteGet> get = {{key, buf, 0}};
+  std::vector<Status> r(1);
+  const auto t0 = RemoteClock::now();
+  store->Get(get, In(milliseconds(20000)), r);
+  const auto took = RemoteClock::now() - t0;
+  EXPECT_FALSE(r[0].ok());
+  EXPECT_NE(r[0].message().find("too many redirects"), std::string::npos) << r[0].ToString();
+  // The attempt limit (6 passes over the pending items) bounds the redirects followed.
+  EXPECT_GE(store->Stats().redirects, 2u);
+  EXPECT_LE(store->Stats().redirects, 6u) << "the store kept following redirects";
+  EXPECT_LT(took, milliseconds(10000)) << "the store kept following redirects toward the deadline";
+}
+
 TEST(RedisClusterSeedTest, NoSeedAnsweringIsUnavailableNotAHang) {
   KVTIER_REQUIRE_REDIS();
   testing::RedisServer server;  // only to find a port with nothing listening
