@@ -43,6 +43,18 @@ LAYERS, KV_HEADS, HEAD_DIM, DTYPE_BYTES = 30, 3, 64, 4  # SmolLM2-135M in fp32
 BLOCK_BYTES = LAYERS * 2 * KV_HEADS * HEAD_DIM * BLOCK * DTYPE_BYTES
 
 
+# The same CPU threads for every configuration. vLLM on the CPU binds its worker's OpenMP
+# threads itself and leaves one core to the other processes, but with a KV connector
+# configured it reserves two, and on a 2-core machine it then gives the worker every core:
+# the connector runs would compute on twice the cores of vLLM alone. Pinned here: every core
+# but one for the worker, whatever the configuration.
+_CPUS = os.cpu_count() or 1
+THREADS_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "0" if _CPUS <= 2 else f"0-{_CPUS - 2}",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "1" if _CPUS >= 2 else "0",
+}
+
+
 def log(msg: str) -> None:
     print(f"bench vllm: {msg}", file=sys.stderr, flush=True)
 
@@ -86,7 +98,8 @@ def run_driver(tmp: Path, name: str, plan: Dict[str, Any], timeout: float) -> Di
     t0 = time.perf_counter()
     with open(log_path, "w") as f:
         rc = subprocess.run([sys.executable, str(DRIVER), str(plan_path), str(out_path)],
-                            stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+                            stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                            env=dict(os.environ, **THREADS_ENV)).returncode
     if rc != 0:
         raise RuntimeError(f"{name}: vLLM exited {rc}; see {log_path}:\n"
                            + log_path.read_text()[-3000:])
@@ -245,7 +258,7 @@ def main() -> int:
                      "vllm_kv_blocks": args.g1_blocks,
                      "vllm_kv_fraction_of_working_set":
                          args.g1_blocks / working_blocks if working_blocks else None,
-                     "dtype": "fp32", "model": args.model},
+                     "dtype": "fp32", "model": args.model, "threads_env": THREADS_ENV},
         "configs": configs,
         "outputs_equal": outputs_equal,
         "floor": {"prompt_tokens": floor_prompt, "reps": args.reps,

@@ -26,6 +26,7 @@ Where things live (docs/vllm.md says why):
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
@@ -460,10 +461,23 @@ class KvtierConnector(KVConnectorBase_V1):
         config = self._settings.kvtier_config(tp_rank=self._rank, tp_size=self._tp_size)
         model_id = (f"{self._model_name}|{layout.namespace_tag}"
                     f"|tp{self._rank}of{self._tp_size}")
-        self._manager = kvtier.BlockManager(layout.layout, model_id, config)
-        self._manager.register_memory(layout.layout, layout.num_blocks, layout.regions,
-                                      layout.on_device)
-        self._server = LookupServer(self._engine_id, self._rank, self._lookup)
+        # vLLM's CPU worker pins this thread to its OpenMP cores, and threads inherit the
+        # mask: kvtier's copy, disk and lookup threads would then compete with the model for
+        # the compute cores. They are started on the cores vLLM left free (all cores when it
+        # left none), and this thread's mask is restored.
+        pinned = os.sched_getaffinity(0)
+        free = set(range(os.cpu_count() or 1)) - pinned
+        try:
+            os.sched_setaffinity(0, free or set(range(os.cpu_count() or 1)))
+        except OSError as e:  # a cgroup may refuse some cores: keep vLLM's mask
+            logger.warning("kvtier: could not move its threads off vLLM's cores: %s", e)
+        try:
+            self._manager = kvtier.BlockManager(layout.layout, model_id, config)
+            self._manager.register_memory(layout.layout, layout.num_blocks, layout.regions,
+                                          layout.on_device)
+            self._server = LookupServer(self._engine_id, self._rank, self._lookup)
+        finally:
+            os.sched_setaffinity(0, pinned)
         logger.info("kvtier: rank %d of %d, %s, %d G1 blocks, model id %r", self._rank,
                     self._tp_size, layout.layout, layout.num_blocks, model_id)
 
