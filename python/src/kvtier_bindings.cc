@@ -93,6 +93,14 @@ class EventQueue {
   uint64_t dropped_ = 0;
 };
 
+// Runs `f` with the GIL released (its arguments were converted while the GIL was held) and
+// returns what it returns.
+template <typename F>
+auto WithoutGil(F&& f) {
+  py::gil_scoped_release release;
+  return f();
+}
+
 py::bytes KeyBytes(const BlockKey& k) {
   char b[16];
   for (int i = 0; i < 8; ++i) {
@@ -332,12 +340,10 @@ PYBIND11_MODULE(_kvtier, mod) {
              uint32_t num_computed_tokens, const std::string& cache_salt,
              const std::string& adapter_id) {
             BlockManager& m = self.m();
-            Result<LookupResult> r = Status::Internal("unset");
-            {
-              py::gil_scoped_release release;
-              r = m.Lookup(RequestSpec{request_id, prompt, cache_salt, adapter_id},
-                           num_computed_tokens);
-            }
+            Result<LookupResult> r = WithoutGil([&] {
+              return m.Lookup(RequestSpec{request_id, prompt, cache_salt, adapter_id},
+                              num_computed_tokens);
+            });
             LookupResult lr = Take(std::move(r));
             py::tuple by_tier(kNumTiers);
             for (TierId t = 0; t < kNumTiers; ++t) by_tier[t] = lr.blocks_by_tier[t];
@@ -350,11 +356,8 @@ PYBIND11_MODULE(_kvtier, mod) {
           [](PyBlockManager& self, const std::string& request_id,
              const std::vector<uint32_t>& g1_block_ids, uint32_t num_external_tokens) {
             BlockManager& m = self.m();
-            Result<uint32_t> r = Status::Internal("unset");
-            {
-              py::gil_scoped_release release;
-              r = m.PrepareLoad(request_id, g1_block_ids, num_external_tokens);
-            }
+            Result<uint32_t> r = WithoutGil(
+                [&] { return m.PrepareLoad(request_id, g1_block_ids, num_external_tokens); });
             return Take(std::move(r));
           },
           py::arg("request_id"), py::arg("g1_block_ids"), py::arg("num_external_tokens"))
@@ -363,12 +366,7 @@ PYBIND11_MODULE(_kvtier, mod) {
           [](PyBlockManager& self, const std::string& request_id,
              const std::vector<TokenId>& tokens, const std::vector<uint32_t>& g1_block_ids) {
             BlockManager& m = self.m();
-            Status s;
-            {
-              py::gil_scoped_release release;
-              s = m.Commit(request_id, tokens, g1_block_ids);
-            }
-            Check(s);
+            Check(WithoutGil([&] { return m.Commit(request_id, tokens, g1_block_ids); }));
           },
           py::arg("request_id"), py::arg("tokens"), py::arg("g1_block_ids"))
       .def(
@@ -392,33 +390,19 @@ PYBIND11_MODULE(_kvtier, mod) {
             }
             Check(g1.Validate());
             BlockManager& m = self.m();
-            Status s;
-            {
-              py::gil_scoped_release release;
-              s = m.RegisterDeviceMemory(g1);
-            }
-            Check(s);
+            Check(WithoutGil([&] { return m.RegisterDeviceMemory(g1); }));
           },
           py::arg("layout"), py::arg("num_blocks"), py::arg("regions"), py::arg("on_device"))
       .def("start_load",
            [](PyBlockManager& self) {
              BlockManager& m = self.m();
-             Status s;
-             {
-               py::gil_scoped_release release;
-               s = m.StartLoad();
-             }
-             Check(s);
+             Check(WithoutGil([&] { return m.StartLoad(); }));
            })
       .def(
           "wait_layer",
           [](PyBlockManager& self, uint32_t layer) -> std::optional<std::string> {
             BlockManager& m = self.m();
-            Status s;
-            {
-              py::gil_scoped_release release;
-              s = m.WaitLayer(layer);
-            }
+            const Status s = WithoutGil([&] { return m.WaitLayer(layer); });
             if (s.Is(StatusCode::kInvalidArgument)) Throw(s);
             if (s.ok()) return std::nullopt;
             return s.ToString();
@@ -435,12 +419,7 @@ PYBIND11_MODULE(_kvtier, mod) {
       .def("start_save",
            [](PyBlockManager& self) {
              BlockManager& m = self.m();
-             Status s;
-             {
-               py::gil_scoped_release release;
-               s = m.StartSave();
-             }
-             Check(s);
+             Check(WithoutGil([&] { return m.StartSave(); }));
            })
       .def("wait_for_saves",
            [](PyBlockManager& self) {
@@ -451,11 +430,7 @@ PYBIND11_MODULE(_kvtier, mod) {
       .def("finished",
            [](PyBlockManager& self) {
              BlockManager& m = self.m();
-             FinishedRequests f;
-             {
-               py::gil_scoped_release release;
-               f = m.Finished();
-             }
+             FinishedRequests f = WithoutGil([&] { return m.Finished(); });
              return py::make_tuple(f.saves_done, f.loads_done);
            })
       .def("stats",
