@@ -14,9 +14,9 @@
 #include <gtest/gtest.h>
 
 #include "redis_test_util.h"
-#include "replay_runner.h"
+#include "replay/replay_runner.h"
+#include "replay/replay_trace.h"
 #include "replay_test_util.h"
-#include "replay_trace.h"
 
 namespace kvtier::cli {
 namespace {

@@ -15,10 +15,10 @@
 
 #include <gtest/gtest.h>
 
-#include "replay_cost.h"
-#include "replay_runner.h"
+#include "replay/replay_cost.h"
+#include "replay/replay_runner.h"
+#include "replay/replay_trace.h"
 #include "replay_test_util.h"
-#include "replay_trace.h"
 
 namespace kvtier::cli {
 namespace {

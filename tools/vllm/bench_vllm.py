@@ -1,7 +1,7 @@
 """kvtier bench vllm: vLLM on this machine's CPU, alone and with KV connectors, on a multi-round
 chat whose KV is several times vLLM's own KV space.
 
-Run by `kvtier bench vllm` (tools/bench_vllm.cc -> tools/vllm/run_bench.sh), which makes the
+Run by `kvtier bench vllm` (tools/bench/bench_vllm.cc -> tools/vllm/run_bench.sh), which makes the
 environment with scripts/setup-vllm.sh. Each configuration is a fresh vLLM process
 (tools/vllm/driver.py) running the same requests in the same order, one at a time:
 

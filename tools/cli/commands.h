@@ -1,0 +1,31 @@
+// The subcommands of the `kvtier` tool. Each returns the process exit code: 0 on success,
+// 1 when the work failed, 2 for a usage error (with a message on stderr saying what to fix),
+// 3 (kExitUnavailable) when a device the command needs cannot be used on this machine (e.g.
+// `kvtier bench copy --device cuda` without a usable GPU, or in a build without CUDA).
+#pragma once
+
+#include "cli/cli_args.h"
+
+namespace kvtier::cli {
+
+inline constexpr int kExitUnavailable = 3;
+
+int RunBenchCopy(const CliArgs& args);      // kvtier bench copy
+int RunBenchCopyCuda(const CliArgs& args);  // kvtier bench copy --device cuda
+int RunBenchIndex(const CliArgs& args);     // kvtier bench index
+int RunBenchArena(const CliArgs& args);     // kvtier bench arena
+int RunKeys(const CliArgs& args);           // kvtier keys
+int RunConfig(const CliArgs& args);         // kvtier config
+int RunBenchManager(const CliArgs& args);   // kvtier bench manager
+int RunBenchDisk(const CliArgs& args);      // kvtier bench disk
+int RunInspect(const CliArgs& args);        // kvtier inspect DIR
+int RunSim(const CliArgs& args);            // kvtier sim --trace FILE
+int RunDemo(const CliArgs& args);           // kvtier demo
+int RunReplayCommand(const CliArgs& args);  // kvtier replay --trace FILE
+int RunDemoWorkers(const CliArgs& args);    // kvtier demo --workers N (tools/demo/demo_workers.cc)
+int RunBenchRemote(const CliArgs& args);    // kvtier bench remote
+// kvtier bench vllm: execs tools/vllm/run_bench.sh with argv[first..argc) (the Python program
+// parses its own flags). Returns only when it cannot start it (1).
+int ExecBenchVllm(int argc, char** argv, int first);
+
+}  // namespace kvtier::cli
