@@ -265,7 +265,9 @@ TEST(KvRouterTest, ConcurrentApplyAndRoute) {
                                    Removed(K((i + 25) % 50), static_cast<TierId>(i % 4))};
         ASSERT_TRUE(r->Apply(w, ev).ok());
         ASSERT_TRUE(r->SetWorkerQueue(w, static_cast<double>(i % 7)).ok());
-        if (i % 100 == 0) ASSERT_TRUE(r->ClearWorker(w, 1u << kTierG1).ok());
+        if (i % 100 == 0) {
+          ASSERT_TRUE(r->ClearWorker(w, 1u << kTierG1).ok());
+        }
       }
     });
   }

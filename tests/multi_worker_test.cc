@@ -60,7 +60,7 @@ std::vector<double> Arrivals(const std::string& text, const ReplayTrace& trace) 
   return a.ok() ? *a : std::vector<double>();
 }
 
-MultiWorkerResult Run(const ReplayTrace& trace, const MultiWorkerOptions& o) {
+MultiWorkerResult RunReplayOf(const ReplayTrace& trace, const MultiWorkerOptions& o) {
   auto r = RunMultiWorkerReplay(trace, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (!r.ok()) return MultiWorkerResult();
@@ -91,7 +91,7 @@ TEST(MultiWorkerTest, RoundRobinAlternatesAndMissesTheFollowUps) {
   const ReplayTrace t = Mooncake(kTwoChats);
   MultiWorkerOptions o = Options(t, RouterKind::kRoundRobin);
   o.arrival_s = Arrivals(kTwoChats, t);
-  const MultiWorkerResult r = Run(t, o);
+  const MultiWorkerResult r = RunReplayOf(t, o);
   EXPECT_EQ(r.routed, (std::vector<uint32_t>{0, 1, 0, 1}));
   EXPECT_EQ(r.hits(), 0u);
   EXPECT_EQ(r.workers[0].requests, 2u);
@@ -102,7 +102,7 @@ TEST(MultiWorkerTest, KvtierSendsFollowUpsToTheirPrefixFromG1AndG2) {
   const ReplayTrace t = Mooncake(kTwoChats);
   MultiWorkerOptions o = Options(t, RouterKind::kKvtier);
   o.arrival_s = Arrivals(kTwoChats, t);
-  const MultiWorkerResult r = Run(t, o);
+  const MultiWorkerResult r = RunReplayOf(t, o);
   // r0 -> 0 (all equal, lower id); r1 -> 1 (worker 0 is busy with r0); each follow-up to the
   // worker that holds its chat: its first block from G1, the other two from G2.
   EXPECT_EQ(r.routed, (std::vector<uint32_t>{0, 1, 1, 0}));
@@ -127,7 +127,7 @@ TEST(MultiWorkerTest, ClearedG1LosesGpuPrefixRoutingButNotKvtier) {
   for (RouterKind k : {RouterKind::kGpuPrefix, RouterKind::kKvtier}) {
     MultiWorkerOptions o = Options(t, k);
     o.arrival_s = Arrivals(kTwoChats, t);
-    const MultiWorkerResult kept = Run(t, o);
+    const MultiWorkerResult kept = RunReplayOf(t, o);
     EXPECT_EQ(kept.routed, (std::vector<uint32_t>{0, 1, 1, 0})) << RouterKindName(k);
     // Worker 1 restarts its engine before B's follow-up (request 2): its G1 is empty. The
     // anchors' rule sees no prefix anywhere and takes the least loaded (equal: worker 0); there
@@ -135,7 +135,7 @@ TEST(MultiWorkerTest, ClearedG1LosesGpuPrefixRoutingButNotKvtier) {
     // either and goes to the worker with less work (1): no hit at all. kvtier still sees B in
     // worker 1's G2, and A in worker 0's.
     o.clear_g1_at = {{2, 1}};
-    const MultiWorkerResult cleared = Run(t, o);
+    const MultiWorkerResult cleared = RunReplayOf(t, o);
     if (k == RouterKind::kGpuPrefix) {
       EXPECT_EQ(cleared.routed, (std::vector<uint32_t>{0, 1, 0, 1}));
       EXPECT_EQ(cleared.hits(), 0u);
@@ -154,7 +154,7 @@ TEST(MultiWorkerTest, LeastLoadedTakesTheShortestQueue) {
       "{\"timestamp\": 0, \"hash_ids\": [30]}\n";
   const ReplayTrace t = Mooncake(text);
   MultiWorkerOptions o = Options(t, RouterKind::kLeastLoaded);
-  const MultiWorkerResult r = Run(t, o);
+  const MultiWorkerResult r = RunReplayOf(t, o);
   EXPECT_EQ(r.routed, (std::vector<uint32_t>{0, 1, 1}));
   // r2 waited for r1 on worker 1: its TTFT is its wait plus its own service.
   const CostModel c;
@@ -174,7 +174,7 @@ TEST(MultiWorkerTest, SharedG4ServesAFollowUpOnTheOtherWorker) {
   o.replay.g4_write_through = true;
   o.replay.g4_lookup_deadline_ms = 5000;
   o.replay.g4_load_deadline_ms = 20000;
-  const MultiWorkerResult r = Run(t, o);
+  const MultiWorkerResult r = RunReplayOf(t, o);
   EXPECT_EQ(r.routed, (std::vector<uint32_t>{0, 1, 0, 1}));
   // Each follow-up finds its chat's 3 blocks in G4, written through by the other worker.
   EXPECT_EQ(r.hit_blocks[kTierG4], 6u);
@@ -195,7 +195,11 @@ TEST(MultiWorkerTest, BadOptionsAreRefused) {
       {"arrivals", [](MultiWorkerOptions& o) { o.arrival_s.pop_back(); }, "3 times for 4"},
       {"negative", [](MultiWorkerOptions& o) { o.arrival_s[1] = -1; }, ">= 0"},
       {"nan", [](MultiWorkerOptions& o) { o.arrival_s[1] = NAN; }, "finite"},
-      {"clear", [](MultiWorkerOptions& o) { o.clear_g1_at = {{0, 2}}; }, "worker 2 of 2"},
+      {"clear",
+       [](MultiWorkerOptions& o) {
+         o.clear_g1_at = {{0, 2}};
+       },
+       "worker 2 of 2"},
       {"g2", [](MultiWorkerOptions& o) { o.replay.g2_blocks = 0; }, "G2"},
   };
   for (const Case& c : cases) {

@@ -63,7 +63,7 @@ struct RouteCandidate {
 };
 
 struct RouteDecision {
-  WorkerId worker = 0;                    // the candidate with the lowest ttft_s among those up
+  WorkerId worker = 0;                     // the candidate with the lowest ttft_s among those up
   std::vector<RouteCandidate> candidates;  // every known worker, in WorkerId order
 };
 

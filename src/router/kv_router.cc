@@ -102,11 +102,10 @@ class KvRouterImpl final : public KvRouter {
       const KvEvent& e = events[i];
       if (e.tier >= kNumTiers ||
           (e.kind != KvEvent::Kind::kStored && e.kind != KvEvent::Kind::kRemoved)) {
-        return Status::InvalidArgument("event " + std::to_string(i) + " of worker " +
-                                       std::to_string(worker) + " has tier " +
-                                       std::to_string(e.tier) + " / kind " +
-                                       std::to_string(static_cast<int>(e.kind)) +
-                                       "; nothing applied");
+        return Status::InvalidArgument(
+            "event " + std::to_string(i) + " of worker " + std::to_string(worker) + " has tier " +
+            std::to_string(e.tier) + " / kind " + std::to_string(static_cast<int>(e.kind)) +
+            "; nothing applied");
       }
     }
     MutexLock l(&mu_);
@@ -251,8 +250,8 @@ Result<std::unique_ptr<KvRouter>> KvRouter::Create(const RouterOptions& o) {
     const double g = o.load_gbps[t];
     const bool ok = t == kTierG1 ? std::isfinite(g) && g >= 0 : PositiveFinite(g);
     if (!ok) {
-      return Status::InvalidArgument(std::string("router load_gbps[") + TierName(t) +
-                                     "] " + std::to_string(g) +
+      return Status::InvalidArgument(std::string("router load_gbps[") + TierName(t) + "] " +
+                                     std::to_string(g) +
                                      (t == kTierG1 ? ": must be finite and >= 0 (0 = free)"
                                                    : ": must be finite and > 0 (GB/s)"));
     }

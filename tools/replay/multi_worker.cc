@@ -87,6 +87,8 @@ const char* RouterKindName(RouterKind kind) {
       return "least-loaded";
     case RouterKind::kGpuPrefix:
       return "gpu-prefix";
+    case RouterKind::kGpuAware:
+      return "gpu-aware";
     case RouterKind::kKvtier:
       return "kvtier";
   }
@@ -97,8 +99,9 @@ Result<RouterKind> ParseRouterKind(const std::string& name) {
   for (RouterKind k : kAllRouters) {
     if (name == RouterKindName(k)) return k;
   }
-  return Status::InvalidArgument("--router '" + name +
-                                 "': use round-robin, least-loaded, gpu-prefix, kvtier or all");
+  return Status::InvalidArgument(
+      "--router '" + name +
+      "': use round-robin, least-loaded, gpu-prefix, gpu-aware, kvtier or all");
 }
 
 double MultiWorkerResult::load_imbalance() const {
@@ -171,8 +174,7 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
   if (mo.g1_blocks == 0) return Status::InvalidArgument("g1_blocks must be at least 1");
   if (mo.arrival_s.size() != trace.requests()) {
     return Status::InvalidArgument("arrival_s has " + std::to_string(mo.arrival_s.size()) +
-                                   " times for " + std::to_string(trace.requests()) +
-                                   " requests");
+                                   " times for " + std::to_string(trace.requests()) + " requests");
   }
   for (double a : mo.arrival_s) {
     if (!std::isfinite(a) || a < 0) {
@@ -182,8 +184,8 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
   }
   for (const auto& [request, worker] : mo.clear_g1_at) {
     if (worker >= mo.workers) {
-      return Status::InvalidArgument("clear_g1_at names worker " + std::to_string(worker) +
-                                     " of " + std::to_string(mo.workers));
+      return Status::InvalidArgument("clear_g1_at names worker " + std::to_string(worker) + " of " +
+                                     std::to_string(mo.workers));
     }
   }
   KVTIER_RETURN_IF_ERROR(o.cost.Validate());
@@ -207,9 +209,10 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
   const uint64_t g4_staging =
       o.g4_backend.empty() ? 0 : std::min<uint64_t>({g1_need, o.g2_blocks, 4096});
 
-  // The kvtier router: the cost model's figures for the real model's blocks.
+  // The kvtier router (and gpu-aware, the same fed with G1 events only): the cost model's
+  // figures for the real model's blocks.
   std::unique_ptr<KvRouter> router;
-  if (mo.router == RouterKind::kKvtier) {
+  if (mo.router == RouterKind::kKvtier || mo.router == RouterKind::kGpuAware) {
     RouterOptions ro;
     ro.tokens_per_block = tpb;
     ro.block_bytes = uint64_t{tpb} * o.cost.kv_bytes_per_token;
@@ -237,15 +240,14 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
     Worker& wk = workers[w];
     KVTIER_ASSIGN_OR_RETURN(wk.manager, BlockManager::Create(opts));
     if (!o.g4_backend.empty() && !wk.manager->Stats().g4_enabled) {
-      return Status::Unavailable("G4 (" + o.g4_backend +
-                                 ") could not be opened for worker " + std::to_string(w) +
-                                 " (the manager's warning above says why)");
+      return Status::Unavailable("G4 (" + o.g4_backend + ") could not be opened for worker " +
+                                 std::to_string(w) + " (the manager's warning above says why)");
     }
     wk.g1_area = std::make_unique<HostG1>(layout, static_cast<uint32_t>(g1_need));
     KVTIER_RETURN_IF_ERROR(wk.manager->RegisterDeviceMemory(wk.g1_area->memory()));
     wk.g1 = std::make_unique<SimulatedG1>(mo.g1_blocks);
-    if (router) {
-      KVTIER_RETURN_IF_ERROR(router->AddWorker(w));
+    if (router) KVTIER_RETURN_IF_ERROR(router->AddWorker(w));
+    if (mo.router == RouterKind::kKvtier) {
       KvRouter* rt = router.get();
       wk.manager->SubscribeEvents([rt, w, &router_events](std::span<const KvEvent> events) {
         // Called on the manager's copy threads; Apply only takes the router's mutex.
@@ -324,6 +326,7 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
         }
         break;
       }
+      case RouterKind::kGpuAware:
       case RouterKind::kKvtier: {
         for (uint32_t w = 0; w < mo.workers; ++w) {
           KVTIER_RETURN_IF_ERROR(

@@ -14,6 +14,9 @@
 //   least-loaded  the least queued work (ties: least work so far, then the lower id)
 //   gpu-prefix    the longest G1 prefix (the anchors' rule: Dynamo/llm-d/SGLang see only GPU
 //                 memory); ties as least-loaded
+//   gpu-aware     KvRouter fed by the G1 events only, with the same queue term: a GPU-only KV
+//                 router that weighs load as Dynamo's does (a fairer baseline than gpu-prefix,
+//                 which sends everything to one worker when all prompts share a first block)
 //   kvtier        KvRouter (include/kvtier/router.h) fed by every worker's real events
 //                 (BlockManager::SubscribeEvents: G2, G3, G4) and its simulated G1's events,
 //                 with each worker's queued seconds as the queue term; equal estimates as
@@ -31,10 +34,11 @@
 
 namespace kvtier::cli {
 
-enum class RouterKind { kRoundRobin, kLeastLoaded, kGpuPrefix, kKvtier };
+enum class RouterKind { kRoundRobin, kLeastLoaded, kGpuPrefix, kGpuAware, kKvtier };
 inline constexpr RouterKind kAllRouters[] = {RouterKind::kRoundRobin, RouterKind::kLeastLoaded,
-                                             RouterKind::kGpuPrefix, RouterKind::kKvtier};
-// "round-robin", "least-loaded", "gpu-prefix", "kvtier".
+                                             RouterKind::kGpuPrefix, RouterKind::kGpuAware,
+                                             RouterKind::kKvtier};
+// "round-robin", "least-loaded", "gpu-prefix", "gpu-aware", "kvtier".
 const char* RouterKindName(RouterKind kind);
 // InvalidArgument listing the names when `name` is none of them.
 Result<RouterKind> ParseRouterKind(const std::string& name);
@@ -76,9 +80,9 @@ struct MultiWorkerResult {
   uint64_t verified_blocks = 0;
   uint64_t mismatched_blocks = 0;
   uint64_t short_loads = 0;
-  std::vector<double> ttft_s;     // per request (arrival order): queue wait + service
-  std::vector<double> wait_s;     // per request: time in the worker's queue
-  std::vector<uint32_t> routed;   // per request (trace order): the worker it went to
+  std::vector<double> ttft_s;    // per request (arrival order): queue wait + service
+  std::vector<double> wait_s;    // per request: time in the worker's queue
+  std::vector<uint32_t> routed;  // per request (trace order): the worker it went to
   std::vector<WorkerFigures> workers;
   double wall_seconds = 0;
   uint64_t router_events = 0;  // events the kvtier router applied (0 for the others)

@@ -90,8 +90,8 @@ int RunMultiWorkerCommand(const CliArgs& args, const ReplayTrace& trace,
   auto workers = args.GetUint("workers", 2);
   if (!workers.ok()) return UsageError(workers.status());
   if (*workers < 1 || *workers > 64) {
-    return UsageError(Status::InvalidArgument("--workers " + std::to_string(*workers) +
-                                              ": use 1..64"));
+    return UsageError(
+        Status::InvalidArgument("--workers " + std::to_string(*workers) + ": use 1..64"));
   }
   const std::string router_name = args.GetString("router", "kvtier");
   std::vector<RouterKind> routers;
@@ -111,9 +111,8 @@ int RunMultiWorkerCommand(const CliArgs& args, const ReplayTrace& trace,
   }
   auto arrivals = ReadArrivalSeconds(trace_path, trace);
   if (!arrivals.ok()) {
-    return arrivals.status().code() == StatusCode::kInvalidArgument
-               ? UsageError(arrivals.status())
-               : Failure(arrivals.status());
+    return arrivals.status().code() == StatusCode::kInvalidArgument ? UsageError(arrivals.status())
+                                                                    : Failure(arrivals.status());
   }
 
   MultiWorkerOptions mo;
@@ -203,13 +202,11 @@ int RunMultiWorkerCommand(const CliArgs& args, const ReplayTrace& trace,
         "trace's timestamps\n",
         mo.workers, static_cast<unsigned long long>(mo.g1_blocks),
         static_cast<unsigned long long>(replay.g2_blocks),
-        replay.g3_blocks > 0
-            ? (" + G3 " + std::to_string(replay.g3_blocks)).c_str()
-            : "",
+        replay.g3_blocks > 0 ? (" + G3 " + std::to_string(replay.g3_blocks)).c_str() : "",
         replay.g4_backend.empty() ? "" : (", G4 " + replay.g4_backend + " shared").c_str(),
         static_cast<unsigned long long>(runs.empty() ? 0 : runs[0].r.requests));
-    std::printf("%-13s %9s %7s %7s %7s %7s %10s %10s %10s %10s %9s\n", "router", "hit", "G1",
-                "G2", "G3", "G4", "mean ms", "p50 ms", "p90 ms", "wait ms", "imbalance");
+    std::printf("%-13s %9s %7s %7s %7s %7s %10s %10s %10s %10s %9s\n", "router", "hit", "G1", "G2",
+                "G3", "G4", "mean ms", "p50 ms", "p90 ms", "wait ms", "imbalance");
     for (const RunFigures& f : runs) {
       const double b = static_cast<double>(std::max<uint64_t>(f.r.prompt_blocks, 1));
       std::printf("%-13s %9.4f %7.4f %7.4f %7.4f %7.4f %10.1f %10.1f %10.1f %10.1f %9.3f\n",

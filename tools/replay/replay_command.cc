@@ -83,8 +83,8 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n"
       "  multi-worker (docs/router.md): G2/G3 fractions are per worker, G4 is shared\n"
       "  --workers N                N workers (1..64; default 2 with --router)\n"
-      "  --router R                 round-robin, least-loaded, gpu-prefix, kvtier (default) or\n"
-      "                             all (every router, a table)\n"
+      "  --router R                 round-robin, least-loaded, gpu-prefix, gpu-aware, kvtier\n"
+      "                             (default) or all (every router, a table)\n"
       "  --g1-fraction F            each worker's G1 prefix cache = F x its G2 slots (default\n"
       "                             0.2)\n",
       default_policy.c_str(), CreditLruFlagsHelp(29).c_str(),
@@ -417,8 +417,9 @@ int RunReplayCommand(const CliArgs& args) {
   }
   const bool multi_worker = args.Has("workers") || args.Has("router") || args.Has("g1-fraction");
   if (multi_worker && args.Has("sweep")) {
-    return UsageError(Status::InvalidArgument("--sweep is simulated, single-worker; drop "
-                                              "--workers/--router/--g1-fraction"));
+    return UsageError(
+        Status::InvalidArgument("--sweep is simulated, single-worker; drop "
+                                "--workers/--router/--g1-fraction"));
   }
   if (args.Has("sweep")) return RunSweep(args, *trace, policy_options);
 
