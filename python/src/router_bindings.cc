@@ -109,9 +109,8 @@ void BindRouter(py::module_& mod, void (*thrower)(const Status&)) {
           "chain",
           [](const BlockHasher& h, const py::bytes& parent, const std::vector<TokenId>& tokens) {
             if (tokens.size() != h.tokens_per_block()) {
-              throw py::value_error("chain needs exactly " +
-                                    std::to_string(h.tokens_per_block()) + " tokens, got " +
-                                    std::to_string(tokens.size()));
+              throw py::value_error("chain needs exactly " + std::to_string(h.tokens_per_block()) +
+                                    " tokens, got " + std::to_string(tokens.size()));
             }
             BlockKey p = KeyFromBytes(parent);
             return KeyToBytes(h.Chain(p, tokens));
@@ -136,9 +135,9 @@ void BindRouter(py::module_& mod, void (*thrower)(const Status&)) {
       mod, "KvRouter",
       "Prefix index over workers' KV events and the tier-aware TTFT estimate "
       "(include/kvtier/router.h).")
-      .def(py::init([](uint32_t tokens_per_block, uint64_t block_bytes,
-                       double prefill_tokens_per_s, std::array<double, kNumTiers> load_gbps,
-                       double queue_weight, uint64_t max_blocks_per_worker_tier) {
+      .def(py::init([](uint32_t tokens_per_block, uint64_t block_bytes, double prefill_tokens_per_s,
+                       std::array<double, kNumTiers> load_gbps, double queue_weight,
+                       uint64_t max_blocks_per_worker_tier) {
              RouterOptions o;
              o.tokens_per_block = tokens_per_block;
              o.block_bytes = block_bytes;

@@ -146,7 +146,7 @@ def procs() -> Iterator[List[Any]]:
 
 def prompt(user: int, turns: int) -> str:
     # 64 bytes per turn: 4 blocks; each user's text differs from the first byte.
-    return "".join(f"user{user:02d} turn {t:02d} " + "x" * 47 + "\n" for t in range(turns))
+    return "".join(f"user{user:02d} turn {t:02d} " + "x" * 48 + "\n" for t in range(turns))
 
 
 def complete(router: RouterProc, text: str, **extra: Any) -> Tuple[int, Dict[str, str], bytes]:

@@ -12,6 +12,7 @@ computes for a prompt and the keys it learns from any worker's events meet.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -211,8 +212,19 @@ async def subscribe(state: StreamState, translator: EventTranslator, apply: Appl
             if evs or cleared:
                 apply(evs, cleared)
         state.last_seq = seq
+        seen[seq] = digest(payload)
+        while len(seen) > 4096:
+            seen.popitem(last=False)
         state.batches += 1
         state.last_event_time = time.monotonic()
+
+    # A batch may arrive twice (live, after a replay already delivered it): the same sequence
+    # number with the same bytes is skipped. A number not above last_seq with other bytes means
+    # the publisher started again (a restarted worker numbers from 0).
+    seen: "OrderedDict[int, bytes]" = OrderedDict()
+
+    def digest(payload: bytes) -> bytes:
+        return hashlib.blake2b(payload, digest_size=8).digest()
 
     async def replay_from(start: int) -> None:
         if not state.replay_endpoint:
@@ -246,6 +258,8 @@ async def subscribe(state: StreamState, translator: EventTranslator, apply: Appl
             dealer.close(0)
 
     try:
+        # A router that starts after the worker did asks for everything still buffered.
+        await replay_from(0)
         while not stop.is_set():
             if not await sub.poll(200):
                 continue
@@ -255,10 +269,13 @@ async def subscribe(state: StreamState, translator: EventTranslator, apply: Appl
                 continue
             seq = int.from_bytes(frames[1], "big", signed=True)
             if state.last_seq >= 0 and seq <= state.last_seq:
+                if seen.get(seq) == digest(frames[2]):
+                    continue  # already delivered by a replay
                 # The publisher started again from 0: a restarted worker.
                 state.restarts += 1
                 apply([], True)
                 state.last_seq = -1
+                seen.clear()
             if seq > state.last_seq + 1 and (state.last_seq >= 0 or seq > 0):
                 state.gaps += 1
                 await replay_from(state.last_seq + 1)

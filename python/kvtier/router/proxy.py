@@ -29,6 +29,11 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "host"}
 
 
+class WorkersUnavailable(Exception):
+    """No worker could serve a step of the request (tokenizing it): 503, not the client's
+    fault."""
+
+
 @dataclass
 class WorkerSpec:
     url: str                       # http://host:port of a `vllm serve`
@@ -206,6 +211,8 @@ class Router:
 
     # ---------------- requests ----------------
     async def tokenize(self, path: str, body: Dict[str, Any]) -> List[int]:
+        import aiohttp
+
         t0 = time.perf_counter()
         try:
             if path.endswith("/completions") and not path.endswith("/chat/completions"):
@@ -236,9 +243,12 @@ class Router:
                             raise ValueError(f"/tokenize on worker {w.id} answered {r.status}: "
                                              f"{(await r.text())[:200]}")
                         return list((await r.json())["tokens"])
-                except Exception as exc:  # try the next worker
+                except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+                    self._set_up(w, False)  # refused or gone: down until its health is back
                     last = exc
-            raise ValueError(f"no worker could tokenize the prompt: {last}")
+                except Exception as exc:  # an answer we cannot use: try the next worker
+                    last = exc
+            raise WorkersUnavailable(f"no worker is up to tokenize the prompt ({last})")
         finally:
             self.tokenize_s += time.perf_counter() - t0
 
@@ -280,11 +290,19 @@ class Router:
 
         self.counters["requests"] += 1
         raw = await request.read()
+        if not self._up_workers():
+            self.counters["no_worker"] += 1
+            return web.json_response({"error": {"message": "kvtier router: no worker is up",
+                                                "type": "ServiceUnavailable"}}, status=503)
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("the request body must be a JSON object")
             tokens = await self.tokenize(request.path, body)
+        except WorkersUnavailable as exc:
+            self.counters["tokenize_failures"] += 1
+            return web.json_response({"error": {"message": f"kvtier router: {exc}",
+                                                "type": "ServiceUnavailable"}}, status=503)
         except (ValueError, KeyError, json.JSONDecodeError) as exc:
             self.counters["bad_requests"] += 1
             return web.json_response({"error": {"message": f"kvtier router: {exc}",
