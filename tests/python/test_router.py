@@ -401,3 +401,17 @@ def test_bad_flags_exit_2_saying_what_is_wrong(args: List[str], message: str) ->
                        timeout=30)
     assert p.returncode == 2, p.stderr
     assert message in p.stderr.decode(), p.stderr
+
+
+def test_the_kvtier_command_runs_the_router_and_passes_flags_through() -> None:
+    cli = os.environ.get("KVTIER_TEST_CLI", "")
+    if not cli:
+        pytest.skip("KVTIER_TEST_CLI is not set (ctest sets it)")
+    p = subprocess.run([cli, "router", "--worker", "localhost:1"], capture_output=True,
+                       timeout=60)
+    assert p.returncode == 2 and b"http:// URL first" in p.stderr, p.stderr
+    p = subprocess.run([cli, "router", "--python"], capture_output=True, timeout=60)
+    assert p.returncode == 2 and b"--python needs a path" in p.stderr, p.stderr
+    p = subprocess.run([cli, "router", "--python", "/nonexistent/python", "--worker", "http://x"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 1 and b"cannot run /nonexistent/python" in p.stderr, p.stderr

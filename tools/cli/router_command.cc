@@ -3,7 +3,9 @@
 // with this build's package (build/python) and passes the caller's flags through.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -12,6 +14,10 @@
 
 #ifndef KVTIER_BINARY_DIR
 #define KVTIER_BINARY_DIR "./build"
+#endif
+// The interpreter the binding was built for (CMakeLists.txt); python3 on PATH otherwise.
+#ifndef KVTIER_PYTHON_EXECUTABLE
+#define KVTIER_PYTHON_EXECUTABLE "python3"
 #endif
 
 namespace kvtier::cli {
@@ -28,13 +34,27 @@ int ExecRouter(int argc, char** argv, int first) {
   const char* old = std::getenv("PYTHONPATH");
   std::string path = pkg + (old != nullptr && *old != '\0' ? ":" + std::string(old) : "");
   setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<std::string> words = {"python3", "-m", "kvtier.router"};
-  for (int i = first; i < argc; ++i) words.emplace_back(argv[i]);
+  // --python PATH runs another interpreter (a virtual environment with transformers, for
+  // --tokenizer PATH); it must be the same Python version the binding was built for.
+  std::string python = KVTIER_PYTHON_EXECUTABLE;
+  std::vector<std::string> words = {"", "-m", "kvtier.router"};
+  for (int i = first; i < argc; ++i) {
+    if (std::string(argv[i]) == "--python") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "kvtier router: --python needs a path to a Python interpreter\n");
+        return 2;
+      }
+      python = argv[++i];
+      continue;
+    }
+    words.emplace_back(argv[i]);
+  }
+  words[0] = python;
   std::vector<char*> exec_argv;
   for (std::string& w : words) exec_argv.push_back(w.data());
   exec_argv.push_back(nullptr);
-  execvp("python3", exec_argv.data());
-  std::perror("kvtier router: exec python3");
+  execvp(python.c_str(), exec_argv.data());
+  std::fprintf(stderr, "kvtier router: cannot run %s: %s\n", python.c_str(), std::strerror(errno));
   return 1;
 }
 
