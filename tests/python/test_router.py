@@ -177,7 +177,7 @@ def test_translator_refuses_what_it_cannot_place() -> None:
     tr = EventTranslator("router", BS)
     evs, _ = tr.translate({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": 5,
                            "token_ids": list(range(BS)), "block_size": BS})
-    assert evs == [] and tr.stats.orphans == 1
+    assert evs == [] and tr.stats.orphans == 1 and "parent 5 unknown" in tr.stats.orphan_samples[0]
     evs, _ = tr.translate({"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
                            "token_ids": list(range(BS - 1)), "block_size": BS})
     assert evs == [] and tr.stats.malformed == 1

@@ -69,6 +69,8 @@ class TranslatorStats:
     orphans: int = 0          # stores whose parent the router never saw (events missed)
     malformed: int = 0        # token ids that do not fill the blocks, a wrong block size
     unknown_removed: int = 0  # removals of blocks the router never saw stored
+    # The first few orphans, described (medium, the parent's name, blocks), for diagnosis.
+    orphan_samples: List[str] = field(default_factory=list)
 
 
 class EventTranslator:
@@ -135,7 +137,12 @@ class EventTranslator:
         else:
             parent = self._names.get(self._name(parent_name))
             if parent is None:
-                self.stats.orphans += 1
+                self.stats.orphans += len(hashes)
+                if len(self.stats.orphan_samples) < 8:
+                    self.stats.orphan_samples.append(
+                        f"{event.get('medium')}/{event.get('ownership')}: parent "
+                        f"{parent_name!r} unknown, {len(hashes)} blocks, first "
+                        f"{hashes[0] if hashes else None!r}")
                 return [], False
         for i, h in enumerate(hashes):
             key = hasher.chain(parent, tokens[i * self._tpb:(i + 1) * self._tpb])
