@@ -85,6 +85,22 @@ TEST(MultiWorkerTest, ReadsArrivalTimesInSeconds) {
   auto short_trace = ReadArrivalSeconds(dir.path() + "/short.jsonl", t);
   EXPECT_EQ(short_trace.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(short_trace.status().message().find("1 request lines but 4"), std::string::npos);
+  // The kvtier token format: an optional timestamp (absent: the previous one), a request id
+  // that mentions "timestamp" is not read as one, blank lines are skipped.
+  const std::string tokens =
+      "{\"request_id\": \"a \\\"timestamp\\\": 9\", \"tokens\": [1, 2]}\n"
+      "\n"
+      "{\"timestamp\": 1500, \"tokens\": [1, 2, 3]}\n"
+      "{\"tokens\": [4]}\n";
+  {
+    std::ofstream f(dir.path() + "/tokens.jsonl");
+    f << tokens;
+  }
+  auto tt = ReplayTrace::Load(dir.path() + "/tokens.jsonl", "auto", kTpb);
+  ASSERT_TRUE(tt.ok()) << tt.status().ToString();
+  auto a = ReadArrivalSeconds(dir.path() + "/tokens.jsonl", *tt);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(*a, (std::vector<double>{0, 1.5, 1.5}));
 }
 
 TEST(MultiWorkerTest, RoundRobinAlternatesAndMissesTheFollowUps) {
