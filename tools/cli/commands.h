@@ -27,5 +27,8 @@ int RunBenchRemote(const CliArgs& args);    // kvtier bench remote
 // kvtier bench vllm: execs tools/vllm/run_bench.sh with argv[first..argc) (the Python program
 // parses its own flags). Returns only when it cannot start it (1).
 int ExecBenchVllm(int argc, char** argv, int first);
+// kvtier router: execs `python3 -m kvtier.router` with this build's package (build/python) and
+// argv[first..argc). Returns only when it cannot start it (1).
+int ExecRouter(int argc, char** argv, int first);
 
 }  // namespace kvtier::cli

@@ -650,21 +650,30 @@ class KvtierConnector(KVConnectorBase_V1):
     def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:
         if self._manager is None or self._layout is None:
             return None
-        raw = self._manager.take_events()
+        raw = self._manager.take_events(details=True)
         if self._rank != 0:
             return None
         if not raw:
             return None
         events: List[KVCacheEvent] = []
-        for kind, key, parent, tier, _ in raw:
+        for e in raw:
+            tier = e["tier"]
             medium, locality = _TIER_MEDIUM.get(tier, (MEDIUM_STORAGE, None))
-            if kind == "stored":
-                events.append(BlockStored(block_hashes=[key], parent_block_hash=parent,
-                                          token_ids=[], block_size=self._block_size,
-                                          lora_id=None, medium=medium, lora_name=None,
-                                          locality=locality, ownership=f"kvtier:{tier}"))
+            if e["kind"] == "stored":
+                # vLLM's fields, so that any consumer (kvtier router, Dynamo, llm-d) can compute
+                # its own hashes: the block's token ids, the parent's name (None for a first
+                # block), the salt in the first block's extra keys. The reset epoch is kvtier's
+                # own business and stays out of the salt published.
+                salt = (e["cache_salt"] or "").split("\x00kvtier-epoch-")[0]
+                first = bool(e["parent_is_root"])
+                events.append(BlockStored(
+                    block_hashes=[e["key"]], parent_block_hash=None if first else e["parent"],
+                    token_ids=list(e["token_ids"]), block_size=self._block_size, lora_id=None,
+                    medium=medium, lora_name=e["lora_name"] or None,
+                    extra_keys=[(salt,)] if first and salt else None,
+                    locality=locality, ownership=f"kvtier:{tier}"))
             else:
-                events.append(BlockRemoved(block_hashes=[key], medium=medium,
+                events.append(BlockRemoved(block_hashes=[e["key"]], medium=medium,
                                            locality=locality, ownership=f"kvtier:{tier}"))
         out = KvtierKVEvents(num_workers=1)
         out.add_events(events)
