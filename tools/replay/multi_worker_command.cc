@@ -219,6 +219,8 @@ int RunMultiWorkerCommand(const CliArgs& args, const ReplayTrace& trace,
                 static_cast<unsigned long long>(verified),
                 static_cast<unsigned long long>(mismatches));
   }
+  // Out before the caller's clean-up (removing a G4 directory of every run's blocks takes a while).
+  std::fflush(stdout);
   if (mismatches > 0) {
     std::fprintf(stderr, "kvtier: %llu loaded blocks differ from what was saved\n",
                  static_cast<unsigned long long>(mismatches));
