@@ -93,7 +93,8 @@ class Cluster:
             cfg = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
                    "kv_role": "kv_both",
                    "kv_connector_extra_config": {
-                       "g2.capacity_bytes": "256MiB", "g2.lock_memory": False}}
+                       "g2.capacity_bytes": "256MiB", "g2.lock_memory": False,
+                       "g3.dir": str(tmp / f"g3-{i}"), "g3.capacity_bytes": "512MiB"}}
             if SHARED_G4:
                 cfg["kv_connector_extra_config"].update({"g4.backend": "fs", "g4.dir": str(g4)})
             events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": ev,
