@@ -195,6 +195,11 @@ void EventPublisher::SendBatches(std::vector<WireEvent>& events) {
     std::string payload = EncodeEventBatch(NowSeconds(), part, config_.data_parallel_rank);
     const uint64_t seq = next_seq_++;
     const std::string seq_bytes = SeqBytes(static_cast<int64_t>(seq));
+    // Counted before the send, so that a subscriber that has the batch sees it counted.
+    size_t n = 0;
+    for (const WireEvent& w : part) n += w.type == WireEvent::Type::kBlock ? 1 : 0;
+    published_.fetch_add(n, std::memory_order_relaxed);
+    batches_.fetch_add(1, std::memory_order_relaxed);
     try {
       // PUB never blocks: a subscriber at its high-water mark loses this message (libzmq).
       sockets_->pub.send(zmq::buffer(config_.topic), zmq::send_flags::sndmore);
@@ -204,10 +209,6 @@ void EventPublisher::SendBatches(std::vector<WireEvent>& events) {
       send_failures_.fetch_add(1, std::memory_order_relaxed);
       KVTIER_LOG(kWarn) << "events: send of batch " << seq << ": " << e.what();
     }
-    size_t n = 0;
-    for (const WireEvent& w : part) n += w.type == WireEvent::Type::kBlock ? 1 : 0;
-    published_.fetch_add(n, std::memory_order_relaxed);
-    batches_.fetch_add(1, std::memory_order_relaxed);
     if (config_.replay_batches > 0) {
       if (replay_.size() >= config_.replay_batches) replay_.pop_front();
       replay_.emplace_back(seq, std::move(payload));
