@@ -210,8 +210,13 @@ void EventPublisher::SendBatches(std::vector<WireEvent>& events) {
       KVTIER_LOG(kWarn) << "events: send of batch " << seq << ": " << e.what();
     }
     if (config_.replay_batches > 0) {
-      if (replay_.size() >= config_.replay_batches) replay_.pop_front();
+      replay_held_bytes_ += payload.size();
       replay_.emplace_back(seq, std::move(payload));
+      while (replay_.size() > 1 && (replay_.size() > config_.replay_batches ||
+                                    replay_held_bytes_ > config_.replay_bytes)) {
+        replay_held_bytes_ -= replay_.front().second.size();
+        replay_.pop_front();
+      }
     }
   }
 }
