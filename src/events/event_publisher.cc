@@ -118,20 +118,37 @@ EventPublisher::~EventPublisher() {
 }
 
 void EventPublisher::Publish(std::span<const KvEvent> events) {
-  if (events.empty()) return;
+  std::vector<WireEvent> wire;
+  wire.reserve(events.size());
+  for (const KvEvent& e : events) wire.push_back(WireEvent{WireEvent::Type::kBlock, e});
+  Enqueue(std::move(wire));
+}
+
+void EventPublisher::Publish(std::vector<KvEvent>&& events) {
+  std::vector<WireEvent> wire;
+  wire.reserve(events.size());
+  for (KvEvent& e : events) wire.push_back(WireEvent{WireEvent::Type::kBlock, std::move(e)});
+  Enqueue(std::move(wire));
+}
+
+void EventPublisher::Enqueue(std::vector<WireEvent>&& events) {
+  const size_t offered = events.size();
+  if (offered == 0) return;
   size_t taken = 0;
   {
     MutexLock lock(&mu_);
     const size_t room =
         queue_.size() >= config_.queue_events ? 0 : config_.queue_events - queue_.size();
-    taken = std::min(room, events.size());
-    for (size_t i = 0; i < taken; ++i) {
-      queue_.push_back(WireEvent{WireEvent::Type::kBlock, events[i]});
+    taken = std::min(room, offered);
+    if (queue_.empty() && taken == offered) {
+      queue_.swap(events);  // the common case: the thread has taken the previous ones
+    } else {
+      queue_.insert(queue_.end(), std::make_move_iterator(events.begin()),
+                    std::make_move_iterator(events.begin() + static_cast<ptrdiff_t>(taken)));
     }
   }
-  if (taken < events.size()) {
-    dropped_.fetch_add(events.size() - taken, std::memory_order_relaxed);
-  }
+  if (taken < offered) dropped_.fetch_add(offered - taken, std::memory_order_relaxed);
+  // What did not fit (or the queue's old, empty storage) is freed here, outside the lock.
 }
 
 void EventPublisher::PublishAllBlocksCleared() {

@@ -82,6 +82,8 @@ class EventPublisher {
   // Queues `events` for the next batch, in order. Thread-safe; never blocks on a subscriber.
   // When the queue cannot take them all, the ones that do not fit are dropped and counted.
   void Publish(std::span<const KvEvent> events) EXCLUDES(mu_);
+  // The same, taking the events (no copy of their tokens): what the manager calls.
+  void Publish(std::vector<KvEvent>&& events) EXCLUDES(mu_);
   // Queues AllBlocksCleared (e.g. after the tiers were wiped). Dropped like an event when full.
   void PublishAllBlocksCleared() EXCLUDES(mu_);
 
@@ -95,6 +97,8 @@ class EventPublisher {
   struct Sockets;
   explicit EventPublisher(const Config& config);
   void Run();
+  // Appends what fits; counts the rest as dropped. The copies were made outside the lock.
+  void Enqueue(std::vector<WireEvent>&& events) EXCLUDES(mu_);
   // Sends `events` as batches of at most max_batch_events; appends each to the replay buffer.
   void SendBatches(std::vector<WireEvent>& events);
   void ServeReplay();

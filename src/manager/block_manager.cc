@@ -294,7 +294,7 @@ void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
     subs = subscribers_;
   }
   for (const auto& cb : subs) cb(events);
-  if (publisher_) publisher_->Publish(events);  // queued or dropped; never waits
+  if (publisher_) publisher_->Publish(std::move(events));  // queued or dropped; never waits
 }
 
 void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
