@@ -29,6 +29,7 @@
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
+#include "router_bindings.h"
 
 namespace py = pybind11;
 
@@ -481,4 +482,7 @@ PYBIND11_MODULE(_kvtier, mod) {
           },
           py::arg("details") = false)
       .def_property_readonly("layout", [](PyBlockManager& self) { return self.m().layout(); });
+
+  // ---- routing: BlockHasher, KvRouter (router_bindings.cc) ----
+  BindRouter(mod, &Throw);
 }
