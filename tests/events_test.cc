@@ -4,6 +4,7 @@
 #include <msgpack.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
@@ -17,6 +18,14 @@
 #include "events/event_wire.h"
 #include "kvtier/connector.h"
 #include "manager_test_util.h"
+
+#if defined(__SANITIZE_THREAD__)
+// libzmq (Debian's, not built with -fsanitize=thread) hands message buffers between its I/O
+// thread and the socket's owner through lock-free pipes that TSan cannot see: every report with
+// a libzmq frame is that (21 in a run of this file, all of them). Races between kvtier's own
+// frames are still reported.
+extern "C" const char* __tsan_default_suppressions() { return "race:libzmq.so\n"; }
+#endif
 
 namespace kvtier {
 namespace {
@@ -409,6 +418,36 @@ TEST(EventPublisherTest, ReplayBufferKeepsOnlyTheNewestBatches) {
   EXPECT_EQ(got.back().seq, 20u);
 }
 
+TEST(EventPublisherTest, ReplayBufferIsBoundedInBytesToo) {
+  zmq::context_t ctx;
+  auto c = LocalConfig();
+  c.max_batch_events = 1;
+  c.replay_bytes = 4096;
+  auto p = Start(c);
+  ASSERT_NE(p, nullptr);
+  // Stores of 256 tokens: ~1.4 KB per batch, so 4 KiB holds two of them.
+  std::vector<KvEvent> ev;
+  for (uint32_t i = 0; i < 10; ++i) {
+    ev.push_back(
+        Stored(BlockKey{i, i}, BlockKey{i, i + 1}, kTierG3, std::vector<TokenId>(256, 100000 + i)));
+  }
+  p->Publish(ev);
+  WaitBatches(*p, 11);
+  bool end = false;
+  auto got = Replay(ctx, p->replay_endpoint(), 0, &end);
+  EXPECT_TRUE(end);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got.front().seq, 9u);
+  EXPECT_EQ(got.back().seq, 10u);
+  // A batch larger than the bound is still kept (the newest).
+  c.replay_bytes = 16;
+  auto q = Start(c);
+  ASSERT_NE(q, nullptr);
+  q->Publish(std::span<const KvEvent>(ev.data(), 1));
+  WaitBatches(*q, 2);
+  EXPECT_EQ(Replay(ctx, q->replay_endpoint(), 0, &end).size(), 1u);
+}
+
 TEST(EventPublisherTest, ALateSubscriberCatchesUpThroughReplay) {
   zmq::context_t ctx;
   auto c = LocalConfig();
@@ -483,7 +522,10 @@ TEST(EventPublisherTest, AStalledSubscriberBlocksNeitherPublishNorOtherSubscribe
     while (auto m = healthy.Recv(std::chrono::milliseconds(0))) {
     }
   }
-  EXPECT_LT(worst_ms, 50.0) << "Publish waited on a subscriber";
+  // A Publish that waited on the stalled subscriber would never return; the bound only absorbs
+  // the scheduling delays of a loaded CI machine (a queue append takes microseconds).
+  std::printf("worst Publish of 100 events with a stalled subscriber: %.3f ms\n", worst_ms);
+  EXPECT_LT(worst_ms, 500.0) << "Publish waited on a subscriber";
   // Everything was sent: the stalled subscriber lost messages inside libzmq, not the others.
   WaitBatches(*p, first + 1);
   const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -505,7 +547,7 @@ TEST(EventPublisherTest, AFullQueueDropsAndCountsInsteadOfWaiting) {
   const auto t0 = Clock::now();
   p->Publish(ev);
   const double publish_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  EXPECT_LT(publish_ms, 50.0);
+  EXPECT_LT(publish_ms, 500.0);
   const auto s = p->stats();
   EXPECT_GE(s.dropped_events, 992u);
   EXPECT_LE(s.dropped_events, 993u);
@@ -670,7 +712,9 @@ TEST(ManagerEventsTest, CommitsAreOnTheWireWithTokensAndAStalledSubscriberDoesNo
     worst_ms =
         std::max(worst_ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
-  EXPECT_LT(worst_ms, 200.0);
+  std::printf("worst request (lookup, commit, save) with a stalled subscriber: %.3f ms\n",
+              worst_ms);
+  EXPECT_LT(worst_ms, 1000.0) << "a Run (lookup, commit, save) waited on the stalled subscriber";
   const ManagerStats s = mgr->Stats();
   EXPECT_GT(s.events_published, 1200u);
   EXPECT_EQ(s.events_publish_dropped, 0u);

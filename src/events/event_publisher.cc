@@ -118,20 +118,37 @@ EventPublisher::~EventPublisher() {
 }
 
 void EventPublisher::Publish(std::span<const KvEvent> events) {
-  if (events.empty()) return;
+  std::vector<WireEvent> wire;
+  wire.reserve(events.size());
+  for (const KvEvent& e : events) wire.push_back(WireEvent{WireEvent::Type::kBlock, e});
+  Enqueue(std::move(wire));
+}
+
+void EventPublisher::Publish(std::vector<KvEvent>&& events) {
+  std::vector<WireEvent> wire;
+  wire.reserve(events.size());
+  for (KvEvent& e : events) wire.push_back(WireEvent{WireEvent::Type::kBlock, std::move(e)});
+  Enqueue(std::move(wire));
+}
+
+void EventPublisher::Enqueue(std::vector<WireEvent>&& events) {
+  const size_t offered = events.size();
+  if (offered == 0) return;
   size_t taken = 0;
   {
     MutexLock lock(&mu_);
     const size_t room =
         queue_.size() >= config_.queue_events ? 0 : config_.queue_events - queue_.size();
-    taken = std::min(room, events.size());
-    for (size_t i = 0; i < taken; ++i) {
-      queue_.push_back(WireEvent{WireEvent::Type::kBlock, events[i]});
+    taken = std::min(room, offered);
+    if (queue_.empty() && taken == offered) {
+      queue_.swap(events);  // the common case: the thread has taken the previous ones
+    } else {
+      queue_.insert(queue_.end(), std::make_move_iterator(events.begin()),
+                    std::make_move_iterator(events.begin() + static_cast<ptrdiff_t>(taken)));
     }
   }
-  if (taken < events.size()) {
-    dropped_.fetch_add(events.size() - taken, std::memory_order_relaxed);
-  }
+  if (taken < offered) dropped_.fetch_add(offered - taken, std::memory_order_relaxed);
+  // What did not fit (or the queue's old, empty storage) is freed here, outside the lock.
 }
 
 void EventPublisher::PublishAllBlocksCleared() {
@@ -195,6 +212,11 @@ void EventPublisher::SendBatches(std::vector<WireEvent>& events) {
     std::string payload = EncodeEventBatch(NowSeconds(), part, config_.data_parallel_rank);
     const uint64_t seq = next_seq_++;
     const std::string seq_bytes = SeqBytes(static_cast<int64_t>(seq));
+    // Counted before the send, so that a subscriber that has the batch sees it counted.
+    size_t n = 0;
+    for (const WireEvent& w : part) n += w.type == WireEvent::Type::kBlock ? 1 : 0;
+    published_.fetch_add(n, std::memory_order_relaxed);
+    batches_.fetch_add(1, std::memory_order_relaxed);
     try {
       // PUB never blocks: a subscriber at its high-water mark loses this message (libzmq).
       sockets_->pub.send(zmq::buffer(config_.topic), zmq::send_flags::sndmore);
@@ -204,13 +226,14 @@ void EventPublisher::SendBatches(std::vector<WireEvent>& events) {
       send_failures_.fetch_add(1, std::memory_order_relaxed);
       KVTIER_LOG(kWarn) << "events: send of batch " << seq << ": " << e.what();
     }
-    size_t n = 0;
-    for (const WireEvent& w : part) n += w.type == WireEvent::Type::kBlock ? 1 : 0;
-    published_.fetch_add(n, std::memory_order_relaxed);
-    batches_.fetch_add(1, std::memory_order_relaxed);
     if (config_.replay_batches > 0) {
-      if (replay_.size() >= config_.replay_batches) replay_.pop_front();
+      replay_held_bytes_ += payload.size();
       replay_.emplace_back(seq, std::move(payload));
+      while (replay_.size() > 1 && (replay_.size() > config_.replay_batches ||
+                                    replay_held_bytes_ > config_.replay_bytes)) {
+        replay_held_bytes_ -= replay_.front().second.size();
+        replay_.pop_front();
+      }
     }
   }
 }

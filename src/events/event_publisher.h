@@ -12,7 +12,8 @@
 //  - Publish never blocks on I/O nor on a subscriber: it appends to a bounded queue under a
 //    mutex, or drops the events (counted) when the queue is full. Only the publisher's thread
 //    touches the sockets.
-//  - The replay buffer holds the last `replay_batches` batches sent, in seq order.
+//  - The replay buffer holds the last batches sent, in seq order: at most `replay_batches` of
+//    them and `replay_bytes` of payload (the newest batch is kept even when larger).
 //  - PUB drops a message for a subscriber whose own queue (ZMQ high-water mark) is full, inside
 //    libzmq, without telling us (as vLLM's publisher): that subscriber sees a gap in seq and
 //    fills it from the replay socket. Every other subscriber is unaffected.
@@ -41,10 +42,13 @@ class EventPublisher {
     // has port 0 (the OS picks one; see endpoint()); connected to otherwise (a subscriber that
     // binds, as llm-d's does). vLLM's rule, plus port 0.
     std::string endpoint;
-    std::string replay_endpoint;       // ROUTER address, always bound; empty: no replay socket
-    std::string topic;                 // the first frame of every message; may be empty
-    uint32_t queue_events = 100000;    // events waiting for the thread at most; beyond: dropped
-    uint32_t replay_batches = 10000;   // batches kept for replay (0: replay answers END_SEQ only)
+    std::string replay_endpoint;      // ROUTER address, always bound; empty: no replay socket
+    std::string topic;                // the first frame of every message; may be empty
+    uint32_t queue_events = 100000;   // events waiting for the thread at most; beyond: dropped
+    uint32_t replay_batches = 10000;  // batches kept for replay (0: replay answers END_SEQ only)
+    // Bytes of payload kept for replay at most: the oldest batches go first (a batch of 1024
+    // blocks of 1024 tokens is ~5 MB, so a count alone would not bound the memory).
+    uint64_t replay_bytes = 256ull << 20;
     uint32_t max_batch_events = 1024;  // events per batch at most
     uint32_t flush_interval_ms = 2;    // how long events wait to be batched at most
     int64_t data_parallel_rank = 0;    // written in every batch (vLLM's data_parallel_rank)
@@ -70,7 +74,7 @@ class EventPublisher {
   // connect (bad syntax, port in use, unknown host).
   static Result<std::unique_ptr<EventPublisher>> Start(const Config& config);
 
-  // Sends what is queued (waiting at most ~1 s), stops the thread, closes the sockets.
+  // Sends what is queued, stops the thread, closes the sockets (PUB lingers 200 ms).
   ~EventPublisher();
   EventPublisher(const EventPublisher&) = delete;
   EventPublisher& operator=(const EventPublisher&) = delete;
@@ -78,6 +82,8 @@ class EventPublisher {
   // Queues `events` for the next batch, in order. Thread-safe; never blocks on a subscriber.
   // When the queue cannot take them all, the ones that do not fit are dropped and counted.
   void Publish(std::span<const KvEvent> events) EXCLUDES(mu_);
+  // The same, taking the events (no copy of their tokens): what the manager calls.
+  void Publish(std::vector<KvEvent>&& events) EXCLUDES(mu_);
   // Queues AllBlocksCleared (e.g. after the tiers were wiped). Dropped like an event when full.
   void PublishAllBlocksCleared() EXCLUDES(mu_);
 
@@ -91,6 +97,8 @@ class EventPublisher {
   struct Sockets;
   explicit EventPublisher(const Config& config);
   void Run();
+  // Appends what fits; counts the rest as dropped. The copies were made outside the lock.
+  void Enqueue(std::vector<WireEvent>&& events) EXCLUDES(mu_);
   // Sends `events` as batches of at most max_batch_events; appends each to the replay buffer.
   void SendBatches(std::vector<WireEvent>& events);
   void ServeReplay();
@@ -104,6 +112,7 @@ class EventPublisher {
   bool stopping_ GUARDED_BY(mu_) = false;
 
   std::deque<std::pair<uint64_t, std::string>> replay_;  // the thread's: (seq, payload)
+  uint64_t replay_held_bytes_ = 0;                       // the thread's: payload bytes in replay_
   uint64_t next_seq_ = 0;                                // the thread's
 
   std::atomic<uint64_t> published_{0}, dropped_{0}, batches_{0}, send_failures_{0};

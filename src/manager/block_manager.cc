@@ -211,6 +211,7 @@ Status BlockManager::Impl::InitEventPublisher() {
   pc.topic = cfg.GetString("events.topic");
   pc.queue_events = static_cast<uint32_t>(cfg.GetUint("events.queue_events"));
   pc.replay_batches = static_cast<uint32_t>(cfg.GetUint("events.replay_batches"));
+  pc.replay_bytes = cfg.GetBytes("events.replay_bytes");
   pc.data_parallel_rank = static_cast<int64_t>(cfg.GetUint("events.data_parallel_rank"));
   KVTIER_ASSIGN_OR_RETURN(publisher_, EventPublisher::Start(pc));
   events_wanted_.store(true);
@@ -293,7 +294,7 @@ void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
     subs = subscribers_;
   }
   for (const auto& cb : subs) cb(events);
-  if (publisher_) publisher_->Publish(events);  // queued or dropped; never waits
+  if (publisher_) publisher_->Publish(std::move(events));  // queued or dropped; never waits
 }
 
 void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {

@@ -47,6 +47,9 @@ const std::vector<Command>& Commands() {
       {{"bench", "remote"},
        "G4 Redis put/get throughput (pipelined batches) vs redis-benchmark SET/GET",
        RunBenchRemote},
+      {{"bench", "events"},
+       "KV events through the publisher (msgpack, ZMQ PUB) vs a raw ZMQ PUB send loop",
+       RunBenchEvents},
       // Runs a Python program with its own flags: dispatched in main() before CliArgs.
       {{"bench", "vllm"},
        "vLLM (CPU) alone vs ExampleConnector vs kvtier on G2 and G2+G3: TTFT, multi-round chat",
