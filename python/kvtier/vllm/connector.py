@@ -495,6 +495,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._layout = layout
         self._layer_index = {name: i for i, name in enumerate(layout.layer_names)}
         config = self._settings.kvtier_config(tp_rank=self._rank, tp_size=self._tp_size)
+        # With kvtier's own publisher on (events.endpoint), its events go out there; handing them
+        # to vLLM's stream as well would make a subscriber of both hear every block twice.
+        self._own_publisher = bool(config.get("events.endpoint"))
         model_id = (f"{self._model_name}|{layout.namespace_tag}"
                     f"|tp{self._rank}of{self._tp_size}")
         # vLLM's CPU worker pins this thread to its OpenMP cores, and threads inherit the
@@ -695,7 +698,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._manager is None or self._layout is None:
             return None
         raw = self._manager.take_events(details=True)
-        if self._rank != 0:
+        if self._rank != 0 or getattr(self, "_own_publisher", False):
             return None
         if not raw:
             return None
@@ -714,7 +717,9 @@ class KvtierConnector(KVConnectorBase_V1):
                     block_hashes=[e["key"]], parent_block_hash=None if first else e["parent"],
                     token_ids=list(e["token_ids"]), block_size=self._block_size, lora_id=None,
                     medium=medium, lora_name=e["lora_name"] or None,
-                    extra_keys=[(salt,)] if first and salt else None,
+                    # vLLM's order: the LoRA name (when lora_name is set), then the salt.
+                    extra_keys=([tuple(x for x in (e["lora_name"], salt) if x)]
+                                if first and (salt or e["lora_name"]) else None),
                     locality=locality, ownership=f"kvtier:{tier}"))
             else:
                 events.append(BlockRemoved(block_hashes=[e["key"]], medium=medium,
