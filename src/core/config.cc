@@ -25,7 +25,8 @@ constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
 
 std::vector<ConfigFieldSpec> BaseSchema() {
   using T = ConfigType;
-  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo", "credit-lru"};
+  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo",         "credit-lru",
+                                             "arc", "w-tinylfu",   "leaf-first-lru", "adaptive"};
   return {
       {"hash.algorithm",
        T::kChoice,
@@ -48,7 +49,7 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        4 * kKiB,
        UINT64_MAX,
        {}},
-      {"g2.policy", T::kChoice, "credit-lru", "G2 eviction policy", 0, 0, policies},
+      {"g2.policy", T::kChoice, "adaptive", "G2 eviction policy", 0, 0, policies},
       {"g2.hugepages",
        T::kBool,
        "true",
@@ -83,7 +84,7 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        {}},
       {"g3.files", T::kUint, "1", "slot files to spread G3 over", 1, 256, {}},
       {"g3.queue_depth", T::kUint, "32", "G3 I/Os in flight", 1, 4096, {}},
-      {"g3.policy", T::kChoice, "credit-lru", "G3 eviction policy", 0, 0, policies},
+      {"g3.policy", T::kChoice, "adaptive", "G3 eviction policy", 0, 0, policies},
       {"g3.admit_min_seen",
        T::kUint,
        "2",
@@ -648,14 +649,14 @@ std::vector<std::string> Config::Warnings() const {
   for (const char* tier : {"g2", "g3"}) {
     const std::string policy_field = std::string(tier) + ".policy";
     const std::string& policy = GetString(policy_field);
-    if (policy == "credit-lru") continue;
+    if (policy == "credit-lru" || policy == "adaptive") continue;  // adaptive runs credit-lru
     const std::string prefix = std::string(tier) + ".credit_lru.";
     for (const auto& [name, v] : values_) {
       if (name.rfind(prefix, 0) != 0 || v.source == ConfigSource::kDefault) continue;
       out.push_back(name + " = " + v.text + " (from " +
                     (v.origin.empty() ? ConfigSourceName(v.source) : v.origin) +
                     ") has no effect: " + policy_field + " = " + policy + "; set " + policy_field +
-                    " = credit-lru, or remove the setting");
+                    " = credit-lru or adaptive, or remove the setting");
     }
   }
   return out;

@@ -63,8 +63,9 @@ struct EvictedBlock {
 class BlockIndex {
  public:
   struct TierConfig {
-    // The default is the best policy on the Mooncake trace (docs/policy-study.md section 7).
-    PolicyKind policy = PolicyKind::kCreditLru;
+    // The default follows the best of its candidates at run time (docs/policy-study.md
+    // section 8).
+    PolicyKind policy = PolicyKind::kAdaptive;
     // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
     // LRU); the index itself never refuses.
     uint64_t capacity_blocks = 0;

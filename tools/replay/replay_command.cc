@@ -28,8 +28,9 @@ namespace kvtier::cli {
 
 namespace {
 
-constexpr PolicyKind kOnlinePolicies[] = {PolicyKind::kCreditLru, PolicyKind::kLru,
-                                          PolicyKind::kLineageLru, PolicyKind::kS3Fifo};
+constexpr PolicyKind kOnlinePolicies[] = {
+    PolicyKind::kAdaptive, PolicyKind::kCreditLru,  PolicyKind::kLru,          PolicyKind::kArc,
+    PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
 
 void PrintReplayHelp(const std::string& default_policy) {
   std::printf(
@@ -43,7 +44,8 @@ void PrintReplayHelp(const std::string& default_policy) {
       "                             ({\"tokens\": [...]}); see docs/replay.md\n"
       "  --format auto|mooncake|kvtier   default auto (a first line with hash_ids = mooncake)\n"
       "  --tokens-per-block N       default 512 (Mooncake's block)\n"
-      "  --policy NAME              lru, lineage-lru, s3fifo, credit-lru (default %s,\n"
+      "  --policy NAME              adaptive, credit-lru, lru, arc, w-tinylfu, lineage-lru,\n"
+      "                             leaf-first-lru, s3fifo (default %s,\n"
       "                             the manager's default)\n"
       "  --capacity-fraction F      G2 slots = ceil(F x distinct blocks of the trace); default "
       "0.05\n"
@@ -419,7 +421,8 @@ int RunReplayCommand(const CliArgs& args) {
     o.settings.emplace_back("g2.credit_lru." + key, value);
     o.settings.emplace_back("g3.credit_lru." + key, value);
   }
-  if (!credit_lru->given.empty() && *kind != PolicyKind::kCreditLru) {
+  if (!credit_lru->given.empty() && *kind != PolicyKind::kCreditLru &&
+      *kind != PolicyKind::kAdaptive) {
     std::fprintf(stderr,
                  "kvtier: warning: --credit-lru has no effect with --policy %s; use --policy "
                  "credit-lru\n",
