@@ -24,8 +24,11 @@ constexpr uint64_t kSeeds[] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull, 0x9
 }  // namespace
 
 FrequencySketch::FrequencySketch(uint64_t expected_keys, uint64_t sample_size)
-    : mask_(std::bit_ceil(std::max<uint64_t>(expected_keys, 16)) - 1),
-      door_mask_(std::bit_ceil(std::max<uint64_t>(expected_keys, 16) * 4) - 1),
+    : mask_(std::bit_ceil(std::max<uint64_t>(expected_keys, 16) * 4) - 1),
+      door_mask_(
+          std::bit_ceil(
+              (sample_size != 0 ? sample_size : 10 * std::max<uint64_t>(expected_keys, 16)) * 8) -
+          1),
       sample_size_(sample_size != 0 ? sample_size : 10 * std::max<uint64_t>(expected_keys, 16)),
       counters_(kRows * (mask_ + 1), 0),
       door_((door_mask_ + 1) / 64, 0) {}
@@ -149,21 +152,22 @@ std::optional<BlockKey> WTinyLfuPolicy::LruEvictable(const std::list<BlockKey>& 
 }
 
 std::optional<BlockKey> WTinyLfuPolicy::Victim(const EvictablePredicate& evictable) {
+  // Each segment is searched at most once, so `evictable` is asked at most once per key.
+  const bool contest = window_.size() >= window_cap_;
+  const std::optional<BlockKey> candidate =
+      contest ? LruEvictable(window_, evictable) : std::nullopt;
   std::optional<BlockKey> main = LruEvictable(probation_, evictable);
   if (!main) main = LruEvictable(protected_, evictable);
-  if (window_.size() >= window_cap_) {
-    std::optional<BlockKey> candidate = LruEvictable(window_, evictable);
-    if (candidate && main) {
-      if (sketch_.Estimate(*candidate) > sketch_.Estimate(*main)) {
-        MoveTo(where_.find(*candidate)->second, Segment::kProbation);
-        return main;
-      }
-      return candidate;
+  if (candidate && main) {
+    if (sketch_.Estimate(*candidate) > sketch_.Estimate(*main)) {
+      MoveTo(where_.find(*candidate)->second, Segment::kProbation);
+      return main;
     }
-    if (candidate) return candidate;
+    return candidate;
   }
+  if (candidate) return candidate;
   if (main) return main;
-  return LruEvictable(window_, evictable);
+  return contest ? std::nullopt : LruEvictable(window_, evictable);
 }
 
 }  // namespace kvtier

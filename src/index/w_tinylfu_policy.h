@@ -38,8 +38,10 @@ namespace kvtier {
 // Count-min sketch with a doorkeeper and periodic halving (see above). Not thread-safe.
 class FrequencySketch {
  public:
-  // Sized for about `expected_keys` distinct keys (at least 16); halves every
-  // `sample_size` sightings (0 = 10 x expected_keys).
+  // Sized for about `expected_keys` distinct keys (at least 16): 4 rows of 4 x expected_keys
+  // one-byte counters, and a doorkeeper of 8 bits per sighting of a sample (two bits set per
+  // key), so that neither saturates within a sample. Halves every `sample_size` sightings
+  // (0 = 10 x expected_keys). Memory: about 26 bytes per expected key.
   explicit FrequencySketch(uint64_t expected_keys, uint64_t sample_size = 0);
 
   // Counts one sighting of `key`.
