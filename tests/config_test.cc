@@ -295,14 +295,15 @@ TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
   ASSERT_TRUE(c.Set("g2.credit_lru.stale_tail", "0", ConfigSource::kEnvironment,
                     "KVTIER_G2_CREDIT_LRU_STALE_TAIL")
                   .ok());
-  ASSERT_TRUE(c.Set("g3.credit_lru.used_twice", "1").ok());  // g3 is credit-lru: no warning
+  ASSERT_TRUE(c.Set("g3.credit_lru.used_twice", "1").ok());  // g3 is adaptive: no warning
   std::vector<std::string> w = c.Warnings();
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("g2.credit_lru.stale_tail = 0 (from KVTIER_G2_CREDIT_LRU_STALE_TAIL)"),
             std::string::npos)
       << w[0];
   EXPECT_NE(w[0].find("g2.policy = lru"), std::string::npos) << w[0];
-  EXPECT_NE(w[0].find("set g2.policy = credit-lru, or remove the setting"), std::string::npos)
+  EXPECT_NE(w[0].find("set g2.policy = credit-lru or adaptive, or remove the setting"),
+            std::string::npos)
       << w[0];
   ASSERT_TRUE(c.Set("g3.policy", "s3fifo").ok());
   EXPECT_EQ(c.Warnings().size(), 2u);
