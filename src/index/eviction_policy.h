@@ -79,7 +79,7 @@ struct CreditLruConfig {
 // cross-validation (docs/policy-study.md, section 8).
 struct AdaptiveConfig {
   // Score half-life, in references per capacity block: (0, 1024].
-  double half_life = 4.0;
+  double half_life = 16.0;
   // Relative lead a challenger needs over the leader's score: [0, 10].
   double hysteresis = 0.02;
 

@@ -26,7 +26,8 @@ BASELINES = ["lru", "arc", "w-tinylfu"]
 # Cross-validation folds: settings are tuned on one fold and reported on the other.
 FOLD_A = ["sysprompt-many", "chat-multiturn", "rag-shared-docs", "agent-loop"]
 FOLD_B = ["sysprompt-few", "chat-deep-bursty", "oneoff-long", "mixed-bursty", "conversation"]
-GRID = [(1, 0.02), (4, 0.02), (16, 0.02), (4, 0.0), (4, 0.1)]  # (half_life, hysteresis)
+GRID = [(1, 0.02), (4, 0.02), (16, 0.02), (64, 0.02), (4, 0.0), (4, 0.1), (16, 0.0),
+        (16, 0.1)]  # (half_life, hysteresis)
 
 
 def run_json(cmd):

@@ -46,7 +46,7 @@ void PrintSimHelp() {
       "  --policy NAME|all         %s, or all (default %s)\n"
       "%s"
       "  --adaptive KEY=VALUE      a setting of adaptive: half_life (score half-life in\n"
-      "                            references per capacity block, default 4) or hysteresis\n"
+      "                            references per capacity block, default 16) or hysteresis\n"
       "                            (relative lead to take over, default 0.02); repeatable\n"
       "  --json                    one JSON object: hit_ratio (of --policy; of %s for all),\n"
       "                            belady_hit_ratio, unbounded_hit_ratio, ratio_to_belady,\n"
