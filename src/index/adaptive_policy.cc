@@ -68,7 +68,6 @@ void AdaptivePolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
     OnAccess(key);  // a double insert is a programmer error; treat it as a use
     return;
   }
-  if (parent != key) ++children_[parent];
   for (Candidate& c : candidates_) c.mirror->OnInsert(key, parent);
   Reference(key, parent);
 }
@@ -81,24 +80,12 @@ void AdaptivePolicy::OnAccess(const BlockKey& key) {
 }
 
 void AdaptivePolicy::OnRemove(const BlockKey& key) {
-  auto it = parents_.find(key);
-  if (it == parents_.end()) return;
-  if (it->second != key) {
-    auto c = children_.find(it->second);
-    if (c != children_.end() && --c->second == 0) children_.erase(c);
-  }
-  parents_.erase(it);
+  if (parents_.erase(key) == 0) return;
   for (Candidate& c : candidates_) c.mirror->OnRemove(key);
 }
 
 std::optional<BlockKey> AdaptivePolicy::Victim(const EvictablePredicate& evictable) {
-  EvictionPolicy& mirror = *candidates_[leader_].mirror;
-  const auto is_leaf = [this](const BlockKey& k) { return !children_.contains(k); };
-  if (std::optional<BlockKey> leaf =
-          mirror.Victim([&](const BlockKey& k) { return is_leaf(k) && evictable(k); })) {
-    return leaf;
-  }
-  return mirror.Victim([&](const BlockKey& k) { return !is_leaf(k) && evictable(k); });
+  return candidates_[leader_].mirror->Victim(evictable);
 }
 
 }  // namespace kvtier

@@ -9,11 +9,7 @@
 //  - a *shadow*: an instance of the candidate that runs a key-only cache of the same capacity
 //    over the same reference string, as if it alone ran the tier. It says how the candidate
 //    would do.
-// Victim asks the leader's mirror, among *leaves* first (tracked blocks with no tracked child),
-// then, only when no leaf may go, among inner blocks: a lineage-blind leader (arc, lru,
-// w-tinylfu) would otherwise evict a parent whose children stay cached, stranding them (a prefix
-// match stops at the first missing block). The shadows rank without that filter, so they still
-// measure each candidate as it is. Each shadow scores its *prefix hits* (a reference counts only
+// Victim asks the leader's mirror. Each shadow scores its *prefix hits* (a reference counts only
 // when the shadow holds it and, if the reference continues the previous one's chain, i.e. its
 // parent is the previous key, the previous one counted too; in `kvtier sim`, which serves one
 // request at a time, that is exactly the simulator's hit rule). Scores decay with a half-life
@@ -28,8 +24,8 @@
 // OnAccess of an untracked key is ignored (contract of EvictionPolicy), and feeds nothing.
 //
 // Costs: each call costs the sum of the candidates' costs, twice; memory is about 2 x (number
-// of candidates) x a candidate's bookkeeping (keys only, never block data), plus a parent and
-// a child count per tracked key.
+// of candidates) x a candidate's bookkeeping (keys only, never block data), plus one parent
+// entry per tracked key.
 #pragma once
 
 #include <array>
@@ -61,8 +57,7 @@ class AdaptivePolicy final : public EvictionPolicy {
   void OnInsert(const BlockKey& key, const BlockKey& parent) override;
   void OnAccess(const BlockKey& key) override;
   void OnRemove(const BlockKey& key) override;
-  // The leader's mirror's victim among evictable leaves; failing that, among evictable inner
-  // blocks; nullopt when nothing is evictable. Asks `evictable` at most once per key.
+  // The leader's mirror's victim.
   std::optional<BlockKey> Victim(const EvictablePredicate& evictable) override;
   size_t size() const override { return parents_.size(); }
   bool Contains(const BlockKey& key) const override { return parents_.contains(key); }
@@ -92,8 +87,6 @@ class AdaptivePolicy final : public EvictionPolicy {
   const double decay_factor_;    // scores are multiplied by it every decay_period_ references
   std::array<Candidate, kNumCandidates> candidates_;
   std::unordered_map<BlockKey, BlockKey, BlockKeyHash> parents_;  // tracked key -> parent
-  // Number of tracked keys whose parent is the key (tracked or not); absent = 0.
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> children_;
   BlockKey last_key_;
   bool have_last_ = false;
   uint64_t references_ = 0;
