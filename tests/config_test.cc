@@ -295,7 +295,7 @@ TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
   ASSERT_TRUE(c.Set("g2.credit_lru.stale_tail", "0", ConfigSource::kEnvironment,
                     "KVTIER_G2_CREDIT_LRU_STALE_TAIL")
                   .ok());
-  ASSERT_TRUE(c.Set("g3.credit_lru.used_twice", "1").ok());  // g3 is adaptive: no warning
+  ASSERT_TRUE(c.Set("g3.credit_lru.used_twice", "1").ok());  // g3 is credit-lru: no warning
   std::vector<std::string> w = c.Warnings();
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("g2.credit_lru.stale_tail = 0 (from KVTIER_G2_CREDIT_LRU_STALE_TAIL)"),

@@ -63,9 +63,9 @@ struct EvictedBlock {
 class BlockIndex {
  public:
   struct TierConfig {
-    // The default follows the best of its candidates at run time (docs/policy-study.md
-    // section 8).
-    PolicyKind policy = PolicyKind::kAdaptive;
+    // The default is the best lineage-aware policy (docs/policy-study.md sections 7 and 8:
+    // adaptive holds up better in simulation but can strand prefixes in the manager).
+    PolicyKind policy = PolicyKind::kCreditLru;
     // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
     // LRU); the index itself never refuses.
     uint64_t capacity_blocks = 0;

@@ -20,8 +20,9 @@ import sys
 PRESETS = ["sysprompt-few", "sysprompt-many", "chat-multiturn", "chat-deep-bursty",
            "rag-shared-docs", "agent-loop", "oneoff-long", "mixed-bursty"]
 FRACTIONS = [0.02, 0.05, 0.1, 0.2]
-POLICIES = ["adaptive", "lru", "arc", "w-tinylfu", "credit-lru", "lineage-lru",
+POLICIES = ["credit-lru", "adaptive", "lru", "arc", "w-tinylfu", "lineage-lru",
             "leaf-first-lru", "s3fifo"]
+DEFAULT = "credit-lru"  # g2.policy / g3.policy
 BASELINES = ["lru", "arc", "w-tinylfu"]
 # Cross-validation folds: settings are tuned on one fold and reported on the other.
 FOLD_A = ["sysprompt-many", "chat-multiturn", "rag-shared-docs", "agent-loop"]
@@ -72,33 +73,41 @@ def main():
     results = {"seed": a.seed, "sim": {"%s@%g" % k: v for k, v in sims.items()}}
 
     # ---- Single tier: every policy, every trace, every fraction.
-    print("## Single tier: hit ratio per policy (default = adaptive)\n")
+    print("## Single tier: hit ratio per policy (default = credit-lru)\n")
     for f in FRACTIONS:
         print("### %g%% capacity\n" % (f * 100))
-        print("| trace | " + " | ".join(POLICIES) + " | belady | unbounded | default / best "
-              "of lru,arc,w-tinylfu | default / lru | belady / lru |")
-        print("|" + " --- |" * (len(POLICIES) + 6))
-        gains, bests, bel = [], [], []
+        print("| trace | " + " | ".join(POLICIES) + " | belady | unbounded | credit-lru / best "
+              "of lru,arc,w-tinylfu | adaptive / best | credit-lru / lru | adaptive / lru "
+              "| belady / lru |")
+        print("|" + " --- |" * (len(POLICIES) + 8))
+        gains, bests, bel, again, abest = [], [], [], [], []
         for t in traces:
             d = sims[(t, f)]
             hr = {p: d["policies"][p]["hit_ratio"] for p in POLICIES}
             lru = hr["lru"]
             gains.append(d["default_gain_over_lru"])
             bests.append(d["default_vs_best_baseline"])
+            ad = d["policies"]["adaptive"]
+            again.append(ad["gain_over_lru"])
+            abest.append(ad["vs_best_baseline"])
             bel.append(d["belady_hit_ratio"] / lru if lru > 0 else float("nan"))
             best = max(hr[b] for b in BASELINES)
-            cells = ["**%.4f**" % hr[p] if hr[p] >= best and p in BASELINES + ["adaptive"]
+            cells = ["**%.4f**" % hr[p] if hr[p] >= best and p in BASELINES + ["adaptive", DEFAULT]
                      else "%.4f" % hr[p] for p in POLICIES]
-            print("| %s | %s | %.4f | %.4f | %.3f | %.3f | %.3f |" % (
+            print("| %s | %s | %.4f | %.4f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
                 t, " | ".join(cells), d["belady_hit_ratio"], d["unbounded_hit_ratio"],
-                d["default_vs_best_baseline"], d["default_gain_over_lru"], bel[-1]))
-        print("| **summary** | geomean default/lru **%.3f**; min default/best **%.3f**; "
-              "geomean belady/lru %.3f |%s" % (geomean(gains), min(bests), geomean(bel),
-                                               " |" * (len(POLICIES) + 5)))
+                d["default_vs_best_baseline"], abest[-1], d["default_gain_over_lru"],
+                again[-1], bel[-1]))
+        print("| **summary** | credit-lru: geomean gain over lru **%.3f**, min vs best **%.3f**; "
+              "adaptive: geomean gain **%.3f**, min vs best **%.3f**; geomean belady/lru %.3f |%s"
+              % (geomean(gains), min(bests), geomean(again), min(abest), geomean(bel),
+                 " |" * (len(POLICIES) + 7)))
         print()
         results.setdefault("summary", {})["%g" % f] = {
             "geomean_default_gain_over_lru": geomean(gains),
             "min_default_vs_best_baseline": min(bests),
+            "geomean_adaptive_gain_over_lru": geomean(again),
+            "min_adaptive_vs_best_baseline": min(abest),
             "geomean_belady_gain_over_lru": geomean(bel)}
 
     # ---- Cross-validation of the adaptive settings.
@@ -149,24 +158,25 @@ def main():
             return run_json([a.kvtier, "replay", "--trace", path, "--policy", policy,
                              "--capacity-fraction", "0.05", "--g3-fraction", "0.25",
                              "--g3-admit-min-seen", str(seen), "--json"])
-        runs = [(t, p, 1) for t in traces for p in POLICIES] + [(t, "adaptive", 2) for t in traces]
+        runs = [(t, p, 1) for t in traces for p in POLICIES] + [(t, DEFAULT, 2) for t in traces]
         jobs = {k: pool.submit(replay, traces[k[0]], k[1], k[2]) for k in runs}
         reps = {k: v.result() for k, v in jobs.items()}
         print("## Replay, G2 5% + G3 25% (real BlockManager): hit ratio / unbounded\n")
         print("| trace | unbounded | " + " | ".join(POLICIES) + " |")
         print("|" + " --- |" * (len(POLICIES) + 2))
         for t in traces:
-            u = reps[(t, "adaptive", 1)]["unbounded_hit_ratio"]
+            u = reps[(t, DEFAULT, 1)]["unbounded_hit_ratio"]
             print("| %s | %.4f | %s |" % (t, u, " | ".join(
                 "%.4f (%.3f)" % (reps[(t, p, 1)]["hit_ratio"], reps[(t, p, 1)]["ratio_to_unbounded"])
                 for p in POLICIES)))
-        print("\n## G3 endurance: the default policy, G2 5% + G3 25%, G3 admission min_seen 1 vs 2\n")
+        print("\n## G3 endurance: the default policy (credit-lru), G2 5% + G3 25%, G3 admission "
+              "min_seen 1 vs 2\n")
         print("| trace | min_seen | hit_ratio | G2 | G3 | hit / unbounded | g3_write_per_hit "
               "| G3 blocks written | G3 hit blocks |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for t in traces:
             for seen in (1, 2):
-                d = reps[(t, "adaptive", seen)]
+                d = reps[(t, DEFAULT, seen)]
                 w = d["g3_write_per_hit"]
                 print("| %s | %d | %.4f | %.4f | %.4f | %.3f | %s | %d | %d |" % (
                     t, seen, d["hit_ratio"], d["hit_ratio_g2"], d["hit_ratio_g3"],

@@ -28,9 +28,10 @@ namespace kvtier::cli {
 
 namespace {
 
-constexpr PolicyKind kOnlinePolicies[] = {
-    PolicyKind::kAdaptive, PolicyKind::kCreditLru,  PolicyKind::kLru,          PolicyKind::kArc,
-    PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
+constexpr PolicyKind kOnlinePolicies[] = {PolicyKind::kCreditLru,    PolicyKind::kAdaptive,
+                                          PolicyKind::kLru,          PolicyKind::kArc,
+                                          PolicyKind::kWTinyLfu,     PolicyKind::kLineageLru,
+                                          PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
 
 void PrintReplayHelp(const std::string& default_policy) {
   std::printf(

@@ -20,15 +20,11 @@ namespace kvtier::cli {
 namespace {
 
 // The online policies `--policy all` runs, the default first.
-constexpr PolicyKind kDefaultPolicy = PolicyKind::kAdaptive;
-constexpr PolicyKind kOnlinePolicies[] = {kDefaultPolicy,
-                                          PolicyKind::kLru,
-                                          PolicyKind::kArc,
-                                          PolicyKind::kWTinyLfu,
-                                          PolicyKind::kCreditLru,
-                                          PolicyKind::kLineageLru,
-                                          PolicyKind::kLeafFirstLru,
-                                          PolicyKind::kS3Fifo};
+// The default of g2.policy / g3.policy (src/core/config.cc).
+constexpr PolicyKind kDefaultPolicy = PolicyKind::kCreditLru;
+constexpr PolicyKind kOnlinePolicies[] = {
+    kDefaultPolicy,        PolicyKind::kAdaptive,   PolicyKind::kLru,          PolicyKind::kArc,
+    PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
 // The baselines the default must stay within 2% of (issue 17).
 constexpr PolicyKind kBaselines[] = {PolicyKind::kLru, PolicyKind::kArc, PolicyKind::kWTinyLfu};
 
@@ -53,7 +49,8 @@ void PrintSimHelp() {
       "                            policies {name: {hit_ratio, ratio_to_belady, ...}},\n"
       "                            credit_lru {the settings credit-lru ran with}; with all:\n"
       "                            best_baseline (of lru, arc, w-tinylfu), its hit_ratio,\n"
-      "                            default_vs_best_baseline, default_gain_over_lru\n"
+      "                            default_vs_best_baseline, default_gain_over_lru, and per\n"
+      "                            policy vs_best_baseline and gain_over_lru\n"
       "\n"
       "  Semantics: requests are served one at a time in trace order. A request's prefix hits\n"
       "  are its blocks from the first up to its first block that is not cached; only they\n"
@@ -61,7 +58,7 @@ void PrintSimHelp() {
       "  the policy's victim when the tier is full); one that happens to be cached already is\n"
       "  used but is not a hit. A block's parent is the previous block of its request.\n"
       "  Nothing is pinned. hit_ratio = prefix-hit blocks / all blocks.\n",
-      "adaptive, lru, arc, w-tinylfu, credit-lru, lineage-lru, leaf-first-lru, s3fifo",
+      "credit-lru, adaptive, lru, arc, w-tinylfu, lineage-lru, leaf-first-lru, s3fifo",
       PolicyKindName(kDefaultPolicy), CreditLruFlagsHelp(28).c_str(),
       PolicyKindName(kDefaultPolicy));
 }
@@ -186,6 +183,18 @@ int RunSim(const CliArgs& args) {
   const double belady_ratio = belady->result.hit_ratio();
   const PolicyRun& headline = runs.front();
 
+  // The best of the baselines and LRU, when they ran (--policy all).
+  const PolicyRun* best = nullptr;
+  const PolicyRun* lru = nullptr;
+  for (const PolicyRun& run : runs) {
+    for (PolicyKind b : kBaselines) {
+      if (run.name != PolicyKindName(b)) continue;
+      if (best == nullptr || run.result.hit_ratio() > best->result.hit_ratio()) best = &run;
+      if (b == PolicyKind::kLru) lru = &run;
+    }
+  }
+  const bool compare = policy_name == "all" && best != nullptr && lru != nullptr;
+
   if (args.Has("json")) {
     JsonObject per_policy;
     for (const PolicyRun& run : runs) {
@@ -196,6 +205,10 @@ int RunSim(const CliArgs& args) {
           .Add("inserts", run.result.inserts)
           .Add("evictions", run.result.evictions)
           .Add("seconds", run.seconds);
+      if (compare) {
+        o.Add("vs_best_baseline", Ratio(run.result.hit_ratio(), best->result.hit_ratio()))
+            .Add("gain_over_lru", Ratio(run.result.hit_ratio(), lru->result.hit_ratio()));
+      }
       per_policy.Raw(run.name, o.Str());
     }
     JsonObject out;
@@ -213,16 +226,7 @@ int RunSim(const CliArgs& args) {
         .Add("ratio_to_belady", Ratio(headline.result.hit_ratio(), belady_ratio))
         .Raw("policies", per_policy.Str())
         .Raw("credit_lru", CreditLruJson(options.credit_lru));
-    if (policy_name == "all") {
-      const PolicyRun* best = nullptr;
-      const PolicyRun* lru = nullptr;
-      for (const PolicyRun& run : runs) {
-        for (PolicyKind b : kBaselines) {
-          if (run.name != PolicyKindName(b)) continue;
-          if (best == nullptr || run.result.hit_ratio() > best->result.hit_ratio()) best = &run;
-          if (b == PolicyKind::kLru) lru = &run;
-        }
-      }
+    if (compare) {
       out.Add("default_policy", PolicyKindName(kDefaultPolicy))
           .Add("best_baseline", best->name)
           .Add("best_baseline_hit_ratio", best->result.hit_ratio())
