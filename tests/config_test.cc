@@ -302,7 +302,8 @@ TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
             std::string::npos)
       << w[0];
   EXPECT_NE(w[0].find("g2.policy = lru"), std::string::npos) << w[0];
-  EXPECT_NE(w[0].find("set g2.policy = credit-lru, or remove the setting"), std::string::npos)
+  EXPECT_NE(w[0].find("set g2.policy = credit-lru or adaptive, or remove the setting"),
+            std::string::npos)
       << w[0];
   ASSERT_TRUE(c.Set("g3.policy", "s3fifo").ok());
   EXPECT_EQ(c.Warnings().size(), 2u);

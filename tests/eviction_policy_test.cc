@@ -124,7 +124,9 @@ class TierSim {
 
 TEST(PolicyKindTest, NamesRoundTrip) {
   for (PolicyKind kind :
-       {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo, PolicyKind::kBelady}) {
+       {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo, PolicyKind::kBelady,
+        PolicyKind::kCreditLru, PolicyKind::kArc, PolicyKind::kWTinyLfu, PolicyKind::kLeafFirstLru,
+        PolicyKind::kAdaptive}) {
     auto parsed = ParsePolicyKind(PolicyKindName(kind));
     ASSERT_TRUE(parsed.ok()) << PolicyKindName(kind);
     EXPECT_EQ(*parsed, kind);
@@ -236,7 +238,8 @@ TEST_P(EveryPolicyTest, VictimAsksAtMostOncePerBlock) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, EveryPolicyTest,
                          testing::Values(PolicyKind::kLru, PolicyKind::kLineageLru,
-                                         PolicyKind::kS3Fifo, PolicyKind::kBelady),
+                                         PolicyKind::kS3Fifo, PolicyKind::kBelady, PolicyKind::kArc,
+                                         PolicyKind::kWTinyLfu, PolicyKind::kAdaptive),
                          [](const testing::TestParamInfo<PolicyKind>& info) {
                            std::string name = PolicyKindName(info.param);
                            name.erase(std::remove(name.begin(), name.end(), '-'), name.end());

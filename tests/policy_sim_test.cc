@@ -418,7 +418,8 @@ TEST_F(SimCommandTest, CreditLruFlagsReachThePolicyAndAreEchoed) {
     text += Line(ids);
   }
   const std::string trace = Write("tail.jsonl", text);
-  const std::string base = "sim --trace " + trace + " --capacity-fraction 0.8 --json";
+  const std::string base =
+      "sim --trace " + trace + " --capacity-fraction 0.8 --policy credit-lru --json";
   CliRun r = Kvtier(base);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key :

@@ -424,7 +424,8 @@ TEST(ReplayCliTest, CreditLruFlagsReachTheManagerAndAreEchoed) {
       out << "{\"hash_ids\": [" << ids << "]}\n";
     }
   }
-  const std::string base = "replay --trace " + trace + " --capacity-fraction 0.8 --json";
+  const std::string base =
+      "replay --trace " + trace + " --capacity-fraction 0.8 --policy credit-lru --json";
   CliRun r = Kvtier(base);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(JsonNumber(r.out, "g2_slots"), 8.0) << r.out;

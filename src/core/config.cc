@@ -25,7 +25,8 @@ constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
 
 std::vector<ConfigFieldSpec> BaseSchema() {
   using T = ConfigType;
-  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo", "credit-lru"};
+  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo",         "credit-lru",
+                                             "arc", "w-tinylfu",   "leaf-first-lru", "adaptive"};
   return {
       {"hash.algorithm",
        T::kChoice,
@@ -696,14 +697,14 @@ std::vector<std::string> Config::Warnings() const {
   for (const char* tier : {"g2", "g3"}) {
     const std::string policy_field = std::string(tier) + ".policy";
     const std::string& policy = GetString(policy_field);
-    if (policy == "credit-lru") continue;
+    if (policy == "credit-lru" || policy == "adaptive") continue;  // adaptive runs credit-lru
     const std::string prefix = std::string(tier) + ".credit_lru.";
     for (const auto& [name, v] : values_) {
       if (name.rfind(prefix, 0) != 0 || v.source == ConfigSource::kDefault) continue;
       out.push_back(name + " = " + v.text + " (from " +
                     (v.origin.empty() ? ConfigSourceName(v.source) : v.origin) +
                     ") has no effect: " + policy_field + " = " + policy + "; set " + policy_field +
-                    " = credit-lru, or remove the setting");
+                    " = credit-lru or adaptive, or remove the setting");
     }
   }
   return out;

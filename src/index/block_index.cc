@@ -27,8 +27,11 @@ Status BlockIndex::Config::Validate() const {
                                      " policy = belady needs the future; install it with "
                                      "ReplacePolicy in a replay");
     }
-    if (tiers[t].policy == PolicyKind::kCreditLru) {
-      if (Status s = tiers[t].options.credit_lru.Validate(); !s.ok()) {
+    if (tiers[t].policy == PolicyKind::kCreditLru || tiers[t].policy == PolicyKind::kAdaptive) {
+      Status s = tiers[t].options.credit_lru.Validate();
+      if (s.ok() && tiers[t].policy == PolicyKind::kAdaptive)
+        s = tiers[t].options.adaptive.Validate();
+      if (!s.ok()) {
         return Status::InvalidArgument(std::string("index tier ") + TierName(t) + ": " +
                                        s.message());
       }

@@ -63,7 +63,8 @@ struct EvictedBlock {
 class BlockIndex {
  public:
   struct TierConfig {
-    // The default is the best policy on the Mooncake trace (docs/policy-study.md section 7).
+    // The default is the best lineage-aware policy (docs/policy-study.md sections 7 and 8:
+    // adaptive holds up better in simulation but can strand prefixes in the manager).
     PolicyKind policy = PolicyKind::kCreditLru;
     // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
     // LRU); the index itself never refuses.

@@ -4,18 +4,23 @@
 #include <cmath>
 #include <string>
 
+#include "index/adaptive_policy.h"
+#include "index/arc_policy.h"
 #include "index/belady_policy.h"
 #include "index/credit_lru_policy.h"
 #include "index/lineage_lru_policy.h"
 #include "index/lru_policy.h"
 #include "index/s3fifo_policy.h"
+#include "index/w_tinylfu_policy.h"
 
 namespace kvtier {
 
 namespace {
 
-constexpr PolicyKind kAllKinds[] = {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo,
-                                    PolicyKind::kBelady, PolicyKind::kCreditLru};
+constexpr PolicyKind kAllKinds[] = {
+    PolicyKind::kLru,      PolicyKind::kLineageLru,   PolicyKind::kS3Fifo,
+    PolicyKind::kBelady,   PolicyKind::kCreditLru,    PolicyKind::kArc,
+    PolicyKind::kWTinyLfu, PolicyKind::kLeafFirstLru, PolicyKind::kAdaptive};
 
 // The shortest text that reads back as `v` ("0.75", "-1", "nan", "inf").
 std::string Shortest(double v) {
@@ -74,6 +79,33 @@ Status CreditLruConfig::Set(std::string_view name, double value) {
   return Status::Ok();
 }
 
+Status AdaptiveConfig::Validate() const {
+  if (!(std::isfinite(half_life) && half_life > 0 && half_life <= 1024)) {
+    return Status::InvalidArgument("adaptive.half_life = " + Shortest(half_life) +
+                                   ": must be a number in (0, 1024]");
+  }
+  if (!(std::isfinite(hysteresis) && hysteresis >= 0 && hysteresis <= 10)) {
+    return Status::InvalidArgument("adaptive.hysteresis = " + Shortest(hysteresis) +
+                                   ": must be a number in [0, 10]");
+  }
+  return Status::Ok();
+}
+
+Status AdaptiveConfig::Set(std::string_view name, double value) {
+  AdaptiveConfig next = *this;
+  if (name == "half_life") {
+    next.half_life = value;
+  } else if (name == "hysteresis") {
+    next.hysteresis = value;
+  } else {
+    return Status::InvalidArgument("adaptive has no setting '" + std::string(name) +
+                                   "'; its settings: half_life, hysteresis");
+  }
+  KVTIER_RETURN_IF_ERROR(next.Validate());
+  *this = next;
+  return Status::Ok();
+}
+
 const char* PolicyKindName(PolicyKind kind) {
   switch (kind) {
     case PolicyKind::kLru:
@@ -86,6 +118,14 @@ const char* PolicyKindName(PolicyKind kind) {
       return "belady";
     case PolicyKind::kCreditLru:
       return "credit-lru";
+    case PolicyKind::kArc:
+      return "arc";
+    case PolicyKind::kWTinyLfu:
+      return "w-tinylfu";
+    case PolicyKind::kLeafFirstLru:
+      return "leaf-first-lru";
+    case PolicyKind::kAdaptive:
+      return "adaptive";
   }
   return "unknown";
 }
@@ -117,6 +157,17 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size
       return std::unique_ptr<EvictionPolicy>(std::make_unique<S3FifoPolicy>(capacity_blocks));
     case PolicyKind::kCreditLru: {
       auto policy = CreditLruPolicy::Create(capacity_blocks, options.credit_lru);
+      if (!policy.ok()) return policy.status();
+      return std::unique_ptr<EvictionPolicy>(std::move(policy).value());
+    }
+    case PolicyKind::kArc:
+      return std::unique_ptr<EvictionPolicy>(std::make_unique<ArcPolicy>(capacity_blocks));
+    case PolicyKind::kWTinyLfu:
+      return std::unique_ptr<EvictionPolicy>(std::make_unique<WTinyLfuPolicy>(capacity_blocks));
+    case PolicyKind::kLeafFirstLru:
+      return std::unique_ptr<EvictionPolicy>(std::make_unique<LineageLruPolicy>(true));
+    case PolicyKind::kAdaptive: {
+      auto policy = AdaptivePolicy::Create(capacity_blocks, options);
       if (!policy.ok()) return policy.status();
       return std::unique_ptr<EvictionPolicy>(std::move(policy).value());
     }

@@ -19,14 +19,19 @@
 namespace kvtier {
 
 enum class PolicyKind : uint8_t {
-  kLru = 0,         // least recently used
-  kLineageLru = 1,  // LRU over leaves only: a block whose child is cached outlives the child
-  kS3Fifo = 2,      // S3-FIFO (small/main/ghost FIFOs): frequency-aware, scan-resistant
-  kBelady = 3,      // offline oracle for replays: evicts the block used furthest in the future
-  kCreditLru = 4,   // lineage-aware LRU with reuse credits (use count, run shape, stale tails)
+  kLru = 0,           // least recently used
+  kLineageLru = 1,    // LRU over leaves only: a block whose child is cached outlives the child
+  kS3Fifo = 2,        // S3-FIFO (small/main/ghost FIFOs): frequency-aware, scan-resistant
+  kBelady = 3,        // offline oracle for replays: evicts the block used furthest in the future
+  kCreditLru = 4,     // lineage-aware LRU with reuse credits (use count, run shape, stale tails)
+  kArc = 5,           // Adaptive Replacement Cache (recency/frequency lists with ghost adaptation)
+  kWTinyLfu = 6,      // W-TinyLFU: 1% LRU window, frequency-sketch admission, segmented LRU main
+  kLeafFirstLru = 7,  // LRU over leaves only; never evicts a block with a cached child
+  kAdaptive = 8,      // follows, at run time, whichever candidate policy a shadow cache favours
 };
 
-// "lru", "lineage-lru", "s3fifo", "belady", "credit-lru".
+// "lru", "lineage-lru", "s3fifo", "belady", "credit-lru", "arc", "w-tinylfu", "leaf-first-lru",
+// "adaptive".
 const char* PolicyKindName(PolicyKind kind);
 // Parses PolicyKindName's output; InvalidArgument listing the accepted names otherwise.
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
@@ -69,10 +74,29 @@ struct CreditLruConfig {
   bool operator==(const CreditLruConfig&) const = default;
 };
 
+// The settings of AdaptivePolicy (adaptive_policy.h): how fast its shadow caches' scores forget,
+// and how much better a challenger must score to take the lead. Defaults chosen by
+// cross-validation (docs/policy-study.md, section 8).
+struct AdaptiveConfig {
+  // Score half-life, in references per capacity block: (0, 1024].
+  double half_life = 16.0;
+  // Relative lead a challenger needs over the leader's score: [0, 10].
+  double hysteresis = 0.02;
+
+  static constexpr const char* kFieldNames[] = {"half_life", "hysteresis"};
+  // Ok, or InvalidArgument naming the field, its value and the accepted range.
+  Status Validate() const;
+  // Sets field `name` (one of kFieldNames) to `value`, validated; InvalidArgument otherwise.
+  Status Set(std::string_view name, double value);
+
+  bool operator==(const AdaptiveConfig&) const = default;
+};
+
 // Settings of the eviction policies, one member per policy that has any. A tier's config
 // carries one; MakeEvictionPolicy uses the member of the kind it builds and ignores the rest.
 struct PolicyOptions {
   CreditLruConfig credit_lru;
+  AdaptiveConfig adaptive;  // adaptive passes credit_lru on to its credit-lru candidate
 
   bool operator==(const PolicyOptions&) const = default;
 };

@@ -77,6 +77,7 @@ std::optional<BlockKey> LineageLruPolicy::Victim(const EvictablePredicate& evict
     for (const auto& [tick, key] : *set) {
       if (evictable(key)) return key;
     }
+    if (leaf_only_) break;
   }
   return std::nullopt;
 }

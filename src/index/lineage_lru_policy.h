@@ -34,19 +34,26 @@ namespace kvtier {
 
 class LineageLruPolicy final : public EvictionPolicy {
  public:
-  LineageLruPolicy() = default;
+  // `leaf_only`: never evict an inner block, even when every leaf is refused (SGLang's radix
+  // cache and TensorRT-LLM's block reuse evict leaves only); Victim then returns nullopt and the
+  // tier refuses the insert. kind() is kLeafFirstLru then, kLineageLru otherwise. The two rank
+  // identically whenever some leaf is evictable (always, in `kvtier sim`, where nothing is
+  // pinned).
+  explicit LineageLruPolicy(bool leaf_only = false) : leaf_only_(leaf_only) {}
   LineageLruPolicy(const LineageLruPolicy&) = delete;
   LineageLruPolicy& operator=(const LineageLruPolicy&) = delete;
 
-  PolicyKind kind() const override { return PolicyKind::kLineageLru; }
+  PolicyKind kind() const override {
+    return leaf_only_ ? PolicyKind::kLeafFirstLru : PolicyKind::kLineageLru;
+  }
   // A `parent` equal to `key` is ignored (a block cannot be its own child).
   void OnInsert(const BlockKey& key, const BlockKey& parent) override;
   void OnAccess(const BlockKey& key) override;
   // Removing an inner block (an invalidation, or the pinned-leaves fallback) leaves its children
   // tracked; they become leaves or stay inner by their own children only.
   void OnRemove(const BlockKey& key) override;
-  // The least recently used evictable leaf; failing that, the least recently used evictable
-  // inner block; nullopt when nothing is evictable. Asks at most once per key.
+  // The least recently used evictable leaf; failing that (unless leaf_only), the least recently
+  // used evictable inner block; nullopt when nothing is evictable. Asks at most once per key.
   std::optional<BlockKey> Victim(const EvictablePredicate& evictable) override;
   size_t size() const override { return nodes_.size(); }
   bool Contains(const BlockKey& key) const override { return nodes_.contains(key); }
@@ -68,6 +75,7 @@ class LineageLruPolicy final : public EvictionPolicy {
   // its tick. `was_leaf` tells which set it is in now.
   void Reclassify(Node& node, bool was_leaf);
 
+  const bool leaf_only_;
   uint64_t tick_ = 0;
   std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHash> orphan_children_;

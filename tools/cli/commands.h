@@ -20,6 +20,7 @@ int RunBenchManager(const CliArgs& args);   // kvtier bench manager
 int RunBenchDisk(const CliArgs& args);      // kvtier bench disk
 int RunInspect(const CliArgs& args);        // kvtier inspect DIR
 int RunSim(const CliArgs& args);            // kvtier sim --trace FILE
+int RunGenTrace(const CliArgs& args);       // kvtier gen-trace --preset P --out FILE
 int RunDemo(const CliArgs& args);           // kvtier demo
 int RunReplayCommand(const CliArgs& args);  // kvtier replay --trace FILE
 int RunDemoWorkers(const CliArgs& args);    // kvtier demo --workers N (tools/demo/demo_workers.cc)

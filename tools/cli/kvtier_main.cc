@@ -37,6 +37,9 @@ const std::vector<Command>& Commands() {
        RunBenchManager},
       {{"keys"}, "print the block keys of a token sequence", RunKeys},
       {{"sim"}, "replay a block trace through one tier per eviction policy vs Belady", RunSim},
+      {{"gen-trace"},
+       "write a synthetic Mooncake-format workload from a named preset",
+       RunGenTrace},
       {{"replay"},
        "replay a trace through the real manager and tiers: hit ratio, TTFT estimate, vs Belady",
        RunReplayCommand},
@@ -94,10 +97,10 @@ int main(int argc, char** argv) {
     bool match = true;
     for (size_t i = 0; i < c.words.size(); ++i) match = match && c.words[i] == argv[1 + i];
     if (!match) continue;
-    auto args =
-        CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
-                       {"json", "help", "headers-only", "no-fio", "keep", "no-plot", "cluster",
-                        "no-redis-benchmark", "compare-belady", "sweep", "g4-warm"});
+    auto args = CliArgs::Parse(
+        argc, argv, 1 + static_cast<int>(c.words.size()),
+        {"json", "help", "headers-only", "no-fio", "keep", "no-plot", "cluster",
+         "no-redis-benchmark", "compare-belady", "sweep", "g4-warm", "describe", "list"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;

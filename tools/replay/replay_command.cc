@@ -29,8 +29,10 @@ namespace kvtier::cli {
 
 namespace {
 
-constexpr PolicyKind kOnlinePolicies[] = {PolicyKind::kCreditLru, PolicyKind::kLru,
-                                          PolicyKind::kLineageLru, PolicyKind::kS3Fifo};
+constexpr PolicyKind kOnlinePolicies[] = {PolicyKind::kCreditLru,    PolicyKind::kAdaptive,
+                                          PolicyKind::kLru,          PolicyKind::kArc,
+                                          PolicyKind::kWTinyLfu,     PolicyKind::kLineageLru,
+                                          PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
 
 void PrintReplayHelp(const std::string& default_policy) {
   std::printf(
@@ -44,7 +46,8 @@ void PrintReplayHelp(const std::string& default_policy) {
       "                             ({\"tokens\": [...]}); see docs/replay.md\n"
       "  --format auto|mooncake|kvtier   default auto (a first line with hash_ids = mooncake)\n"
       "  --tokens-per-block N       default 512 (Mooncake's block)\n"
-      "  --policy NAME              lru, lineage-lru, s3fifo, credit-lru (default %s,\n"
+      "  --policy NAME              adaptive, credit-lru, lru, arc, w-tinylfu, lineage-lru,\n"
+      "                             leaf-first-lru, s3fifo (default %s,\n"
       "                             the manager's default)\n"
       "  --capacity-fraction F      G2 slots = ceil(F x distinct blocks of the trace); default "
       "0.05\n"
@@ -435,7 +438,8 @@ int RunReplayCommand(const CliArgs& args) {
     o.settings.emplace_back("g2.credit_lru." + key, value);
     o.settings.emplace_back("g3.credit_lru." + key, value);
   }
-  if (!credit_lru->given.empty() && *kind != PolicyKind::kCreditLru) {
+  if (!credit_lru->given.empty() && *kind != PolicyKind::kCreditLru &&
+      *kind != PolicyKind::kAdaptive) {
     std::fprintf(stderr,
                  "kvtier: warning: --credit-lru has no effect with --policy %s; use --policy "
                  "credit-lru\n",
@@ -601,12 +605,12 @@ int RunReplayCommand(const CliArgs& args) {
   }
   auto sim = Simulate(replayed, *kind, total_slots, policy_options);
   if (!sim.ok()) return Failure(sim.status());
-  double belady = -1, unbounded = -1;
+  double belady = -1;
+  const double unbounded = SimulateUnbounded(replayed).hit_ratio();
   if (args.Has("compare-belady")) {
     auto b = Simulate(replayed, PolicyKind::kBelady, total_slots, policy_options);
     if (!b.ok()) return Failure(b.status());
     belady = b->hit_ratio();
-    unbounded = SimulateUnbounded(replayed).hit_ratio();
   }
 
   const PassFigures f = Figures(r);
@@ -657,9 +661,19 @@ int RunReplayCommand(const CliArgs& args) {
         .Add("hit_blocks", r.hits())
         .Add("sim_hit_ratio", sim->hit_ratio());
     if (belady >= 0) {
-      out.Add("belady_hit_ratio", belady)
-          .Add("unbounded_hit_ratio", unbounded)
-          .Add("ratio_to_belady", Ratio(hit_ratio, belady));
+      out.Add("belady_hit_ratio", belady).Add("ratio_to_belady", Ratio(hit_ratio, belady));
+    }
+    // SSD endurance (issue 17): G3 bytes written (real block size) per G3 byte hit; a write that
+    // is never read is wasted flash. null when G3 was written but never hit.
+    out.Add("unbounded_hit_ratio", unbounded)
+        .Add("ratio_to_unbounded", Ratio(hit_ratio, unbounded))
+        .Add("g3_blocks_written", s.demoted_blocks)
+        .Add("g3_bytes_written", s.demoted_blocks * real_block)
+        .Add("g3_hit_bytes", r.hit_blocks[kTierG3] * real_block);
+    if (r.hit_blocks[kTierG3] > 0 || s.demoted_blocks == 0) {
+      out.Add("g3_write_per_hit", Ratio(double(s.demoted_blocks), double(r.hit_blocks[kTierG3])));
+    } else {
+      out.Raw("g3_write_per_hit", "null");
     }
     out.Add("prompt_tokens", r.prompt_tokens)
         .Add("prefill_tokens_saved", r.prefill_tokens_saved)
@@ -777,6 +791,15 @@ int RunReplayCommand(const CliArgs& args) {
   if (belady >= 0) {
     std::printf("belady         %.4f  (replay = %.3f x belady)   unbounded %.4f\n", belady,
                 Ratio(hit_ratio, belady), unbounded);
+  }
+  if (belady < 0)
+    std::printf("unbounded      %.4f  (replay = %.3f x unbounded)\n", unbounded,
+                Ratio(hit_ratio, unbounded));
+  if (r.g3_slots > 0) {
+    std::printf("g3 endurance   %llu blocks written for %llu G3 hits: %.3f written per hit\n",
+                static_cast<unsigned long long>(s.demoted_blocks),
+                static_cast<unsigned long long>(r.hit_blocks[kTierG3]),
+                Ratio(double(s.demoted_blocks), double(r.hit_blocks[kTierG3])));
   }
   std::printf("prefill saved  %llu of %llu prompt tokens (%.1f%%)\n",
               static_cast<unsigned long long>(r.prefill_tokens_saved),

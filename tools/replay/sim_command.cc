@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,14 +20,18 @@ namespace kvtier::cli {
 namespace {
 
 // The online policies `--policy all` runs, the default first.
-constexpr PolicyKind kOnlinePolicies[] = {PolicyKind::kCreditLru, PolicyKind::kLru,
-                                          PolicyKind::kLineageLru, PolicyKind::kS3Fifo};
+// The default of g2.policy / g3.policy (src/core/config.cc).
 constexpr PolicyKind kDefaultPolicy = PolicyKind::kCreditLru;
+constexpr PolicyKind kOnlinePolicies[] = {
+    kDefaultPolicy,        PolicyKind::kAdaptive,   PolicyKind::kLru,          PolicyKind::kArc,
+    PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
+// The baselines the default must stay within 2% of (issue 17).
+constexpr PolicyKind kBaselines[] = {PolicyKind::kLru, PolicyKind::kArc, PolicyKind::kWTinyLfu};
 
 void PrintSimHelp() {
   std::printf(
       "usage: kvtier sim --trace FILE [--capacity-fraction F] [--policy NAME|all]\n"
-      "                  [--credit-lru KEY=VALUE]... [--json]\n"
+      "                  [--credit-lru KEY=VALUE]... [--adaptive KEY=VALUE]... [--json]\n"
       "  Replays a Mooncake-format block trace (JSONL: {\"hash_ids\": [...], ...} per line,\n"
       "  prefix-chained ids) through ONE cache tier and reports the hit ratio of each policy,\n"
       "  of Belady's offline optimum and of an unbounded cache.\n"
@@ -36,10 +41,16 @@ void PrintSimHelp() {
       "                            default 0.05\n"
       "  --policy NAME|all         %s, or all (default %s)\n"
       "%s"
+      "  --adaptive KEY=VALUE      a setting of adaptive: half_life (score half-life in\n"
+      "                            references per capacity block, default 16) or hysteresis\n"
+      "                            (relative lead to take over, default 0.02); repeatable\n"
       "  --json                    one JSON object: hit_ratio (of --policy; of %s for all),\n"
       "                            belady_hit_ratio, unbounded_hit_ratio, ratio_to_belady,\n"
       "                            policies {name: {hit_ratio, ratio_to_belady, ...}},\n"
-      "                            credit_lru {the settings credit-lru ran with}\n"
+      "                            credit_lru {the settings credit-lru ran with}; with all:\n"
+      "                            best_baseline (of lru, arc, w-tinylfu), its hit_ratio,\n"
+      "                            default_vs_best_baseline, default_gain_over_lru, and per\n"
+      "                            policy vs_best_baseline and gain_over_lru\n"
       "\n"
       "  Semantics: requests are served one at a time in trace order. A request's prefix hits\n"
       "  are its blocks from the first up to its first block that is not cached; only they\n"
@@ -47,8 +58,9 @@ void PrintSimHelp() {
       "  the policy's victim when the tier is full); one that happens to be cached already is\n"
       "  used but is not a hit. A block's parent is the previous block of its request.\n"
       "  Nothing is pinned. hit_ratio = prefix-hit blocks / all blocks.\n",
-      "lru, lineage-lru, s3fifo, credit-lru", PolicyKindName(kDefaultPolicy),
-      CreditLruFlagsHelp(28).c_str(), PolicyKindName(kDefaultPolicy));
+      "credit-lru, adaptive, lru, arc, w-tinylfu, lineage-lru, leaf-first-lru, s3fifo",
+      PolicyKindName(kDefaultPolicy), CreditLruFlagsHelp(28).c_str(),
+      PolicyKindName(kDefaultPolicy));
 }
 
 struct PolicyRun {
@@ -78,6 +90,16 @@ Result<PolicyRun> RunOne(const Trace& trace, PolicyKind kind, uint64_t capacity,
 
 double Ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+// The whole of `text` as a finite number; InvalidArgument otherwise.
+Result<double> ParseFiniteDouble(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) {
+    return Status::InvalidArgument("not a finite number: '" + text + "'");
+  }
+  return v;
+}
+
 }  // namespace
 
 int RunSim(const CliArgs& args) {
@@ -85,8 +107,8 @@ int RunSim(const CliArgs& args) {
     PrintSimHelp();
     return 0;
   }
-  if (Status s =
-          args.CheckKnown({"help", "json", "trace", "capacity-fraction", "policy", "credit-lru"});
+  if (Status s = args.CheckKnown(
+          {"help", "json", "trace", "capacity-fraction", "policy", "credit-lru", "adaptive"});
       !s.ok()) {
     return UsageError(s);
   }
@@ -94,6 +116,19 @@ int RunSim(const CliArgs& args) {
   if (!credit_lru.ok()) return UsageError(credit_lru.status());
   PolicyOptions options;
   options.credit_lru = credit_lru->config;
+  for (const std::string& kv : args.GetAll("adaptive")) {
+    const size_t eq = kv.find('=');
+    auto value = eq == std::string::npos ? Result<double>(Status::InvalidArgument(""))
+                                         : ParseFiniteDouble(kv.substr(eq + 1));
+    if (!value.ok()) {
+      return UsageError(Status::InvalidArgument("--adaptive '" + kv +
+                                                "': expected KEY=NUMBER, KEY one of half_life, "
+                                                "hysteresis"));
+    }
+    if (Status s = options.adaptive.Set(kv.substr(0, eq), *value); !s.ok()) {
+      return UsageError(Status::InvalidArgument("--adaptive: " + s.message()));
+    }
+  }
   if (!args.Has("trace")) return UsageError(Status::InvalidArgument("--trace FILE is required"));
   auto fraction = args.GetDouble("capacity-fraction", 0.05);
   if (!fraction.ok()) return UsageError(fraction.status());
@@ -116,10 +151,11 @@ int RunSim(const CliArgs& args) {
     kinds.push_back(*kind);
   }
   if (!credit_lru->given.empty() &&
-      std::find(kinds.begin(), kinds.end(), PolicyKind::kCreditLru) == kinds.end()) {
+      std::find(kinds.begin(), kinds.end(), PolicyKind::kCreditLru) == kinds.end() &&
+      std::find(kinds.begin(), kinds.end(), PolicyKind::kAdaptive) == kinds.end()) {
     std::fprintf(stderr,
                  "kvtier: warning: --credit-lru has no effect with --policy %s; use --policy "
-                 "credit-lru or all\n",
+                 "credit-lru, adaptive or all\n",
                  policy_name.c_str());
   }
 
@@ -147,6 +183,18 @@ int RunSim(const CliArgs& args) {
   const double belady_ratio = belady->result.hit_ratio();
   const PolicyRun& headline = runs.front();
 
+  // The best of the baselines and LRU, when they ran (--policy all).
+  const PolicyRun* best = nullptr;
+  const PolicyRun* lru = nullptr;
+  for (const PolicyRun& run : runs) {
+    for (PolicyKind b : kBaselines) {
+      if (run.name != PolicyKindName(b)) continue;
+      if (best == nullptr || run.result.hit_ratio() > best->result.hit_ratio()) best = &run;
+      if (b == PolicyKind::kLru) lru = &run;
+    }
+  }
+  const bool compare = policy_name == "all" && best != nullptr && lru != nullptr;
+
   if (args.Has("json")) {
     JsonObject per_policy;
     for (const PolicyRun& run : runs) {
@@ -157,6 +205,10 @@ int RunSim(const CliArgs& args) {
           .Add("inserts", run.result.inserts)
           .Add("evictions", run.result.evictions)
           .Add("seconds", run.seconds);
+      if (compare) {
+        o.Add("vs_best_baseline", Ratio(run.result.hit_ratio(), best->result.hit_ratio()))
+            .Add("gain_over_lru", Ratio(run.result.hit_ratio(), lru->result.hit_ratio()));
+      }
       per_policy.Raw(run.name, o.Str());
     }
     JsonObject out;
@@ -174,6 +226,15 @@ int RunSim(const CliArgs& args) {
         .Add("ratio_to_belady", Ratio(headline.result.hit_ratio(), belady_ratio))
         .Raw("policies", per_policy.Str())
         .Raw("credit_lru", CreditLruJson(options.credit_lru));
+    if (compare) {
+      out.Add("default_policy", PolicyKindName(kDefaultPolicy))
+          .Add("best_baseline", best->name)
+          .Add("best_baseline_hit_ratio", best->result.hit_ratio())
+          .Add("default_vs_best_baseline",
+               Ratio(headline.result.hit_ratio(), best->result.hit_ratio()))
+          .Add("default_gain_over_lru",
+               Ratio(headline.result.hit_ratio(), lru->result.hit_ratio()));
+    }
     std::printf("%s\n", out.Str().c_str());
     return 0;
   }
