@@ -215,6 +215,21 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        {},
        0,
        1e9},
+      // Prometheus /metrics (docs/metrics.md).
+      {"metrics.port",
+       T::kUint,
+       "0",
+       "serve Prometheus /metrics on this TCP port (0: off)",
+       0,
+       65535,
+       {}},
+      {"metrics.bind",
+       T::kString,
+       "127.0.0.1",
+       "address the /metrics endpoint listens on (0.0.0.0: every interface)",
+       0,
+       UINT64_MAX,
+       {}},
   };
 }
 

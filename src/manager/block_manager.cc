@@ -171,10 +171,32 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     KVTIER_LOG(kInfo) << "G3: " << recovered.size() << " blocks recovered from "
                       << cfg.GetString("g3.dir");
   }
+  return InitMetrics();
+}
+
+Status BlockManager::Impl::InitMetrics() {
+  ManagerMetrics::Sources sources;
+  sources.stats = [this] { return Stats(); };
+  sources.queues = [this] {
+    ManagerMetrics::Queues q;
+    q.queued_saves = engine_->queued_saves();
+    q.demotions_in_flight = demotions_in_flight_.load(std::memory_order_relaxed);
+    q.g4_writes_in_flight = g4_writes_in_flight_.load(std::memory_order_relaxed);
+    return q;
+  };
+  sources.block_bytes = layout_.BlockBytes();
+  KVTIER_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Create(options_.config, std::move(sources)));
+  if (!metrics_) return Status::Ok();
+  engine_->SetIoObserver([m = metrics_.get()](TierId tier, bool write, std::chrono::nanoseconds t) {
+    if (Histogram* h = m->io[tier][write ? 1 : 0]) h->ObserveNanos(t.count());
+  });
+  KVTIER_LOG(kInfo) << "metrics: serving /metrics on " << options_.config.GetString("metrics.bind")
+                    << ":" << metrics_->port();
   return Status::Ok();
 }
 
 BlockManager::Impl::~Impl() {
+  metrics_.reset();  // no scrape may read the tiers while they close
   if (g3_ && options_.config.GetBool("g3.flush_on_close")) FlushG2ToG3();
   // A demotion fed on to G4 submits its G4 write when its G3 write ends: let those chains end
   // while the transfer engine is whole.
@@ -405,6 +427,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   }
   KVTIER_ASSIGN_OR_RETURN(const BlockHasher* hasher, HasherFor(spec.cache_salt, spec.adapter_id));
   c_.lookups.fetch_add(1, std::memory_order_relaxed);
+  const ScopedLatency latency(metrics_ ? metrics_->lookup : nullptr);
 
   std::vector<BlockKey> keys;
   bool reuse_keys = false;
@@ -604,6 +627,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
 
 Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const TokenId> tokens,
                                   std::span<const uint32_t> g1_block_ids) {
+  const ScopedLatency latency(metrics_ ? metrics_->commit : nullptr);
   struct Candidate {
     BlockKey key, parent;
     uint32_t g1_block;
@@ -822,7 +846,9 @@ Status BlockManager::Impl::StartSave() {
   // (a request's blocks in prefix order), whatever order the copy workers finished them in: the
   // lineage-aware policies see a parent before its child, and the same replay gives the same
   // index on every run. Then write-through to G4, as one batch.
-  auto on_done = [this, shared](const TransferJob& job) {
+  const auto submitted = std::chrono::steady_clock::now();
+  auto on_done = [this, shared, submitted](const TransferJob& job) {
+    const int64_t took = metrics_ ? (std::chrono::steady_clock::now() - submitted).count() : 0;
     std::vector<G4Write> writes;
     for (size_t i = 0; i < shared->size(); ++i) {
       const PendingSave& s = (*shared)[i];
@@ -833,6 +859,7 @@ Status BlockManager::Impl::StartSave() {
       }
       if (stored) {
         c_.saved.fetch_add(1, std::memory_order_relaxed);
+        if (metrics_) metrics_->save->ObserveNanos(took);
         Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
         if (auto w = PrepareWriteThrough(s.key, s.parent, s.g2_slot)) {
           // Counted before the save ends, so WaitForSaves sees it.
@@ -942,7 +969,9 @@ Status BlockManager::Impl::StartLoad() {
           }
         }
       },
-      [this, shared](const TransferJob& j) { OnLoadBatchDone(*shared, j); });
+      [this, shared, started = std::chrono::steady_clock::now()](const TransferJob& j) {
+        OnLoadBatchDone(*shared, j, started);
+      });
   if (!job.ok()) {
     // Unreachable for loads unless a move is invalid (a bug): undo the pins and staging slots.
     KVTIER_LOG(kError) << "internal: load batch refused: " << job.status().ToString();
@@ -951,7 +980,7 @@ Status BlockManager::Impl::StartLoad() {
     for (const PlannedLoad& p : *shared) {
       if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
     }
-    OnLoadBatchDone(*shared, *dummy);
+    OnLoadBatchDone(*shared, *dummy, std::chrono::steady_clock::now());
     return job.status();
   }
   MutexLock lock(&mu_);
@@ -965,7 +994,9 @@ Status BlockManager::Impl::StartLoad() {
 }
 
 void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
-                                         const TransferJob& job) {
+                                         const TransferJob& job,
+                                         std::chrono::steady_clock::time_point started) {
+  const int64_t took = metrics_ ? (std::chrono::steady_clock::now() - started).count() : 0;
   std::vector<BlockKey> pinned, hits;
   pinned.reserve(loads.size());
   std::vector<std::pair<std::string, uint32_t>> intact;  // request -> blocks loaded intact
@@ -978,6 +1009,7 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     if (ok && !is_broken) {
       hits.push_back(p.key);
       c_.hit_blocks[p.source].fetch_add(1, std::memory_order_relaxed);
+      if (metrics_ && metrics_->load[p.source]) metrics_->load[p.source]->ObserveNanos(took);
       if (intact.empty() || intact.back().first != p.request_id)
         intact.emplace_back(p.request_id, 0);
       ++intact.back().second;
