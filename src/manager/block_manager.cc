@@ -102,7 +102,9 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     // Frequency admission is the manager's (it sees every use); the tier keeps only the budget.
     dc.admission.min_seen = 1;
     dc.admission.write_budget_bytes_per_s = cfg.GetBytes("g3.write_budget_bytes_per_s");
-    auto opened = DiskTier::Open(dc, g3_open);
+    DiskTier::OpenOptions open = g3_open;
+    if (!open.recovery_progress) open.recovery_progress = options_.g3_recovery_progress;
+    auto opened = DiskTier::Open(dc, open);
     if (opened.ok()) {
       g3_ = std::move(opened->tier);
       recovered = std::move(opened->recovered);
@@ -196,7 +198,9 @@ Status BlockManager::Impl::InitMetrics() {
 }
 
 BlockManager::Impl::~Impl() {
-  metrics_.reset();  // no scrape may read the tiers while they close
+  // No scrape may read the tiers while they close. The histograms stay until the members go
+  // (after engine_, below): the flush and the drain still record I/O into them.
+  if (metrics_) metrics_->StopServer();
   if (g3_ && options_.config.GetBool("g3.flush_on_close")) FlushG2ToG3();
   // A demotion fed on to G4 submits its G4 write when its G3 write ends: let those chains end
   // while the transfer engine is whole.

@@ -294,7 +294,8 @@ class BlockManager::Impl {
     std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};
   };
   Counters c_;
-  // Null when metrics are off. Destroyed first (~Impl): its server's scrapes read the tiers.
+  // Null when metrics are off. ~Impl stops its server first (scrapes read the tiers); the
+  // histograms live until after engine_ is gone (its I/O threads record into them).
   std::unique_ptr<ManagerMetrics> metrics_;
 };
 

@@ -41,8 +41,10 @@ class ManagerMetrics {
   static Result<std::unique_ptr<ManagerMetrics>> Create(const Config& config, Sources sources);
   // Stops the server first: no scrape runs once this returns.
   ~ManagerMetrics();
+  // Stops serving /metrics (joins the server's thread); recording stays valid. Idempotent.
+  void StopServer() { server_.reset(); }
 
-  // The port served (the one asked for).
+  // The port served (the one asked for). REQUIRES: StopServer not called.
   uint16_t port() const { return server_->port(); }
   // The whole exposition, as GET /metrics returns it.
   std::string Render() const;

@@ -59,8 +59,9 @@ Progress::~Progress() {
   if (drawn_) Finish();
 }
 
-void Progress::Update(uint64_t done) {
+void Progress::Update(uint64_t done, uint64_t total) {
   done_ = done;
+  if (total != 0) total_ = total;
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
   if (drawn_ && now - last_draw_ < std::chrono::milliseconds(200)) return;

@@ -22,8 +22,9 @@ class Progress {
   // Whether progress is drawn at all: stderr is a terminal and KVTIER_PROGRESS is not 0.
   static bool Enabled();
 
-  // Sets the count done. Cheap when not drawing (a clock read at most).
-  void Update(uint64_t done);
+  // Sets the count done (and the total, when `total` is not 0). Cheap when not drawing (a clock
+  // read at most).
+  void Update(uint64_t done, uint64_t total = 0);
   // Draws the final state and ends the line. Idempotent.
   void Finish();
   // Erases the line drawn so far (before other output to the terminal); the next Update
@@ -34,7 +35,7 @@ class Progress {
   void Draw(bool final);
 
   const std::string label_;
-  const uint64_t total_;
+  uint64_t total_;
   const std::string unit_;
   const bool enabled_;
   const std::chrono::steady_clock::time_point start_;

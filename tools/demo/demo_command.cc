@@ -356,12 +356,21 @@ int RunDemo(const CliArgs& args) {
   }
   std::unique_ptr<BlockManager> manager;
   std::unique_ptr<Engine> with;
+  Progress progress("demo", uint64_t{users} * (turns + 1), "turns");
   // (Re)starts kvtier: a restart shuts the old manager down cleanly (its G2 goes to G3) and
   // opens a new one on the same G3 directory (a warm restart: it recovers those blocks).
   auto start_kvtier = [&]() -> Status {
     with.reset();
     manager.reset();
-    KVTIER_ASSIGN_OR_RETURN(manager, BlockManager::Create(mo));
+    progress.Clear();
+    {
+      Progress recovery("G3 recovery (header scan)", 0, "slots");
+      ManagerOptions opts = mo;
+      opts.g3_recovery_progress = [&recovery](uint64_t scanned, uint64_t total) {
+        recovery.Update(scanned, total);
+      };
+      KVTIER_ASSIGN_OR_RETURN(manager, BlockManager::Create(opts));
+    }
     KVTIER_ASSIGN_OR_RETURN(with, Engine::Create(model, manager.get(), g1_blocks, kTokensPerBlock));
     return Status::Ok();
   };
@@ -397,7 +406,6 @@ int RunDemo(const CliArgs& args) {
   // Counters summed per turn (a restart starts the manager's counters anew).
   uint64_t asked = 0, missed = 0, demoted = 0, promoted = 0;
   std::array<uint64_t, kNumTiers> hits{};
-  Progress progress("demo", uint64_t{users} * (turns + 1), "turns");
   auto run_turn = [&](uint32_t u, uint32_t t, bool after_restart) -> Status {
     TurnResult r;
     r.user = u;
