@@ -254,7 +254,9 @@ class TopUnderTmux(unittest.TestCase):
         try:
             wait_up(port, demo, limit=120)
             self.start_top(f"http://127.0.0.1:{port}/metrics", f"127.0.0.1:{down}")
-            screen = self.wait_for(r"occupancy g2 +\[")
+            # The demo's figures: its first Lookup is done once the model has loaded.
+            screen = self.wait_for(r"lookups +[1-9][0-9]* ", limit=120)
+            self.assertRegex(screen, r"occupancy g2 +\[")
             self.assertIn(f"http://127.0.0.1:{port}/metrics  up", screen)
             self.assertRegex(screen, r"hit ratio +g2 +[0-9.]+%")
             self.assertRegex(screen, r"lookups +[0-9]+")
