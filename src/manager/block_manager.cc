@@ -190,7 +190,9 @@ Status BlockManager::Impl::InitMetrics() {
   KVTIER_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Create(options_.config, std::move(sources)));
   if (!metrics_) return Status::Ok();
   engine_->SetIoObserver([m = metrics_.get()](TierId tier, bool write, std::chrono::nanoseconds t) {
-    if (Histogram* h = m->io[tier][write ? 1 : 0]) h->ObserveNanos(t.count());
+    if (Histogram* h = m->io[tier][write ? 1 : 0]) {
+      h->ObserveNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(t).count());
+    }
   });
   KVTIER_LOG(kInfo) << "metrics: serving /metrics on " << options_.config.GetString("metrics.bind")
                     << ":" << metrics_->port();
@@ -852,7 +854,7 @@ Status BlockManager::Impl::StartSave() {
   // index on every run. Then write-through to G4, as one batch.
   const auto submitted = std::chrono::steady_clock::now();
   auto on_done = [this, shared, submitted](const TransferJob& job) {
-    const int64_t took = metrics_ ? (std::chrono::steady_clock::now() - submitted).count() : 0;
+    const int64_t took = metrics_ ? NanosSince(submitted) : 0;
     std::vector<G4Write> writes;
     for (size_t i = 0; i < shared->size(); ++i) {
       const PendingSave& s = (*shared)[i];
@@ -1000,7 +1002,7 @@ Status BlockManager::Impl::StartLoad() {
 void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
                                          const TransferJob& job,
                                          std::chrono::steady_clock::time_point started) {
-  const int64_t took = metrics_ ? (std::chrono::steady_clock::now() - started).count() : 0;
+  const int64_t took = metrics_ ? NanosSince(started) : 0;
   std::vector<BlockKey> pinned, hits;
   pinned.reserve(loads.size());
   std::vector<std::pair<std::string, uint32_t>> intact;  // request -> blocks loaded intact
