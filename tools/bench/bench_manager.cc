@@ -26,6 +26,8 @@
 #include "cli/progress.h"
 #include "core/parallel.h"
 #include "kvtier/connector.h"
+#include "manager/manager_metrics.h"
+#include "metrics/metrics.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 
@@ -265,7 +267,8 @@ struct PhaseRun {
 };
 
 // One manager (G2 only), metrics on `port` (0: off), scraped every 100 ms while on: saves the
-// prompts, then lookups for 0.5 s and one load of every prompt from G2, as the main run does.
+// prompts, then lookups for 0.5 s and three loads of every prompt from G2 (the best one), as
+// the main run measures them.
 Result<PhaseRun> LookupAndG2Load(const Args& a, const KvLayout& layout, const G1Memory& g1,
                                  uint16_t port) {
   const uint32_t blocks = a.prompts * a.prompt_blocks;
@@ -307,14 +310,47 @@ Result<PhaseRun> LookupAndG2Load(const Args& a, const KvLayout& layout, const G1
     }
   }
   run.lookup_per_s = static_cast<double>(lookups) / lw.Seconds();
-  auto load = LoadPrompts(*m, "g2-", 0, a.prompts, a.prompt_blocks);
+  // Three loads of every prompt from G2 (the blocks stay in G2); the best one.
+  for (int i = 0; i < 3 && failed.ok(); ++i) {
+    auto load = LoadPrompts(*m, "g2-" + std::to_string(i) + "-", 0, a.prompts, a.prompt_blocks);
+    if (!load.ok()) {
+      failed = load.status();
+      break;
+    }
+    run.load_gbps_g2 =
+        std::max(run.load_gbps_g2, static_cast<double>(load->bytes) / load->seconds / 1e9);
+  }
   stop = true;
   if (scraper.joinable()) scraper.join();
   KVTIER_RETURN_IF_ERROR(failed);
-  if (!load.ok()) return load.status();
-  run.load_gbps_g2 = static_cast<double>(load->bytes) / load->seconds / 1e9;
   run.scrapes = scrapes.load();
   return run;
+}
+
+// What metrics add to one timed operation when on: two clock reads and one histogram
+// observation (ScopedLatency), in ns of the recording thread's CPU time (wall time on a shared
+// machine counts other processes' turns); best of 3 rounds of 2M, from 2 threads at once on the
+// same histogram (its cache lines contended, worse than a manager's threads ever contend them).
+double RecordingCostNs() {
+  Histogram h;
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    constexpr int kOps = 2000000;
+    std::vector<std::thread> threads;
+    std::vector<double> ns(2);
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&h, &ns, t] {
+        const double cpu0 = ThreadCpuMicros();
+        for (int i = 0; i < kOps; ++i) {
+          const ScopedLatency timed(&h);
+        }
+        ns[t] = (ThreadCpuMicros() - cpu0) * 1e3 / kOps;
+      });
+    }
+    for (auto& th : threads) th.join();
+    best = std::min(best, *std::min_element(ns.begin(), ns.end()));
+  }
+  return best;
 }
 
 // Metrics off vs on (scraped at 10 Hz), interleaved, `reps` times each; best of each.
@@ -347,6 +383,10 @@ int RunMetricsCompare(const Args& a, uint32_t reps, bool json) {
     return Failure(Status::Internal("the metrics-on runs were never scraped"));
   }
   const double lookup_ratio = on.lookup_per_s / off.lookup_per_s;
+  // The bound that noise cannot blur: the recording cost against the time of one operation.
+  const double record_ns = RecordingCostNs();
+  const double lookup_ns = 1e9 / off.lookup_per_s;
+  const double block_load_ns = 1e9 * layout.BlockBytes() / (off.load_gbps_g2 * 1e9);
   const double load_ratio = on.load_gbps_g2 / off.load_gbps_g2;
   if (json) {
     JsonObject out;
@@ -361,7 +401,13 @@ int RunMetricsCompare(const Args& a, uint32_t reps, bool json) {
         .Add("load_g2_ratio_to_memcpy_off", off.load_gbps_g2 / memcpy_gbps)
         .Add("load_g2_ratio_to_memcpy_on", on.load_gbps_g2 / memcpy_gbps)
         .Add("scrapes", on.scrapes)
-        .Add("within_2_percent", lookup_ratio >= 0.98 && load_ratio >= 0.98);
+        .Add("record_ns", record_ns)
+        .Add("lookup_ns", lookup_ns)
+        .Add("record_share_of_lookup", record_ns / lookup_ns)
+        .Add("record_share_of_block_load", record_ns / block_load_ns)
+        .Add("within_2_percent", lookup_ratio >= 0.98 && load_ratio >= 0.98)
+        .Add("record_bound_within_2_percent",
+             record_ns / lookup_ns < 0.02 && record_ns / block_load_ns < 0.02);
     std::printf("%s\n", out.Str().c_str());
   } else {
     std::printf(
@@ -373,6 +419,10 @@ int RunMetricsCompare(const Args& a, uint32_t reps, bool json) {
     std::printf(
         "  load G2->G1  off %10.2f GB/s   on %10.2f GB/s   on/off %.3f   (memcpy %.2f GB/s)\n",
         off.load_gbps_g2, on.load_gbps_g2, load_ratio, memcpy_gbps);
+    std::printf(
+        "  recording    %.1f ns per timed operation = %.4f of a lookup, %.6f of a block "
+        "load\n",
+        record_ns, record_ns / lookup_ns, record_ns / block_load_ns);
   }
   return 0;
 }
