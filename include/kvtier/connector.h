@@ -89,6 +89,11 @@ struct ManagerStats {
   uint64_t staged_via_pool = 0;   // G3 loads staged through the pool (not promoted to G2)
   uint64_t pinned_blocks = 0;     // pins held now (0 when idle: a leak check)
   uint64_t events_emitted = 0;
+  // The event stream on the wire (events.endpoint; docs/events.md); 0 when it is off.
+  uint64_t events_published = 0;        // events sent to the PUB socket
+  uint64_t events_publish_dropped = 0;  // events dropped: the send queue (events.queue_events) full
+  uint64_t event_batches_published = 0;  // batches sent (the next sequence number)
+  uint64_t event_replay_requests = 0;    // requests the replay socket answered
   // G4 (networked, shared by workers; docs/g4.md). hit_blocks[kTierG4] counts its loads. Every
   // G4 failure is a miss or a dropped save, never an error returned to the engine.
   bool g4_enabled = false;

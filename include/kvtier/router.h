@@ -9,7 +9,8 @@
 //
 // where a worker supplies the longest prefix of the request's blocks that it holds in any tier
 // (each block from the fastest tier holding it; G4 counts for every worker, since it is shared).
-// It picks the worker with the lowest estimate among those that are up.
+// It picks the worker with the lowest estimate among those that are up; equal estimates go to
+// the worker with the shorter queue, then to the lower WorkerId (deterministic).
 //
 // The router knows keys and events only, never a BlockManager (docs/router.md). Used by
 // `kvtier replay --workers N --router kvtier` and by `kvtier router` (the HTTP proxy, through
@@ -62,7 +63,7 @@ struct RouteCandidate {
 };
 
 struct RouteDecision {
-  WorkerId worker = 0;                    // the candidate with the lowest ttft_s among those up
+  WorkerId worker = 0;                     // the candidate with the lowest ttft_s among those up
   std::vector<RouteCandidate> candidates;  // every known worker, in WorkerId order
 };
 
@@ -88,15 +89,19 @@ class KvRouter {
 
   // Applies a worker's events, in order: kStored adds (worker, tier, key), kRemoved drops it.
   // A G4 event is recorded once for all workers (whoever reports it). NotFound when the worker is
-  // unknown; nothing is applied then.
+  // unknown, InvalidArgument for an event whose tier or kind is out of range (says which);
+  // nothing is applied then. A removal of a block the index does not hold is ignored.
   virtual Status Apply(WorkerId worker, std::span<const KvEvent> events) = 0;
   // Drops every block the worker holds in `tiers` (a mask of 1 << TierId; G4 is shared and is
   // cleared only when its bit is given). vLLM's AllBlocksCleared, or a worker restart.
+  // NotFound when the worker is unknown; InvalidArgument for bits past G4.
   virtual Status ClearWorker(WorkerId worker, uint8_t tiers) = 0;
 
   // The estimate for a request whose full blocks have keys `keys` (chained, first block first)
-  // and whose prompt has `prompt_tokens` tokens (>= keys.size() * tokens_per_block). The last
-  // prompt token is always computed. Unavailable when no worker is up; InvalidArgument when
+  // and whose prompt has `prompt_tokens` tokens (> (keys.size() - 1) * tokens_per_block and
+  // >= 1: the last key may name a partial block, as Mooncake's last hash id does). A worker
+  // supplies each block it holds from its cheapest tier; the last prompt token is always
+  // computed (compute_tokens >= 1). Unavailable when no worker is up; InvalidArgument when
   // prompt_tokens is too small for the keys.
   virtual Result<RouteDecision> Route(std::span<const BlockKey> keys,
                                       uint32_t prompt_tokens) const = 0;

@@ -29,6 +29,7 @@
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
+#include "router_bindings.h"
 
 namespace py = pybind11;
 
@@ -188,6 +189,10 @@ py::dict StatsDict(const ManagerStats& s) {
   d["staged_via_pool"] = s.staged_via_pool;
   d["pinned_blocks"] = s.pinned_blocks;
   d["events_emitted"] = s.events_emitted;
+  d["events_published"] = s.events_published;
+  d["events_publish_dropped"] = s.events_publish_dropped;
+  d["event_batches_published"] = s.event_batches_published;
+  d["event_replay_requests"] = s.event_replay_requests;
   d["g4_enabled"] = s.g4_enabled;
   d["g4_breaker_open"] = s.g4_breaker_open;
   d["g4_lookup_blocks"] = s.g4_lookup_blocks;
@@ -445,15 +450,39 @@ PYBIND11_MODULE(_kvtier, mod) {
              d["events_dropped"] = self.events_ ? self.events_->dropped() : 0;
              return d;
            })
-      .def("take_events",
-           [](PyBlockManager& self) {
-             py::list out;
-             if (!self.events_) return out;
-             for (const KvEvent& e : self.events_->Drain()) {
-               out.append(py::make_tuple(KvEventKindName(e.kind), KeyBytes(e.key),
-                                         KeyBytes(e.parent), TierName(e.tier), e.time_ns));
-             }
-             return out;
-           })
+      // details=False: (kind, key, parent, tier, time_ns) tuples, as before. details=True: a
+      // dict per event with those names plus what the wire carries (docs/events.md):
+      // token_ids, block_size, parent_is_root, lora_name, cache_salt, namespace_known.
+      .def(
+          "take_events",
+          [](PyBlockManager& self, bool details) {
+            py::list out;
+            if (!self.events_) return out;
+            for (const KvEvent& e : self.events_->Drain()) {
+              if (!details) {
+                out.append(py::make_tuple(KvEventKindName(e.kind), KeyBytes(e.key),
+                                          KeyBytes(e.parent), TierName(e.tier), e.time_ns));
+                continue;
+              }
+              py::dict d;
+              d["kind"] = KvEventKindName(e.kind);
+              d["key"] = KeyBytes(e.key);
+              d["parent"] = KeyBytes(e.parent);
+              d["tier"] = TierName(e.tier);
+              d["time_ns"] = e.time_ns;
+              d["token_ids"] = py::list(py::cast(e.token_ids));
+              d["block_size"] = e.block_size;
+              d["parent_is_root"] = e.parent_is_root;
+              d["lora_name"] = e.lora_name;
+              d["cache_salt"] = e.cache_salt;
+              d["namespace_known"] = e.namespace_known;
+              out.append(std::move(d));
+            }
+            return out;
+          },
+          py::arg("details") = false)
       .def_property_readonly("layout", [](PyBlockManager& self) { return self.m().layout(); });
+
+  // ---- routing: BlockHasher, KvRouter (router_bindings.cc) ----
+  BindRouter(mod, &Throw);
 }

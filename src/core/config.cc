@@ -230,6 +230,38 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        0,
        UINT64_MAX,
        {}},
+      // KV events on the wire in vLLM's format (docs/events.md).
+      {"events.endpoint",
+       T::kString,
+       "",
+       "ZMQ PUB address of the KV event stream (tcp://*:5557 binds, tcp://host:5557 connects to "
+       "a subscriber that binds; empty: off)",
+       0,
+       UINT64_MAX,
+       {}},
+      {"events.replay_endpoint",
+       T::kString,
+       "",
+       "ZMQ ROUTER address (bound) that replays past batches from a sequence number (empty: none)",
+       0,
+       UINT64_MAX,
+       {}},
+      {"events.topic", T::kString, "", "topic frame of every event message", 0, UINT64_MAX, {}},
+      {"events.queue_events",
+       T::kUint,
+       "100000",
+       "events waiting to be sent at most; beyond it events are dropped and counted",
+       1,
+       1u << 24,
+       {}},
+      {"events.replay_batches", T::kUint, "10000", "batches kept for replay", 0, 1u << 20, {}},
+      {"events.data_parallel_rank",
+       T::kUint,
+       "0",
+       "data_parallel_rank written in every batch (vLLM's)",
+       0,
+       1u << 16,
+       {}},
   };
 }
 
@@ -351,6 +383,9 @@ std::string Allowed(const ConfigFieldSpec& spec) {
   if (spec.name == "g4.endpoints") {
     return "comma-separated host:port (e.g. 127.0.0.1:6379,[::1]:6380), or empty (not set)";
   }
+  if (spec.name == "events.endpoint" || spec.name == "events.replay_endpoint") {
+    return "a ZMQ address: tcp://*:5557 (bind), tcp://HOST:PORT, ipc://PATH, or empty (off)";
+  }
   switch (spec.type) {
     case ConfigType::kBytes:
       return "a size in bytes from " + std::to_string(spec.min) +
@@ -400,6 +435,12 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
     case ConfigType::kString:
       // Empty is allowed only where the default is empty ("not set", e.g. g4.password).
       if (value.empty() && !spec.default_value.empty()) return Status::InvalidArgument("empty");
+      if ((spec.name == "events.endpoint" || spec.name == "events.replay_endpoint") &&
+          !value.empty() && !value.starts_with("tcp://") && !value.starts_with("ipc://") &&
+          !value.starts_with("inproc://")) {
+        return Status::InvalidArgument(
+            "not a ZMQ address (tcp://HOST:PORT, tcp://*:PORT, ipc://PATH or inproc://NAME)");
+      }
       if (spec.name == "g4.endpoints") {
         // Checked here, so that `kvtier config` refuses what the Redis store would refuse.
         size_t start = 0;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/log.h"
+#include "events/event_publisher.h"
 #include "manager/block_manager_impl.h"
 #include "tier/cond_wait.h"
 
@@ -162,14 +163,19 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
       g3_.reset();
     }
   }
+  KVTIER_RETURN_IF_ERROR(InitEventPublisher());
   if (g3_) {
-    // Warm restart: what G3 held before is servable again.
+    // Warm restart: what G3 held before is servable again. Its headers hold each block's
+    // tokens; the names of its namespace are not known yet (namespace_known = false).
     MutexLock lock(&events_mu_);
     for (const RecoveredBlock& b : recovered) {
       if (index_->Insert(b.key, b.parent, kTierG3, b.slot).ok()) {
-        recovered_events_.push_back(Event(KvEvent::Kind::kStored, b.key, b.parent, kTierG3));
+        recovered_events_.push_back(
+            StoredEvent(b.key, b.parent, kTierG3, b.namespace_id, b.tokens, /*always=*/true));
       }
     }
+    // The wire hears of them too, right after its AllBlocksCleared.
+    if (publisher_) publisher_->Publish(recovered_events_);
     KVTIER_LOG(kInfo) << "G3: " << recovered.size() << " blocks recovered from "
                       << cfg.GetString("g3.dir");
   }
@@ -213,6 +219,34 @@ BlockManager::Impl::~Impl() {
     Status s = g3_->Close();
     if (!s.ok()) KVTIER_LOG(kWarn) << "G3 close: " << s.ToString();
   }
+  // Nothing emits any more: the publisher sends what is queued and stops.
+  publisher_.reset();
+}
+
+Status BlockManager::Impl::InitEventPublisher() {
+  const Config& cfg = options_.config;
+  if (cfg.GetString("events.endpoint").empty()) {
+    if (!cfg.GetString("events.replay_endpoint").empty()) {
+      return Status::InvalidArgument(
+          "events.replay_endpoint is set but events.endpoint is empty; set events.endpoint "
+          "(the PUB address) too, or clear both");
+    }
+    return Status::Ok();
+  }
+  EventPublisher::Config pc;
+  pc.endpoint = cfg.GetString("events.endpoint");
+  pc.replay_endpoint = cfg.GetString("events.replay_endpoint");
+  pc.topic = cfg.GetString("events.topic");
+  pc.queue_events = static_cast<uint32_t>(cfg.GetUint("events.queue_events"));
+  pc.replay_batches = static_cast<uint32_t>(cfg.GetUint("events.replay_batches"));
+  pc.data_parallel_rank = static_cast<int64_t>(cfg.GetUint("events.data_parallel_rank"));
+  KVTIER_ASSIGN_OR_RETURN(publisher_, EventPublisher::Start(pc));
+  events_wanted_.store(true);
+  KVTIER_LOG(kInfo) << "events: publishing on " << publisher_->endpoint()
+                    << (publisher_->replay_endpoint().empty()
+                            ? std::string()
+                            : ", replay on " + publisher_->replay_endpoint());
+  return Status::Ok();
 }
 
 Result<const BlockHasher*> BlockManager::Impl::HasherFor(const std::string& salt,
@@ -223,6 +257,7 @@ Result<const BlockHasher*> BlockManager::Impl::HasherFor(const std::string& salt
     KeyNamespace ns{options_.model_id, layout_.Fingerprint(), salt, adapter};
     KVTIER_ASSIGN_OR_RETURN(BlockHasher h, BlockHasher::Create(ns, tpb_, algorithm_));
     slot = std::make_unique<BlockHasher>(std::move(h));
+    namespace_names_[slot->root().hi] = {adapter, salt};
   }
   return slot.get();
 }
@@ -232,7 +267,49 @@ Result<const BlockHasher*> BlockManager::Impl::HasherFor(const std::string& salt
 
 KvEvent BlockManager::Impl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
                                   TierId tier) const {
-  return KvEvent{kind, key, parent, tier, NowNs()};
+  KvEvent e;
+  e.kind = kind;
+  e.key = key;
+  e.parent = parent;
+  e.tier = tier;
+  e.time_ns = NowNs();
+  return e;
+}
+
+KvEvent BlockManager::Impl::StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
+                                        uint64_t namespace_id, std::span<const TokenId> tokens,
+                                        bool always) {
+  KvEvent e = Event(KvEvent::Kind::kStored, key, parent, tier);
+  if (!always && !events_wanted_.load(std::memory_order_relaxed)) return e;
+  e.block_size = tpb_;
+  // namespace_id is the root key's first half (Request::namespace_id): a first block's parent.
+  e.parent_is_root = parent.hi == namespace_id;
+  e.token_ids.assign(tokens.begin(), tokens.end());
+  MutexLock lock(&hashers_mu_);
+  auto it = namespace_names_.find(namespace_id);
+  if (it == namespace_names_.end()) {
+    e.namespace_known = false;
+  } else {
+    e.lora_name = it->second.first;
+    e.cache_salt = it->second.second;
+  }
+  return e;
+}
+
+KvEvent BlockManager::Impl::G2StoredEvent(uint32_t slot, const BlockKey& key,
+                                          const BlockKey& parent) {
+  if (!events_wanted_.load(std::memory_order_relaxed)) {
+    return Event(KvEvent::Kind::kStored, key, parent, kTierG2);
+  }
+  uint64_t namespace_id = 0;
+  std::vector<TokenId> tokens;
+  {
+    MutexLock lock(&slot_mu_);
+    namespace_id = slot_meta_[slot].namespace_id;
+    tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
+                  slot_tokens_.begin() + size_t{slot + 1} * tpb_);
+  }
+  return StoredEvent(key, parent, kTierG2, namespace_id, tokens);
 }
 
 void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
@@ -244,10 +321,12 @@ void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
     subs = subscribers_;
   }
   for (const auto& cb : subs) cb(events);
+  if (publisher_) publisher_->Publish(events);  // queued or dropped; never waits
 }
 
 void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
   std::vector<KvEvent> replay;
+  events_wanted_.store(true);
   {
     MutexLock lock(&events_mu_);
     subscribers_.push_back(callback);
@@ -352,18 +431,22 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
       EndDemotion();
     }
   };
-  auto job = engine_->Submit({std::move(m)}, TransferPriority::kSave,
-                             [this, key, parent, end](const TransferJob&, size_t, const Status& s) {
-                               if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
-                                 if (index_->Insert(key, parent, kTierG3, 0).ok()) {
-                                   c_.demoted.fetch_add(1, std::memory_order_relaxed);
-                                   Emit({Event(KvEvent::Kind::kStored, key, parent, kTierG3)});
-                                 }
-                               } else {
-                                 c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
-                               }
-                               end();
-                             });
+  // For the kStored event (the header gets the same tokens).
+  auto tokens = std::make_shared<const std::vector<TokenId>>(m.tokens);
+  const uint64_t ns = m.namespace_id;
+  auto job = engine_->Submit(
+      {std::move(m)}, TransferPriority::kSave,
+      [this, key, parent, end, tokens, ns](const TransferJob&, size_t, const Status& s) {
+        if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
+          if (index_->Insert(key, parent, kTierG3, 0).ok()) {
+            c_.demoted.fetch_add(1, std::memory_order_relaxed);
+            Emit({StoredEvent(key, parent, kTierG3, ns, *tokens)});
+          }
+        } else {
+          c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
+        }
+        end();
+      });
   if (!job.ok()) {
     c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
     end();
@@ -866,7 +949,7 @@ Status BlockManager::Impl::StartSave() {
       if (stored) {
         c_.saved.fetch_add(1, std::memory_order_relaxed);
         if (metrics_) metrics_->save->ObserveNanos(took);
-        Emit({Event(KvEvent::Kind::kStored, s.key, s.parent, kTierG2)});
+        Emit({G2StoredEvent(s.g2_slot, s.key, s.parent)});
         if (auto w = PrepareWriteThrough(s.key, s.parent, s.g2_slot)) {
           // Counted before the save ends, so WaitForSaves sees it.
           g4_writes_in_flight_.fetch_add(1);
@@ -951,7 +1034,7 @@ Status BlockManager::Impl::StartLoad() {
           SetSlotMeta(p.g2_slot, SlotMeta{p.key, p.parent, p.namespace_id}, p.tokens);
           if (index_->Insert(p.key, p.parent, kTierG2, p.g2_slot).ok()) {
             c_.promoted.fetch_add(1, std::memory_order_relaxed);
-            Emit({Event(KvEvent::Kind::kStored, p.key, p.parent, kTierG2)});
+            Emit({StoredEvent(p.key, p.parent, kTierG2, p.namespace_id, p.tokens)});
           } else {
             ReleaseG2Slot(p.g2_slot);
           }
@@ -1133,6 +1216,13 @@ ManagerStats BlockManager::Impl::Stats() {
   s.promoted_blocks = c_.promoted.load();
   s.corrupt_blocks = c_.corrupt.load();
   s.events_emitted = c_.events.load();
+  if (publisher_) {
+    const EventPublisher::Stats ps = publisher_->stats();
+    s.events_published = ps.published_events;
+    s.events_publish_dropped = ps.dropped_events;
+    s.event_batches_published = ps.batches;
+    s.event_replay_requests = ps.replay_requests;
+  }
   const TransferEngine::Stats ts = engine_->stats();
   s.bytes_by_path = ts.bytes_by_op;
   s.g2_blocks = index_->TierCount(kTierG2);

@@ -168,7 +168,7 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
   auto end_one = [this, release](const G4Write& w, const Status& s) {
     if (s.ok()) {
       c_.g4_saved.fetch_add(1, std::memory_order_relaxed);
-      Emit({Event(KvEvent::Kind::kStored, w.key, w.parent, kTierG4)});
+      Emit({StoredEvent(w.key, w.parent, kTierG4, w.namespace_id, w.tokens)});
     } else {
       c_.g4_save_failures.fetch_add(1, std::memory_order_relaxed);
     }

@@ -47,6 +47,8 @@
 
 namespace kvtier {
 
+class EventPublisher;  // events/event_publisher.h
+
 class BlockManager::Impl {
  public:
   // Wraps the G4 store the manager opened (a seam for tests: e.g. a store whose calls stall).
@@ -179,6 +181,18 @@ class BlockManager::Impl {
   void MakeRoomInG3();
   void Emit(std::vector<KvEvent> events) EXCLUDES(events_mu_);
   KvEvent Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent, TierId tier) const;
+  // A kStored event with what a consumer needs to compute its own hashes: the block's tokens,
+  // the block size, whether it is a first block, and its namespace's adapter and salt (when a
+  // request of this process has used that namespace). Only the key, parent and tier when no
+  // one listens (no subscriber, no publisher) unless `always`.
+  KvEvent StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
+                      uint64_t namespace_id, std::span<const TokenId> tokens, bool always = false)
+      EXCLUDES(hashers_mu_);
+  // StoredEvent of the block the G2 slot holds (its namespace and tokens from the slot's record).
+  KvEvent G2StoredEvent(uint32_t slot, const BlockKey& key, const BlockKey& parent)
+      EXCLUDES(slot_mu_, hashers_mu_);
+  // Starts the publisher when events.endpoint is set. InvalidArgument for a bad address.
+  Status InitEventPublisher();
   // Ends one save of `request_id` (its G1 block is no longer read).
   void EndSave(const std::string& request_id, const BlockKey& key) EXCLUDES(mu_);
   // Drops n of the request's save holds; erases a finished request left with none.
@@ -250,6 +264,9 @@ class BlockManager::Impl {
   Mutex hashers_mu_;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<BlockHasher>> hashers_
       GUARDED_BY(hashers_mu_);
+  // namespace_id -> (adapter, salt) of the namespaces HasherFor has made, for events.
+  std::unordered_map<uint64_t, std::pair<std::string, std::string>> namespace_names_
+      GUARDED_BY(hashers_mu_);
 
   uint32_t staging_slots_ = 0;  // the pool's size, set once in Init
 
@@ -281,6 +298,10 @@ class BlockManager::Impl {
   Mutex events_mu_;
   std::vector<KvEventCallback> subscribers_ GUARDED_BY(events_mu_);
   std::vector<KvEvent> recovered_events_ GUARDED_BY(events_mu_);  // for the first subscriber
+  // The wire publisher (events.endpoint; null when off). Set once in Init; reset last in ~Impl,
+  // after everything that emits events has stopped.
+  std::unique_ptr<EventPublisher> publisher_;
+  std::atomic<bool> events_wanted_{false};  // a subscriber or the publisher reads event details
 
   struct Counters {
     std::atomic<uint64_t> lookups{0}, lookup_blocks{0}, miss_blocks{0}, load_failures{0};

@@ -2,7 +2,8 @@
 # ctest vllm_connector_test: KvtierConnector on a real vLLM (CPU backend) and the layout tests.
 # Makes (once; cached outside the clone) the vLLM environment and the converted model with
 # scripts/setup-vllm.sh, then runs tests/vllm/ with this build's kvtier package.
-# Usage: tests/vllm/run.sh BUILD_DIR [pytest args...]
+# Usage: tests/vllm/run.sh BUILD_DIR [test_file.py ...] [pytest args...]
+# (without test files: the connector and layout tests)
 # Exit 77 (ctest: skipped) when vLLM cannot be installed because PyPI is unreachable; every
 # other failure fails the test.
 set -uo pipefail
@@ -13,6 +14,16 @@ shift
 kvtier_vllm_env vllm_connector_test
 export PYTHONPATH="$BUILD/python"
 export KVTIER_TEST_VLLM_MODEL="$KVTIER_VLLM_MODEL"
+export KVTIER_TEST_CLI="$BUILD/kvtier"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 cd "$ROOT/tests/vllm"
-exec "$KVTIER_VLLM_PYTHON" -m pytest -q -p no:cacheprovider -ra "$@" test_layouts.py test_vllm_connector.py
+files=()
+args=()
+for a in "$@"; do
+  case "$a" in
+    *.py) files+=("$a") ;;
+    *) args+=("$a") ;;
+  esac
+done
+[ ${#files[@]} -gt 0 ] || files=(test_layouts.py test_vllm_connector.py)
+exec "$KVTIER_VLLM_PYTHON" -m pytest -q -p no:cacheprovider -ra "${args[@]}" "${files[@]}"

@@ -28,5 +28,9 @@ int RunTop(const CliArgs& args);            // kvtier top URL... (tools/cli/top_
 // kvtier bench vllm: execs tools/vllm/run_bench.sh with argv[first..argc) (the Python program
 // parses its own flags). Returns only when it cannot start it (1).
 int ExecBenchVllm(int argc, char** argv, int first);
+// kvtier router: execs `PYTHON -m kvtier.router` with this build's package (build/python) and
+// argv[first..argc) (PYTHON: the build's interpreter, or --python PATH). Returns only when it
+// cannot start it (1; 2 for a --python without a path).
+int ExecRouter(int argc, char** argv, int first);
 
 }  // namespace kvtier::cli

@@ -54,6 +54,9 @@ const std::vector<Command>& Commands() {
       {{"bench", "vllm"},
        "vLLM (CPU) alone vs ExampleConnector vs kvtier on G2 and G2+G3: TTFT, multi-round chat",
        nullptr},
+      {{"router"},
+       "OpenAI-compatible proxy over vLLM workers: each request to the lowest estimated TTFT",
+       nullptr},
   };
   return kCommands;
 }
@@ -85,6 +88,7 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "bench") == 0 && std::strcmp(argv[2], "vllm") == 0) {
     return ExecBenchVllm(argc, argv, 3);
   }
+  if (std::strcmp(argv[1], "router") == 0) return ExecRouter(argc, argv, 2);
   for (const Command& c : Commands()) {
     if (static_cast<size_t>(argc - 1) < c.words.size() || c.run == nullptr) continue;
     bool match = true;

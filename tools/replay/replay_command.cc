@@ -24,6 +24,7 @@
 #include "index/eviction_policy.h"
 #include "index/policy_sim.h"
 #include "kvtier/config.h"
+#include "replay/multi_worker_command.h"
 #include "replay/replay_g4.h"
 #include "replay/replay_runner.h"
 #include "tier/block_format.h"
@@ -86,7 +87,13 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --sweep                    instead of a replay: hit ratio vs capacity fraction for every\n"
       "                             policy and Belady, SIMULATED (src/index/policy_sim), plotted\n"
       "  --sweep-fractions LIST     default 0.02,0.05,0.1,0.15,0.2,0.3\n"
-      "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n",
+      "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n"
+      "  multi-worker (docs/router.md): G2/G3 fractions are per worker, G4 is shared\n"
+      "  --workers N                N workers (1..64; default 2 with --router)\n"
+      "  --router R                 round-robin, least-loaded, gpu-prefix, gpu-aware, kvtier\n"
+      "                             (default) or all (every router, a table)\n"
+      "  --g1-fraction F            each worker's G1 prefix cache = F x its G2 slots (default\n"
+      "                             0.2)\n",
       default_policy.c_str(), CreditLruFlagsHelp(29).c_str(),
       Config().GetBool("g4.write_through") ? "on" : "off",
       static_cast<unsigned long long>(Config().GetUint("g4.lookup_deadline_ms")),
@@ -375,7 +382,10 @@ int RunReplayCommand(const CliArgs& args) {
                                   "keep",
                                   "credit-lru",
                                   "pace-ms",
-                                  "hold-s"});
+                                  "hold-s",
+                                  "workers",
+                                  "router",
+                                  "g1-fraction"});
       !s.ok()) {
     return UsageError(s);
   }
@@ -413,6 +423,12 @@ int RunReplayCommand(const CliArgs& args) {
                  "kvtier: warning: %llu ids appear under two parents; the trace is not "
                  "prefix-chained and the simulated figures will not match the replay\n",
                  static_cast<unsigned long long>(trace->blocks().lineage_conflicts));
+  }
+  const bool multi_worker = args.Has("workers") || args.Has("router") || args.Has("g1-fraction");
+  if (multi_worker && args.Has("sweep")) {
+    return UsageError(
+        Status::InvalidArgument("--sweep is simulated, single-worker; drop "
+                                "--workers/--router/--g1-fraction"));
   }
   if (args.Has("sweep")) return RunSweep(args, *trace, policy_options);
 
@@ -542,6 +558,8 @@ int RunReplayCommand(const CliArgs& args) {
       }
     }
   }
+
+  if (multi_worker) return RunMultiWorkerCommand(args, *trace, path, o);  // docs/router.md
 
   // The first pass; with --g4-warm a second one: a fresh manager (empty G2, G3 in a fresh
   // directory: G3 survives restarts) on the same G4, as a second worker would be.

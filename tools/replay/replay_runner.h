@@ -91,6 +91,11 @@ struct ReplayResult {
 // pass) unless payload_bytes is a positive multiple of 4 x tokens_per_block and fits a layout.
 Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block);
 
+// The manager configuration RunReplay builds from `o`: G2 of (o.g2_blocks + g4_staging) slots
+// (`g4_staging`: the G4 staging pool, 0 without G4), G3 and G4 as `o` says, then o.settings.
+// InvalidArgument when a setting is refused. (Also used by the multi-worker replay.)
+Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint64_t g4_staging);
+
 // Replays `trace`. InvalidArgument for bad options (naming the field); the manager's errors
 // otherwise (a failed connector call ends the replay: it is a bug, not a miss); Unavailable
 // when the G4 store cannot be opened at all (e.g. an fs directory that takes no writes). A G4

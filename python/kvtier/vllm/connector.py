@@ -121,6 +121,28 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
              "dropped_saves", "corrupt_blocks", "bytes_loaded", "bytes_saved",
              "load_error_blocks", "evicted_blocks", "demoted_blocks", "g4_saved_blocks",
              "g4_failures")
+# Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
+# figures kvtier's own /metrics exports as kvtier_*_total).
+_MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
+                     "demotions_not_admitted", "demotion_failures", "evicted_blocks_g2",
+                     "evicted_blocks_g3", "promoted_blocks", "g3_quarantines", "staged_via_pool",
+                     "events_emitted", "events_published", "events_publish_dropped",
+                     "g4_lookup_blocks", "g4_skipped_lookups", "g4_lookup_failures",
+                     "g4_lookup_timeouts", "g4_save_failures", "g4_dropped_saves",
+                     "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts")
+# Occupancy and state: gauges (summed over TP workers, set once per step that reports them).
+_GAUGES = ("g2_blocks", "g2_slots", "g2_free_slots", "g3_blocks", "g3_slots", "pinned_blocks",
+           "g3_quarantined", "g4_breaker_open")  # summed over the workers of one step
+_GAUGE_PREFIX = "gauge:"
+
+
+def _path_name(path: str) -> str:
+    """ "G2->G1" -> "bytes_g2_to_g1" (a counter of the bytes moved on that path)."""
+    src, _, dst = path.partition("->")
+    return f"bytes_{src.lower()}_to_{dst.lower()}"
+
+
+_PATHS = tuple(_path_name(f"G{a}->G{b}") for a in range(1, 5) for b in range(1, 5) if a != b)
 
 
 @dataclasses.dataclass
@@ -153,16 +175,30 @@ class KvtierPromMetrics(KVConnectorPromMetrics):
                  labelnames: List[str], per_engine_labelvalues: Dict[int, List[object]]) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._counters: Dict[str, Dict[int, Any]] = {}
-        for name in _COUNTERS:
+        self._gauges: Dict[str, Dict[int, Any]] = {}
+        for name in _COUNTERS + _MANAGER_COUNTERS + _PATHS:
             counter = self._counter_cls(
                 name=f"vllm:kvtier_{name}",
                 documentation=f"kvtier connector: {name.replace('_', ' ')}",
                 labelnames=labelnames)
             self._counters[name] = {idx: counter.labels(*values)
                                     for idx, values in per_engine_labelvalues.items()}
+        for name in _GAUGES:
+            gauge = self._gauge_cls(
+                name=f"vllm:kvtier_{name}",
+                documentation=f"kvtier connector (gauge, summed over workers): "
+                              f"{name.replace('_', ' ')}",
+                labelnames=labelnames, multiprocess_mode="mostrecent")
+            self._gauges[name] = {idx: gauge.labels(*values)
+                                  for idx, values in per_engine_labelvalues.items()}
 
     def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
         for name, value in transfer_stats_data.items():
+            if name.startswith(_GAUGE_PREFIX):
+                per_engine = self._gauges.get(name[len(_GAUGE_PREFIX):])
+                if per_engine is not None:
+                    per_engine[engine_idx].set(value)
+                continue
             per_engine = self._counters.get(name)
             if per_engine is not None and value:
                 per_engine[engine_idx].inc(value)
@@ -642,29 +678,46 @@ class KvtierConnector(KVConnectorBase_V1):
             "g4_failures": (s["g4_lookup_failures"] + s["g4_save_failures"]
                             + s["g4_load_failures"] + s["g4_dropped_saves"]),
         }
+        for k in _MANAGER_COUNTERS:
+            now[k] = int(s.get(k, 0))
+        for path, n in s["bytes_by_path"].items():
+            now[_path_name(path)] = n
         delta = {k: v - self._stats_prev.get(k, 0) for k, v in now.items()}
         self._stats_prev = now
+        # Gauges travel with every step's stats, from every worker, so vLLM's per-step sum over
+        # the workers is the engine's total.
+        for k in _GAUGES:
+            delta[_GAUGE_PREFIX + k] = int(s[k])
         stats = KvtierConnectorStats(data=delta)
         return None if stats.is_empty() else stats
 
     def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:
         if self._manager is None or self._layout is None:
             return None
-        raw = self._manager.take_events()
+        raw = self._manager.take_events(details=True)
         if self._rank != 0:
             return None
         if not raw:
             return None
         events: List[KVCacheEvent] = []
-        for kind, key, parent, tier, _ in raw:
+        for e in raw:
+            tier = e["tier"]
             medium, locality = _TIER_MEDIUM.get(tier, (MEDIUM_STORAGE, None))
-            if kind == "stored":
-                events.append(BlockStored(block_hashes=[key], parent_block_hash=parent,
-                                          token_ids=[], block_size=self._block_size,
-                                          lora_id=None, medium=medium, lora_name=None,
-                                          locality=locality, ownership=f"kvtier:{tier}"))
+            if e["kind"] == "stored":
+                # vLLM's fields, so that any consumer (kvtier router, Dynamo, llm-d) can compute
+                # its own hashes: the block's token ids, the parent's name (None for a first
+                # block), the salt in the first block's extra keys. The reset epoch is kvtier's
+                # own business and stays out of the salt published.
+                salt = (e["cache_salt"] or "").split("\x00kvtier-epoch-")[0]
+                first = bool(e["parent_is_root"])
+                events.append(BlockStored(
+                    block_hashes=[e["key"]], parent_block_hash=None if first else e["parent"],
+                    token_ids=list(e["token_ids"]), block_size=self._block_size, lora_id=None,
+                    medium=medium, lora_name=e["lora_name"] or None,
+                    extra_keys=[(salt,)] if first and salt else None,
+                    locality=locality, ownership=f"kvtier:{tier}"))
             else:
-                events.append(BlockRemoved(block_hashes=[key], medium=medium,
+                events.append(BlockRemoved(block_hashes=[e["key"]], medium=medium,
                                            locality=locality, ownership=f"kvtier:{tier}"))
         out = KvtierKVEvents(num_workers=1)
         out.add_events(events)
