@@ -13,6 +13,7 @@ PACKAGES=(
   gnuplot-nox
   libhiredis-dev redis-server redis-tools
   python3-dev python3-venv pybind11-dev python3-pytest
+  python3-prometheus-client tmux
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack python3-aiohttp
 )
 # The CUDA toolkit is optional and not installed here: CMake builds the CUDA backend when it

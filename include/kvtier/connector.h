@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,6 +34,9 @@ struct ManagerOptions {
   KvLayout layout;       // the engine's KV layout (G1 arrangement included)
   std::string model_id;  // part of every key's namespace
   Config config;         // capacities, directories, policies (see `kvtier config`)
+  // Called during Create while G3 recovery scans slot headers (no clean-shutdown snapshot):
+  // (slots scanned, slots in all). Null: not called. For a tool's progress display.
+  std::function<void(uint64_t scanned, uint64_t total)> g3_recovery_progress;
 };
 
 // What a request is, for keying: the same tokens under another salt or adapter are other blocks.

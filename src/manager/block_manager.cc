@@ -103,7 +103,9 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     // Frequency admission is the manager's (it sees every use); the tier keeps only the budget.
     dc.admission.min_seen = 1;
     dc.admission.write_budget_bytes_per_s = cfg.GetBytes("g3.write_budget_bytes_per_s");
-    auto opened = DiskTier::Open(dc, g3_open);
+    DiskTier::OpenOptions open = g3_open;
+    if (!open.recovery_progress) open.recovery_progress = options_.g3_recovery_progress;
+    auto opened = DiskTier::Open(dc, open);
     if (opened.ok()) {
       g3_ = std::move(opened->tier);
       recovered = std::move(opened->recovered);
@@ -177,10 +179,36 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     KVTIER_LOG(kInfo) << "G3: " << recovered.size() << " blocks recovered from "
                       << cfg.GetString("g3.dir");
   }
+  return InitMetrics();
+}
+
+Status BlockManager::Impl::InitMetrics() {
+  ManagerMetrics::Sources sources;
+  sources.stats = [this] { return Stats(); };
+  sources.queues = [this] {
+    ManagerMetrics::Queues q;
+    q.queued_saves = engine_->queued_saves();
+    q.demotions_in_flight = demotions_in_flight_.load(std::memory_order_relaxed);
+    q.g4_writes_in_flight = g4_writes_in_flight_.load(std::memory_order_relaxed);
+    return q;
+  };
+  sources.block_bytes = layout_.BlockBytes();
+  KVTIER_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Create(options_.config, std::move(sources)));
+  if (!metrics_) return Status::Ok();
+  engine_->SetIoObserver([m = metrics_.get()](TierId tier, bool write, std::chrono::nanoseconds t) {
+    if (Histogram* h = m->io[tier][write ? 1 : 0]) {
+      h->ObserveNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(t).count());
+    }
+  });
+  KVTIER_LOG(kInfo) << "metrics: serving /metrics on " << options_.config.GetString("metrics.bind")
+                    << ":" << metrics_->port();
   return Status::Ok();
 }
 
 BlockManager::Impl::~Impl() {
+  // No scrape may read the tiers while they close. The histograms stay until the members go
+  // (after engine_, below): the flush and the drain still record I/O into them.
+  if (metrics_) metrics_->StopServer();
   if (g3_ && options_.config.GetBool("g3.flush_on_close")) FlushG2ToG3();
   // A demotion fed on to G4 submits its G4 write when its G3 write ends: let those chains end
   // while the transfer engine is whole.
@@ -489,6 +517,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   }
   KVTIER_ASSIGN_OR_RETURN(const BlockHasher* hasher, HasherFor(spec.cache_salt, spec.adapter_id));
   c_.lookups.fetch_add(1, std::memory_order_relaxed);
+  const ScopedLatency latency(metrics_ ? metrics_->lookup : nullptr);
 
   std::vector<BlockKey> keys;
   bool reuse_keys = false;
@@ -688,6 +717,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
 
 Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const TokenId> tokens,
                                   std::span<const uint32_t> g1_block_ids) {
+  const ScopedLatency latency(metrics_ ? metrics_->commit : nullptr);
   struct Candidate {
     BlockKey key, parent;
     uint32_t g1_block;
@@ -906,7 +936,9 @@ Status BlockManager::Impl::StartSave() {
   // (a request's blocks in prefix order), whatever order the copy workers finished them in: the
   // lineage-aware policies see a parent before its child, and the same replay gives the same
   // index on every run. Then write-through to G4, as one batch.
-  auto on_done = [this, shared](const TransferJob& job) {
+  const auto submitted = std::chrono::steady_clock::now();
+  auto on_done = [this, shared, submitted](const TransferJob& job) {
+    const int64_t took = metrics_ ? NanosSince(submitted) : 0;
     std::vector<G4Write> writes;
     for (size_t i = 0; i < shared->size(); ++i) {
       const PendingSave& s = (*shared)[i];
@@ -917,6 +949,7 @@ Status BlockManager::Impl::StartSave() {
       }
       if (stored) {
         c_.saved.fetch_add(1, std::memory_order_relaxed);
+        if (metrics_) metrics_->save->ObserveNanos(took);
         Emit({G2StoredEvent(s.g2_slot, s.key, s.parent)});
         if (auto w = PrepareWriteThrough(s.key, s.parent, s.g2_slot)) {
           // Counted before the save ends, so WaitForSaves sees it.
@@ -1026,7 +1059,9 @@ Status BlockManager::Impl::StartLoad() {
           }
         }
       },
-      [this, shared](const TransferJob& j) { OnLoadBatchDone(*shared, j); });
+      [this, shared, started = std::chrono::steady_clock::now()](const TransferJob& j) {
+        OnLoadBatchDone(*shared, j, started);
+      });
   if (!job.ok()) {
     // Unreachable for loads unless a move is invalid (a bug): undo the pins and staging slots.
     KVTIER_LOG(kError) << "internal: load batch refused: " << job.status().ToString();
@@ -1035,7 +1070,7 @@ Status BlockManager::Impl::StartLoad() {
     for (const PlannedLoad& p : *shared) {
       if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
     }
-    OnLoadBatchDone(*shared, *dummy);
+    OnLoadBatchDone(*shared, *dummy, std::chrono::steady_clock::now());
     return job.status();
   }
   MutexLock lock(&mu_);
@@ -1049,7 +1084,9 @@ Status BlockManager::Impl::StartLoad() {
 }
 
 void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
-                                         const TransferJob& job) {
+                                         const TransferJob& job,
+                                         std::chrono::steady_clock::time_point started) {
+  const int64_t took = metrics_ ? NanosSince(started) : 0;
   std::vector<BlockKey> pinned, hits;
   pinned.reserve(loads.size());
   std::vector<std::pair<std::string, uint32_t>> intact;  // request -> blocks loaded intact
@@ -1062,6 +1099,7 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     if (ok && !is_broken) {
       hits.push_back(p.key);
       c_.hit_blocks[p.source].fetch_add(1, std::memory_order_relaxed);
+      if (metrics_ && metrics_->load[p.source]) metrics_->load[p.source]->ObserveNanos(took);
       if (intact.empty() || intact.back().first != p.request_id)
         intact.emplace_back(p.request_id, 0);
       ++intact.back().second;

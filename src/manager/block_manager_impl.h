@@ -39,6 +39,7 @@
 #include "index/admission_filter.h"
 #include "index/block_index.h"
 #include "kvtier/connector.h"
+#include "manager/manager_metrics.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 #include "tier/remote_store.h"
@@ -203,7 +204,12 @@ class BlockManager::Impl {
   bool SlotComing() const REQUIRES(mu_) {
     return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
   }
-  void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job) EXCLUDES(mu_);
+  // `started`: when StartLoad submitted the batch (the load latency's start).
+  void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job,
+                       std::chrono::steady_clock::time_point started) EXCLUDES(mu_);
+  // Starts the /metrics endpoint when metrics.port is set (docs/metrics.md); the last step of
+  // Init, once the tiers are final.
+  Status InitMetrics();
   // The local tiers Lookup may offer and PrepareLoad may load from (a mask of tier bits): G2,
   // and G3 unless it is quarantined (its loads would fail fast: a miss, not a planned load).
   uint8_t LocalTiersToOffer() const {
@@ -309,6 +315,9 @@ class BlockManager::Impl {
     std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};
   };
   Counters c_;
+  // Null when metrics are off. ~Impl stops its server first (scrapes read the tiers); the
+  // histograms live until after engine_ is gone (its I/O threads record into them).
+  std::unique_ptr<ManagerMetrics> metrics_;
 };
 
 }  // namespace kvtier

@@ -95,7 +95,7 @@ std::string DirOf(const std::string& path) {
 }  // namespace
 
 Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payload,
-                             const std::vector<bool>& files) {
+                             const std::vector<bool>& files, const ScanProgress& progress) {
   ScanReport report;
   const uint32_t depth = io->queue_depth();
   const uint64_t read_bytes = verify_payload ? g.slot_stride : kBlockHeaderBytes;
@@ -112,6 +112,7 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
   DecodedBlockHeader header;
   uint32_t next = 0;
   uint32_t in_flight = 0;
+  uint64_t reported = 0;  // slots_scanned at the last progress call
   Status failure;
 
   auto examine = [&](uint32_t slot, const uint8_t* data, uint64_t got) {
@@ -198,7 +199,12 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
       }
       examine(buffers[b].slot, buffers[b].data, read_bytes);
     }
+    if (progress && report.slots_scanned - reported >= 4096) {
+      reported = report.slots_scanned;
+      progress(reported, g.num_slots());
+    }
   }
+  if (progress) progress(report.slots_scanned, g.num_slots());
   std::free(pool);
   if (!failure.ok()) return failure;
   return report;

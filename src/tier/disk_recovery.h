@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,13 @@ struct ScanReport {
 // `kvtier inspect` does); otherwise only the 4 KiB headers are read. `files`, when not empty,
 // says which files to scan (files[f] for file f; the other files' slots are skipped). IOError
 // only when the I/O engine itself fails; per-slot errors are counted in the report. REQUIRES:
-// nothing else uses `io` meanwhile.
+// nothing else uses `io` meanwhile. `progress`, when set, is called on the calling thread with
+// (slots examined, slots of the geometry) every 4096 slots and once at the end: the caller
+// decides whether and how to show it (the library never writes to a terminal).
+using ScanProgress = std::function<void(uint64_t scanned, uint64_t total)>;
 Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& geometry, bool verify_payload,
-                             const std::vector<bool>& files = {});
+                             const std::vector<bool>& files = {},
+                             const ScanProgress& progress = nullptr);
 
 struct Snapshot {
   uint64_t tier_id = 0;

@@ -102,7 +102,7 @@ Result<DiskTier::Opened> DiskTier::Open(const Config& config, const OpenOptions&
   tier->io_backend_name_ = tier->io_->name();
 
   Opened opened;
-  KVTIER_RETURN_IF_ERROR(tier->Recover(&opened.recovered));
+  KVTIER_RETURN_IF_ERROR(tier->Recover(&opened.recovered, options.recovery_progress));
 
   if (!options.buffers.empty()) {
     std::vector<iovec> regions;
@@ -126,7 +126,7 @@ Result<DiskTier::Opened> DiskTier::Open(const Config& config, const OpenOptions&
   return opened;
 }
 
-Status DiskTier::Recover(std::vector<RecoveredBlock>* recovered) {
+Status DiskTier::Recover(std::vector<RecoveredBlock>* recovered, const ScanProgress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<RecoveredBlock> blocks;
   uint64_t next_generation = 1;
@@ -166,8 +166,8 @@ Status DiskTier::Recover(std::vector<RecoveredBlock>* recovered) {
   // Used at most once: gone before anything is written, so a crash later cannot reuse it.
   KVTIER_RETURN_IF_ERROR(RemoveSnapshot(snapshot_path));
   if (std::find(scan.begin(), scan.end(), true) != scan.end()) {
-    KVTIER_ASSIGN_OR_RETURN(ScanReport report,
-                            ScanSlots(io_.get(), geometry_, /*verify_payload=*/false, scan));
+    KVTIER_ASSIGN_OR_RETURN(ScanReport report, ScanSlots(io_.get(), geometry_,
+                                                         /*verify_payload=*/false, scan, progress));
     // A key the snapshot vouches for (in an unchanged file) and that the scan also found (an
     // older copy left in a changed file): the newest generation wins, as within a scan.
     std::unordered_map<BlockKey, size_t, BlockKeyHash> at;

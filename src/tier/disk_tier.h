@@ -215,6 +215,8 @@ class DiskTier {
     std::vector<DiskBufferRegion> buffers;
     // Wraps the I/O engine before use: the fault-injection seam for tests.
     std::function<std::unique_ptr<DiskIo>(std::unique_ptr<DiskIo>)> wrap_io;
+    // Told the header scan's progress when recovery scans (see ScanSlots); null: not told.
+    ScanProgress recovery_progress;
   };
 
   struct Opened {
@@ -334,7 +336,8 @@ class DiskTier {
                 const BlockKey& key, DiskCompletionSink* sink, uint64_t cookie) const;
 
   DiskTier(const Config& config, const DiskGeometry& geometry);
-  Status Recover(std::vector<RecoveredBlock>* recovered);
+  // `progress`: told the header scan's progress (see ScanSlots); may be null.
+  Status Recover(std::vector<RecoveredBlock>* recovered, const ScanProgress& progress);
   void Deliver(DiskCompletionSink* sink, uint64_t cookie, Status status, uint32_t slot = 0,
                uint64_t generation = 0);
   // Queues accepted tasks for the I/O thread; rejects (and undoes) what does not fit.

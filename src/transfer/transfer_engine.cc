@@ -408,7 +408,7 @@ void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
         staging_free_.pop_back();
       }
       const uint64_t cookie = next_cookie_++;
-      disk_ops_.emplace(cookie, DiskOp{job, i, slot});
+      disk_ops_.emplace(cookie, DiskOp{job, i, slot, std::chrono::steady_clock::now()});
       activity_.fetch_add(1, std::memory_order_release);
       if (m.op == Op::kG2ToG3) {
         DiskWriteRequest w;
@@ -446,6 +446,10 @@ void TransferEngine::OnDiskOpDone(const DiskOpResult& result) {
     op = it->second;  // stays in the map until handled: the destructor waits for it
   }
   const BlockTransfer& m = op.job->moves()[op.move];
+  if (io_observer_) {
+    io_observer_(kTierG3, m.op == BlockTransfer::Op::kG2ToG3,
+                 std::chrono::steady_clock::now() - op.submitted);
+  }
   if (m.op == BlockTransfer::Op::kG3ToG1 && result.status.ok() && device_ != nullptr) {
     bytes_by_op_[OpIndex(BlockTransfer::Op::kG3ToG2)].fetch_add(disk_->io_bytes(),
                                                                 std::memory_order_relaxed);

@@ -50,6 +50,7 @@
 #include "core/mutex.h"
 #include "kvtier/g1_memory.h"
 #include "kvtier/status.h"
+#include "kvtier/tier.h"
 #include "tier/block_format.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
@@ -150,6 +151,12 @@ class TransferEngine final : private DiskCompletionSink {
       EXCLUDES(mu_, disk_mu_);
 
   Stats stats() const;
+  // Told the duration of each G3 I/O (one block, submit to completion) and each G4 call (one
+  // batch of puts or gets), with its tier and whether it wrote: the metrics' I/O latency. Runs
+  // on the I/O threads, so it must be cheap and thread-safe. REQUIRES: set before the first
+  // Submit, at most once.
+  using IoObserver = std::function<void(TierId tier, bool write, std::chrono::nanoseconds took)>;
+  void SetIoObserver(IoObserver observer) { io_observer_ = std::move(observer); }
   // The CUDA backend when a device G1 is registered, else null.
   DeviceCopyBackend* device_backend() const { return device_.get(); }
   uint32_t queued_saves() const { return queued_saves_.load(std::memory_order_relaxed); }
@@ -172,6 +179,7 @@ class TransferEngine final : private DiskCompletionSink {
     std::shared_ptr<TransferJob> job;
     uint32_t move = 0;
     uint32_t slot = 0;  // the G2 slot the I/O uses
+    std::chrono::steady_clock::time_point submitted{};
   };
   // One remote call's worth of G4 moves of one job.
   struct RemoteBatch {
@@ -181,6 +189,7 @@ class TransferEngine final : private DiskCompletionSink {
   };
 
   explicit TransferEngine(const Config& config);
+  IoObserver io_observer_;  // set once before the first Submit
   Status ValidateMove(const BlockTransfer& m) const;
   void WorkerLoop() EXCLUDES(mu_);
   void Execute(const WorkItem& item);

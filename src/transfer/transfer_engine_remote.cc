@@ -196,8 +196,16 @@ void TransferEngine::ExecuteRemote(const RemoteBatch& batch) {
     AbandonOverdue(batch.job, gets, "its deadline passed");
     return;
   }
-  if (!puts.empty()) RemotePuts(batch, puts);
-  if (!gets.empty()) RemoteGets(batch, gets);
+  if (!puts.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    RemotePuts(batch, puts);
+    if (io_observer_) io_observer_(kTierG4, true, std::chrono::steady_clock::now() - start);
+  }
+  if (!gets.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    RemoteGets(batch, gets);
+    if (io_observer_) io_observer_(kTierG4, false, std::chrono::steady_clock::now() - start);
+  }
 }
 
 void TransferEngine::RemotePuts(const RemoteBatch& batch, std::span<const uint32_t> moves) {

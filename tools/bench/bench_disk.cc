@@ -21,6 +21,7 @@
 #include "bench/bench_timer.h"
 #include "cli/commands.h"
 #include "cli/json_writer.h"
+#include "cli/progress.h"
 #include "core/mutex.h"
 #include "tier/cond_wait.h"
 #include "tier/disk_tier.h"
@@ -293,6 +294,7 @@ int RunBenchDisk(const CliArgs& args) {
     std::string error;
     if (RunFio(fio_common + " --rw=write", "write", &error) < 0) fio_error = error;
   }
+  Progress progress("bench disk", *rounds, "rounds");
   for (uint64_t round = 0; round < *rounds; ++round) {
     // fio and kvtier alternate so that both see the same state of a shared, noisy machine.
     if (have_fio && fio_error.empty()) {
@@ -323,7 +325,9 @@ int RunBenchDisk(const CliArgs& args) {
     note(rd);
     best_write = std::max(best_write, static_cast<double>(blocks * *block_bytes) / w.seconds / 1e9);
     best_read = std::max(best_read, static_cast<double>(blocks * *block_bytes) / rd.seconds / 1e9);
+    progress.Update(round + 1);
   }
+  progress.Finish();
   const DiskTierStats stats = tier->stats();
   (void)tier->Close();
   if (failures > 0) {

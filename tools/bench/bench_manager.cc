@@ -2,9 +2,14 @@
 // against the raw limit measured in the same run: loads from G2 against memcpy of the same
 // bytes on the same number of threads, loads from G3 against the disk tier's own random reads
 // of the same blocks, and Commit latency while demotions keep the disk busy.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,8 +22,12 @@
 #include "bench/bench_timer.h"
 #include "cli/commands.h"
 #include "cli/json_writer.h"
+#include "cli/metrics_settings.h"
+#include "cli/progress.h"
 #include "core/parallel.h"
 #include "kvtier/connector.h"
+#include "manager/manager_metrics.h"
+#include "metrics/metrics.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 
@@ -209,6 +218,215 @@ Result<double> RawDiskReadGbps(const std::string& dir, const KvLayout& layout, H
   return static_cast<double>(n) * layout.BlockBytes() / s / 1e9;
 }
 
+// ---- --metrics-compare: the cost of the /metrics endpoint (docs/metrics.md) ----
+
+// GET /metrics from 127.0.0.1:port (blocking, 2 s limit); true on a 200 answer.
+bool Scrape(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  timeval tv{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  std::string resp;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const char req[] = "GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n";
+    if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(req) - 1)) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return resp.rfind("HTTP/1.1 200", 0) == 0;
+}
+
+// A free loopback port (bound then released), for the metrics-on runs.
+Result<uint16_t> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return Status::Unavailable("no free loopback port for the metrics-on runs");
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct PhaseRun {
+  double lookup_per_s = 0;
+  double load_gbps_g2 = 0;
+  uint64_t scrapes = 0;
+};
+
+// One manager (G2 only), metrics on `port` (0: off), scraped every 100 ms while on: saves the
+// prompts, then lookups for 0.5 s and three loads of every prompt from G2 (the best one), as
+// the main run measures them.
+Result<PhaseRun> LookupAndG2Load(const Args& a, const KvLayout& layout, const G1Memory& g1,
+                                 uint16_t port) {
+  const uint32_t blocks = a.prompts * a.prompt_blocks;
+  ManagerOptions o;
+  o.layout = layout;
+  o.model_id = "bench-model";
+  o.config = BenchConfig(a.dir + "/g3", layout, blocks + blocks / 8 + 4, 0, a.threads, 2);
+  KVTIER_RETURN_IF_ERROR(o.config.Set("g3.enabled", "false"));
+  KVTIER_RETURN_IF_ERROR(o.config.Set("metrics.port", std::to_string(port)));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<BlockManager> m, BlockManager::Create(o));
+  KVTIER_RETURN_IF_ERROR(m->RegisterDeviceMemory(g1));
+  KVTIER_RETURN_IF_ERROR(SavePrompts(*m, "s", 0, a.prompts, a.prompt_blocks, nullptr));
+  KVTIER_RETURN_IF_ERROR(m->StartSave());
+  m->WaitForSaves();
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> scrapes{0};
+  std::thread scraper;
+  if (port != 0) {
+    scraper = std::thread([&] {
+      while (!stop.load()) {
+        if (Scrape(port)) scrapes.fetch_add(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
+  const size_t tokens = size_t{a.prompt_blocks} * layout.tokens_per_block + 1;
+  std::vector<std::vector<TokenId>> ps;
+  for (uint32_t p = 0; p < a.prompts; ++p) ps.push_back(BenchPrompt(p, tokens));
+  PhaseRun run;
+  uint64_t lookups = 0;
+  Stopwatch lw;
+  Status failed;
+  while (lw.Seconds() < 0.5 && failed.ok()) {
+    for (uint32_t p = 0; p < a.prompts; ++p) {
+      const std::string id = "l" + std::to_string(lookups++);
+      auto r = m->Lookup({id, ps[p], "", ""}, 0);
+      if (!r.ok()) failed = r.status();
+      (void)m->RequestFinished(id);
+    }
+  }
+  run.lookup_per_s = static_cast<double>(lookups) / lw.Seconds();
+  // Three loads of every prompt from G2 (the blocks stay in G2); the best one.
+  for (int i = 0; i < 3 && failed.ok(); ++i) {
+    auto load = LoadPrompts(*m, "g2-" + std::to_string(i) + "-", 0, a.prompts, a.prompt_blocks);
+    if (!load.ok()) {
+      failed = load.status();
+      break;
+    }
+    run.load_gbps_g2 =
+        std::max(run.load_gbps_g2, static_cast<double>(load->bytes) / load->seconds / 1e9);
+  }
+  stop = true;
+  if (scraper.joinable()) scraper.join();
+  KVTIER_RETURN_IF_ERROR(failed);
+  run.scrapes = scrapes.load();
+  return run;
+}
+
+// What metrics add to one timed operation when on: two clock reads and one histogram
+// observation (ScopedLatency), in ns of the recording thread's CPU time (wall time on a shared
+// machine counts other processes' turns); best of 3 rounds of 2M, from 2 threads at once on the
+// same histogram (its cache lines contended, worse than a manager's threads ever contend them).
+double RecordingCostNs() {
+  Histogram h;
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    constexpr int kOps = 2000000;
+    std::vector<std::thread> threads;
+    std::vector<double> ns(2);
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&h, &ns, t] {
+        const double cpu0 = ThreadCpuMicros();
+        for (int i = 0; i < kOps; ++i) {
+          const ScopedLatency timed(&h);
+        }
+        ns[t] = (ThreadCpuMicros() - cpu0) * 1e3 / kOps;
+      });
+    }
+    for (auto& th : threads) th.join();
+    best = std::min(best, *std::min_element(ns.begin(), ns.end()));
+  }
+  return best;
+}
+
+// Metrics off vs on (scraped at 10 Hz), interleaved, `reps` times each; best of each.
+int RunMetricsCompare(const Args& a, uint32_t reps, bool json) {
+  const KvLayout layout;
+  auto g1e = MakeG1(layout, a.prompts * a.prompt_blocks + a.prompts);
+  if (!g1e.ok()) return Failure(g1e.status());
+  auto port = FreePort();
+  if (!port.ok()) return Failure(port.status());
+  PhaseRun off, on;
+  Progress progress("bench manager --metrics-compare", 2 * reps, "runs");
+  for (uint32_t r = 0; r < reps; ++r) {
+    for (const bool metrics : {false, true}) {
+      auto run = LookupAndG2Load(a, layout, g1e->g1, metrics ? *port : 0);
+      if (!run.ok()) return Failure(run.status());
+      PhaseRun& best = metrics ? on : off;
+      best.lookup_per_s = std::max(best.lookup_per_s, run->lookup_per_s);
+      best.load_gbps_g2 = std::max(best.load_gbps_g2, run->load_gbps_g2);
+      best.scrapes += run->scrapes;
+      progress.Update(2 * r + (metrics ? 2 : 1));
+    }
+  }
+  progress.Finish();
+  const uint64_t bytes = uint64_t{a.prompts} * a.prompt_blocks * layout.BlockBytes();
+  const double memcpy_gbps = MemcpyGbps(g1e->mem->base(), g1e->mem->base() + bytes / 2,
+                                        bytes / 2 / (1 << 20) * (1 << 20), a.threads);
+  std::error_code ec;
+  std::filesystem::remove_all(a.dir, ec);
+  if (on.scrapes == 0) {
+    return Failure(Status::Internal("the metrics-on runs were never scraped"));
+  }
+  const double lookup_ratio = on.lookup_per_s / off.lookup_per_s;
+  // The bound that noise cannot blur: the recording cost against the time of one operation.
+  const double record_ns = RecordingCostNs();
+  const double lookup_ns = 1e9 / off.lookup_per_s;
+  const double block_load_ns = 1e9 * layout.BlockBytes() / (off.load_gbps_g2 * 1e9);
+  const double load_ratio = on.load_gbps_g2 / off.load_gbps_g2;
+  if (json) {
+    JsonObject out;
+    out.Add("reps", uint64_t{reps})
+        .Add("lookup_per_s_metrics_off", off.lookup_per_s)
+        .Add("lookup_per_s_metrics_on", on.lookup_per_s)
+        .Add("lookup_ratio_on_off", lookup_ratio)
+        .Add("load_gbps_g2_metrics_off", off.load_gbps_g2)
+        .Add("load_gbps_g2_metrics_on", on.load_gbps_g2)
+        .Add("load_g2_ratio_on_off", load_ratio)
+        .Add("memcpy_gbps", memcpy_gbps)
+        .Add("load_g2_ratio_to_memcpy_off", off.load_gbps_g2 / memcpy_gbps)
+        .Add("load_g2_ratio_to_memcpy_on", on.load_gbps_g2 / memcpy_gbps)
+        .Add("scrapes", on.scrapes)
+        .Add("record_ns", record_ns)
+        .Add("lookup_ns", lookup_ns)
+        .Add("record_share_of_lookup", record_ns / lookup_ns)
+        .Add("record_share_of_block_load", record_ns / block_load_ns)
+        .Add("within_2_percent", lookup_ratio >= 0.98 && load_ratio >= 0.98)
+        .Add("record_bound_within_2_percent",
+             record_ns / lookup_ns < 0.02 && record_ns / block_load_ns < 0.02);
+    std::printf("%s\n", out.Str().c_str());
+  } else {
+    std::printf(
+        "bench manager --metrics-compare: best of %u, metrics off vs on (scraped at 10 Hz, "
+        "%llu scrapes)\n",
+        reps, static_cast<unsigned long long>(on.scrapes));
+    std::printf("  lookup       off %10.0f /s     on %10.0f /s     on/off %.3f\n", off.lookup_per_s,
+                on.lookup_per_s, lookup_ratio);
+    std::printf(
+        "  load G2->G1  off %10.2f GB/s   on %10.2f GB/s   on/off %.3f   (memcpy %.2f GB/s)\n",
+        off.load_gbps_g2, on.load_gbps_g2, load_ratio, memcpy_gbps);
+    std::printf(
+        "  recording    %.1f ns per timed operation = %.4f of a lookup, %.6f of a block "
+        "load\n",
+        record_ns, record_ns / lookup_ns, record_ns / block_load_ns);
+  }
+  return 0;
+}
+
 void PrintUsage() {
   std::printf(
       "usage: kvtier bench manager [--prompts N] [--prompt-blocks B] [--threads T] [--dir D]\n"
@@ -218,7 +436,9 @@ void PrintUsage() {
       "  staged through G2 (vs the disk tier's own random reads in D), and the latency of\n"
       "  one-block Commits, one every I us for S seconds, while their demotions saturate the "
       "disk.\n"
-      "  Defaults: N 8, B 32, T 2, S 2, I 200, D ./kvtier-data/bench-manager (removed after).\n");
+      "  Defaults: N 8, B 32, T 2, S 2, I 200, D ./kvtier-data/bench-manager (removed after).\n"
+      "  --metrics-compare [--reps R]: instead, lookups and G2 loads with the /metrics endpoint\n"
+      "  off vs on (scraped at 10 Hz), interleaved, best of R (default 3) each, and on/off.\n");
 }
 
 }  // namespace
@@ -228,8 +448,9 @@ int RunBenchManager(const CliArgs& cli) {
     PrintUsage();
     return 0;
   }
-  if (Status s = cli.CheckKnown({"help", "json", "prompts", "prompt-blocks", "threads",
-                                 "commit-seconds", "commit-interval-us", "dir"});
+  if (Status s =
+          cli.CheckKnown({"help", "json", "prompts", "prompt-blocks", "threads", "commit-seconds",
+                          "commit-interval-us", "dir", "metrics-compare", "reps"});
       !s.ok()) {
     return UsageError(s);
   }
@@ -258,6 +479,12 @@ int RunBenchManager(const CliArgs& cli) {
   std::error_code ec;
   std::filesystem::remove_all(a.dir, ec);
   std::filesystem::create_directories(a.dir, ec);
+  if (cli.Has("metrics-compare")) {
+    auto reps = cli.GetUint("reps", 3);
+    if (!reps.ok()) return UsageError(reps.status());
+    if (*reps < 1 || *reps > 20) return UsageError(Status::InvalidArgument("--reps 1..20"));
+    return RunMetricsCompare(a, static_cast<uint32_t>(*reps), cli.Has("json"));
+  }
 
   const KvLayout layout;  // 2 MiB blocks
   const uint32_t blocks = a.prompts * a.prompt_blocks;
@@ -269,6 +496,13 @@ int RunBenchManager(const CliArgs& cli) {
   o.model_id = "bench-model";
   // G2 holds the prompts once; G3 holds them plus the filler that pushes them out of G2.
   o.config = BenchConfig(a.dir + "/g3", layout, blocks + blocks / 8 + 4, 3 * blocks, a.threads, 2);
+  // KVTIER_METRICS_PORT: /metrics while the benchmark runs (docs/metrics.md).
+  auto metrics = MetricsSettings();
+  if (!metrics.ok()) return UsageError(metrics.status());
+  for (const auto& [k, v] : *metrics) {
+    if (Status s = o.config.Set(k, v); !s.ok()) return UsageError(s);
+  }
+  Progress progress("bench manager", 5, "phases");
   auto mgr = BlockManager::Create(o);
   if (!mgr.ok()) return Failure(mgr.status());
   BlockManager& m = **mgr;
@@ -283,6 +517,7 @@ int RunBenchManager(const CliArgs& cli) {
   const double save_s = save_watch.Seconds();
   const uint64_t saved = m.Stats().saved_blocks;
   const double save_gbps = static_cast<double>(saved) * layout.BlockBytes() / save_s / 1e9;
+  progress.Update(1);
 
   // 2. Lookups of stored prompts (new request ids: every lookup hashes its prompt).
   const size_t tokens = size_t{a.prompt_blocks} * layout.tokens_per_block + 1;
@@ -299,6 +534,7 @@ int RunBenchManager(const CliArgs& cli) {
     }
   }
   const double lookup_per_s = static_cast<double>(lookups) / lw.Seconds();
+  progress.Update(2);
 
   // 3. Loads from G2, against memcpy of the same bytes on the same threads.
   auto g2load = LoadPrompts(m, "g2-", 0, a.prompts, a.prompt_blocks);
@@ -319,6 +555,7 @@ int RunBenchManager(const CliArgs& cli) {
   if (!g3load.ok()) return Failure(g3load.status());
   const double load_gbps_g3 = static_cast<double>(g3load->bytes) / g3load->seconds / 1e9;
   const ManagerStats after_g3 = m.Stats();
+  progress.Update(3);
   mgr->reset();
 
   // The disk tier's own random reads of as many blocks, in the same directory tree.
@@ -337,6 +574,8 @@ int RunBenchManager(const CliArgs& cli) {
   //    admitted to G3, and requests that each complete one more block per Commit.
   ManagerOptions o5 = o;
   o5.config = BenchConfig(a.dir + "/g3-commit", layout, 64, 4 * 64, a.threads, 1);
+  for (const auto& [k, v] : *metrics) (void)o5.config.Set(k, v);
+  progress.Update(4);
   auto m5 = BlockManager::Create(o5);
   if (!m5.ok()) return Failure(m5.status());
   if (Status s = (*m5)->RegisterDeviceMemory(g1e->g1); !s.ok()) return Failure(s);
@@ -391,6 +630,8 @@ int RunBenchManager(const CliArgs& cli) {
   const double demote_gbps =
       static_cast<double>(s5.demoted_blocks) * layout.BlockBytes() / commit_phase_s / 1e9;
   std::filesystem::remove_all(a.dir, ec);
+  progress.Update(5);
+  progress.Finish();
 
   if (cli.Has("json")) {
     JsonObject out;

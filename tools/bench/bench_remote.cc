@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/embedded_redis.h"
 #include "cli/json_writer.h"
+#include "cli/progress.h"
 #include "tier/redis_wire.h"
 #include "tier/remote_store.h"
 
@@ -272,6 +273,7 @@ int RunBenchRemote(const CliArgs& args) {
   Phase best_put, best_get;
   double best_rb_set = 0, best_rb_get = 0;
   std::string rb_error, rb_set_cmd, rb_get_cmd;
+  Progress progress("bench remote", *rounds, "rounds");
   for (uint64_t round = 0; round < *rounds && failures == 0; ++round) {
     Phase put = RunPhase(clients, *seconds, n_bytes, put_op);
     Phase get = RunPhase(clients, *seconds, n_bytes, get_op);
@@ -299,7 +301,9 @@ int RunBenchRemote(const CliArgs& args) {
       }
       if (b == 1 || !rb_error.empty()) break;
     }
+    progress.Update(round + 1);
   }
+  progress.Finish();
   // The bench's own keys go (redis-benchmark leaves its one key, key:__rand_int__, as always).
   for (Client& c : clients) (void)c.store->Remove(c.names, call_deadline());
   RemoteStoreStats stats;

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/json_writer.h"
+#include "cli/progress.h"
 #include "tier/block_format.h"
 #include "tier/disk_files.h"
 #include "tier/disk_io.h"
@@ -83,7 +84,10 @@ int RunInspect(const CliArgs& args) {
   const uint64_t missing = uint64_t{g.num_slots()} - present.num_slots();
   auto io = CreateDiskIo(IoBackend::kAuto, (*files)->fds(), static_cast<uint32_t>(*qd));
   if (!io.ok()) return InspectFailure(dir, json, io.status());
-  auto report = ScanSlots(io->get(), present, verify_payload);
+  Progress progress("inspect: scanning " + dir, present.num_slots(), "slots");
+  auto report = ScanSlots(io->get(), present, verify_payload, {},
+                          [&progress](uint64_t scanned, uint64_t) { progress.Update(scanned); });
+  progress.Finish();
   if (!report.ok()) return InspectFailure(dir, json, report.status());
 
   std::string snapshot = "absent";

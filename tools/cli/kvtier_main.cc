@@ -47,6 +47,9 @@ const std::vector<Command>& Commands() {
        "multi-turn chat on the real model: TTFT recompute vs kvtier, reuse from G2 and G3",
        RunDemo},
       {{"config"}, "print the effective configuration and where each value came from", RunConfig},
+      {{"top"},
+       "live view of running kvtier processes from their /metrics (KVTIER_METRICS_PORT)",
+       RunTop},
       {{"bench", "remote"},
        "G4 Redis put/get throughput (pipelined batches) vs redis-benchmark SET/GET",
        RunBenchRemote},
@@ -97,10 +100,10 @@ int main(int argc, char** argv) {
     bool match = true;
     for (size_t i = 0; i < c.words.size(); ++i) match = match && c.words[i] == argv[1 + i];
     if (!match) continue;
-    auto args = CliArgs::Parse(
-        argc, argv, 1 + static_cast<int>(c.words.size()),
-        {"json", "help", "headers-only", "no-fio", "keep", "no-plot", "cluster",
-         "no-redis-benchmark", "compare-belady", "sweep", "g4-warm", "describe", "list"});
+    auto args = CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
+                               {"json", "help", "headers-only", "no-fio", "keep", "no-plot",
+                                "cluster", "no-redis-benchmark", "compare-belady", "sweep",
+                                "g4-warm", "describe", "list", "once", "metrics-compare"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;

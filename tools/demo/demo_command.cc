@@ -23,6 +23,8 @@
 
 #include "cli/commands.h"
 #include "cli/json_writer.h"
+#include "cli/metrics_settings.h"
+#include "cli/progress.h"
 #include "core/parallel.h"
 #include "demo/demo_model.h"
 #include "engine/chat_template.h"
@@ -346,14 +348,29 @@ int RunDemo(const CliArgs& args) {
            {"g3.admit_min_seen", "1"}}) {
     if (Status s = mo.config.Set(k, v); !s.ok()) return Failure(s);
   }
+  // KVTIER_METRICS_PORT: /metrics while the demo runs (docs/metrics.md).
+  auto metrics = MetricsSettings();
+  if (!metrics.ok()) return UsageError(metrics.status());
+  for (const auto& [k, v] : *metrics) {
+    if (Status s = mo.config.Set(k, v); !s.ok()) return UsageError(s);
+  }
   std::unique_ptr<BlockManager> manager;
   std::unique_ptr<Engine> with;
+  Progress progress("demo", uint64_t{users} * (turns + 1), "turns");
   // (Re)starts kvtier: a restart shuts the old manager down cleanly (its G2 goes to G3) and
   // opens a new one on the same G3 directory (a warm restart: it recovers those blocks).
   auto start_kvtier = [&]() -> Status {
     with.reset();
     manager.reset();
-    KVTIER_ASSIGN_OR_RETURN(manager, BlockManager::Create(mo));
+    progress.Clear();
+    {
+      Progress recovery("G3 recovery (header scan)", 0, "slots");
+      ManagerOptions opts = mo;
+      opts.g3_recovery_progress = [&recovery](uint64_t scanned, uint64_t total) {
+        recovery.Update(scanned, total);
+      };
+      KVTIER_ASSIGN_OR_RETURN(manager, BlockManager::Create(opts));
+    }
     KVTIER_ASSIGN_OR_RETURN(with, Engine::Create(model, manager.get(), g1_blocks, kTokensPerBlock));
     return Status::Ok();
   };
@@ -452,12 +469,14 @@ int RunDemo(const CliArgs& args) {
         r.bound == 0 ? "-"
                      : (r.ttft_kvtier <= r.bound ? "ok " : "OVER ") +
                            std::to_string(static_cast<int>(r.bound * 1e3 + 0.5)) + "ms";
+    progress.Clear();  // the row replaces the progress line; progress redraws below it
     std::fprintf(log, "%-4u %-5s %6u %7u %-14s %7.0fms %7.0fms %6.1fx %8s  %s\n", u,
                  turn_label.c_str(), r.prompt_tokens, r.reused_tokens, from.c_str(),
                  r.ttft_recompute * 1e3, r.ttft_kvtier * 1e3, r.ttft_recompute / r.ttft_kvtier,
                  bound.c_str(), FirstWords(r.answer, 8).c_str());
     std::fflush(log);
     results.push_back(std::move(r));
+    progress.Update(results.size());
     return Status::Ok();
   };
   for (uint32_t t = 0; t < turns; ++t) {
@@ -472,6 +491,7 @@ int RunDemo(const CliArgs& args) {
     if (Status s = run_turn(u, turns, true); !s.ok()) return Failure(s);
   }
   const ManagerStats after_chat = manager->Stats();
+  progress.Finish();
 
   // Overhead without reuse: unrelated prompts, each under a fresh cache salt so nothing is
   // ever cached, with kvtier and without, alternating.

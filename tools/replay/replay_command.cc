@@ -6,17 +6,21 @@
 #include <stdlib.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/credit_lru_flags.h"
 #include "cli/json_writer.h"
+#include "cli/metrics_settings.h"
+#include "cli/progress.h"
 #include "index/eviction_policy.h"
 #include "index/policy_sim.h"
 #include "kvtier/config.h"
@@ -69,6 +73,9 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --requests N               replay only the first N requests\n"
       "  --verify-every N           check every N-th loaded block (default 1 = all; 0 = none)\n"
       "  --copy-threads N           transfer memcpy workers (default 2)\n"
+      "  --pace-ms N                sleep N ms after each request (to watch it: kvtier top)\n"
+      "  --hold-s S                 keep the manager (and KVTIER_METRICS_PORT's /metrics) up S\n"
+      "                             seconds after the last request, before the report\n"
       "  cost model (real model; defaults: Llama-3-8B-class on an H200, see docs/replay.md):\n"
       "  --prefill-tokens-per-s R   default 20000\n"
       "  --kv-bytes-per-token B     default 131072 (32 layers x K,V x 8 heads x 128 x 2 B)\n"
@@ -377,6 +384,8 @@ int RunReplayCommand(const CliArgs& args) {
                                   "sweep-out",
                                   "keep",
                                   "credit-lru",
+                                  "pace-ms",
+                                  "hold-s",
                                   "workers",
                                   "router",
                                   "g1-fraction"});
@@ -559,6 +568,18 @@ int RunReplayCommand(const CliArgs& args) {
   // The first pass; with --g4-warm a second one: a fresh manager (empty G2, G3 in a fresh
   // directory: G3 survives restarts) on the same G4, as a second worker would be.
   std::vector<std::string> temp_dirs;
+  // Metrics (docs/metrics.md): KVTIER_METRICS_PORT serves /metrics during the replay; --pace-ms
+  // slows it down and --hold-s keeps the endpoint up after the last request, for scrapers.
+  auto metrics = MetricsSettings();
+  if (!metrics.ok()) return UsageError(metrics.status());
+  for (auto& kv : *metrics) o.settings.push_back(kv);
+  auto pace_ms = args.GetUint("pace-ms", 0);
+  auto hold_s = args.GetDouble("hold-s", 0);
+  if (!pace_ms.ok()) return UsageError(pace_ms.status());
+  if (!hold_s.ok()) return UsageError(hold_s.status());
+  if (*pace_ms > 60000 || *hold_s < 0 || *hold_s > 3600) {
+    return UsageError(Status::InvalidArgument("--pace-ms 0..60000, --hold-s 0..3600"));
+  }
   auto run_pass = [&](int pass) -> Result<ReplayResult> {
     if (o.g3_blocks > 0) {
       if (args.Has("g3-dir")) {
@@ -577,7 +598,20 @@ int RunReplayCommand(const CliArgs& args) {
         temp_dirs.push_back(o.g3_dir = tmpl);
       }
     }
-    return RunReplay(*trace, o);
+    const size_t total = o.max_requests == 0 ? trace->requests()
+                                             : std::min<size_t>(o.max_requests, trace->requests());
+    Progress progress(pass == 1 ? "replay" : "replay (warm pass)", total, "requests");
+    ReplayOptions po = o;
+    po.after_request = [&, inner = o.after_request](size_t r) {
+      if (inner) inner(r);
+      progress.Update(r + 1);
+      if (*pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(*pace_ms));
+      if (r + 1 == total && *hold_s > 0) {
+        progress.Finish();
+        std::this_thread::sleep_for(std::chrono::duration<double>(*hold_s));
+      }
+    };
+    return RunReplay(*trace, po);
   };
   auto result = run_pass(1);
   Result<ReplayResult> warm_result = Status::Unavailable("no second pass");
