@@ -129,6 +129,12 @@ def test_settings_split_check_and_tp_dirs(tmp_path: Any) -> None:
     c = s.kvtier_config(tp_rank=1, tp_size=2)
     assert c.get("g3.dir") == f"{tmp_path}/tp1"
     assert c.get("g2.capacity_bytes") == str(64 << 20)
+    # Each rank's /metrics on its own port: metrics.port + rank.
+    m = ConnectorSettings.parse({"metrics.port": 9400, "g3.dir": str(tmp_path)})
+    assert m.kvtier_config(tp_rank=0, tp_size=1).get("metrics.port") == "9400"
+    assert m.kvtier_config(tp_rank=3, tp_size=4).get("metrics.port") == "9403"
+    with pytest.raises(ValueError, match="passes 65535"):
+        ConnectorSettings.parse({"metrics.port": 65535}).kvtier_config(tp_rank=0, tp_size=2)
     with pytest.raises(ValueError, match="unknown key.*g2.capacity"):
         ConnectorSettings.parse({"g2.capacity": "1G"})
     with pytest.raises(ValueError, match="async_load"):

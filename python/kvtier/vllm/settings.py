@@ -95,8 +95,14 @@ class ConnectorSettings:
 
     def kvtier_config(self, tp_rank: int = 0, tp_size: int = 1) -> kvtier.Config:
         """The manager's configuration: defaults < file < environment < extra config. With
-        tensor parallelism each rank keeps its G3 in its own subdirectory of g3.dir."""
+        tensor parallelism each rank keeps its G3 in its own subdirectory of g3.dir, and serves
+        its /metrics on metrics.port + rank (the ports of one engine are consecutive)."""
         config = kvtier.load_config(self.kvtier_values, file=self.config_file or None)
         if tp_size > 1:
             config.set("g3.dir", f"{config.get('g3.dir')}/tp{tp_rank}")
+            port = int(config.get("metrics.port") or 0)
+            if port:
+                if port + tp_size - 1 > 65535:
+                    raise ValueError(f"kvtier: metrics.port {port} + {tp_size} ranks passes 65535")
+                config.set("metrics.port", str(port + tp_rank))
         return config
