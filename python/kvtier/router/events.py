@@ -164,6 +164,10 @@ class StreamState:
     gaps: int = 0
     replayed: int = 0
     restarts: int = 0
+    resyncs: int = 0
+    # Set by the router when the worker came back after being down: start over from the
+    # publisher's first buffered batch (a restarted worker numbers from 0 again).
+    resync: bool = False
     decode_errors: int = 0
     last_event_time: float = field(default_factory=time.monotonic)
 
@@ -191,7 +195,8 @@ Apply = Callable[[List[RouterEvent], bool], None]
 
 
 async def subscribe(state: StreamState, translator: EventTranslator, apply: Apply,
-                    stop: "Any", replay_timeout_s: float = 2.0) -> None:
+                    stop: "Any", replay_timeout_s: float = 2.0,
+                    idle_resync_s: float = 1.0) -> None:
     """Reads one stream until ``stop`` (an asyncio.Event) is set: decodes each batch, fills gaps
     from the replay socket when there is one, and hands the router events to ``apply(events,
     cleared)``. A sequence number that goes backwards means the publisher restarted: apply is
@@ -267,9 +272,22 @@ async def subscribe(state: StreamState, translator: EventTranslator, apply: Appl
     try:
         # A router that starts after the worker did asks for everything still buffered.
         await replay_from(0)
+        idle_since = time.monotonic()
         while not stop.is_set():
+            if state.resync:
+                state.resync = False
+                state.resyncs += 1
+                state.last_seq = -1
+                seen.clear()
+                await replay_from(0)
             if not await sub.poll(200):
+                # Quiet for a while: ask the replay socket for anything after the last batch
+                # (a SUB socket that was reconnecting misses what was sent meanwhile).
+                if time.monotonic() - idle_since >= idle_resync_s:
+                    await replay_from(state.last_seq + 1)
+                    idle_since = time.monotonic()
                 continue
+            idle_since = time.monotonic()
             frames = await sub.recv_multipart()
             if len(frames) != 3 or len(frames[1]) != 8:
                 state.decode_errors += 1

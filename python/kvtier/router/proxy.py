@@ -182,6 +182,8 @@ class Router:
             self.index.clear(w.id, ["G1", "G2"])
         else:
             log.warning("worker %d (%s) is up again", w.id, w.spec.url)
+            for st in w.streams:
+                st.resync = True  # it may be a new process: read its events from the start
 
     async def start(self) -> None:
         import aiohttp
