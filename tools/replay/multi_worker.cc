@@ -197,15 +197,7 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
   KVTIER_ASSIGN_OR_RETURN(KvLayout layout, ReplayLayout(o.payload_bytes, tpb));
   const size_t requests =
       o.max_requests == 0 ? trace.requests() : std::min<size_t>(o.max_requests, trace.requests());
-  uint64_t g1_need = 1;
-  for (size_t r = 0; r < requests; ++r) {
-    g1_need = std::max<uint64_t>(g1_need, (trace.cost_tokens(r) + tpb) / tpb + 1);
-    g1_need = std::max<uint64_t>(g1_need, trace.prompt_blocks(r) + 1);
-  }
-  if (g1_need > (1u << 20)) {
-    return Status::InvalidArgument("a request needs " + std::to_string(g1_need) +
-                                   " G1 blocks; the replay's G1 holds at most 2^20");
-  }
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t g1_need, ReplayG1Blocks(trace, requests));
   const uint64_t g4_staging =
       o.g4_backend.empty() ? 0 : std::min<uint64_t>({g1_need, o.g2_blocks, 4096});
 

@@ -77,6 +77,21 @@ void FillBlockContent(const BlockKey& key, uint64_t seed, uint8_t* out, uint64_t
   }
 }
 
+Result<uint64_t> ReplayG1Blocks(const ReplayTrace& trace, size_t requests) {
+  const uint32_t tpb = trace.tokens_per_block();
+  // G1 holds the longest prompt (its full blocks plus a partial one).
+  uint64_t g1_need = 1;
+  for (size_t r = 0; r < requests; ++r) {
+    g1_need = std::max<uint64_t>(g1_need, (trace.cost_tokens(r) + tpb) / tpb + 1);
+    g1_need = std::max<uint64_t>(g1_need, trace.prompt_blocks(r) + 1);
+  }
+  if (g1_need > (1u << 20)) {
+    return Status::InvalidArgument("a request needs " + std::to_string(g1_need) +
+                                   " G1 blocks; the replay's G1 holds at most 2^20");
+  }
+  return g1_need;
+}
+
 Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block) {
   const uint64_t per_dim = 4ull * tokens_per_block;  // K and V, fp16, one head
   if (payload_bytes == 0 || payload_bytes % per_dim != 0 ||
@@ -119,16 +134,7 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
 
   const size_t requests =
       o.max_requests == 0 ? trace.requests() : std::min<size_t>(o.max_requests, trace.requests());
-  // G1 holds the longest prompt (its full blocks plus a partial one).
-  uint64_t g1_need = 1;
-  for (size_t r = 0; r < requests; ++r) {
-    g1_need = std::max<uint64_t>(g1_need, (trace.cost_tokens(r) + tpb) / tpb + 1);
-    g1_need = std::max<uint64_t>(g1_need, trace.prompt_blocks(r) + 1);
-  }
-  if (g1_need > (1u << 20)) {
-    return Status::InvalidArgument("a request needs " + std::to_string(g1_need) +
-                                   " G1 blocks; the replay's G1 holds at most 2^20");
-  }
+  KVTIER_ASSIGN_OR_RETURN(const uint64_t g1_need, ReplayG1Blocks(trace, requests));
   // The manager keeps at most half of G2 for staging and at most 4096 slots (its config bound).
   const uint64_t g4_staging =
       o.g4_backend.empty() ? 0 : std::min<uint64_t>({g1_need, o.g2_blocks, 4096});

@@ -96,6 +96,10 @@ Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block)
 // InvalidArgument when a setting is refused. (Also used by the multi-worker replay.)
 Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint64_t g4_staging);
 
+// The G1 blocks the replay's host G1 needs for the trace's first `requests` requests: the
+// longest prompt's full blocks plus a partial one. InvalidArgument past 2^20 blocks.
+Result<uint64_t> ReplayG1Blocks(const ReplayTrace& trace, size_t requests);
+
 // Replays `trace`. InvalidArgument for bad options (naming the field); the manager's errors
 // otherwise (a failed connector call ends the replay: it is a bug, not a miss); Unavailable
 // when the G4 store cannot be opened at all (e.g. an fs directory that takes no writes). A G4
