@@ -46,17 +46,28 @@ void Histogram::ObserveNanos(int64_t nanos) {
   // Bucket i holds (bound[i-1], bound[i]]: the first bound >= nanos.
   const size_t b = static_cast<size_t>(
       std::lower_bound(kBoundsNanos.begin(), kBoundsNanos.end(), nanos) - kBoundsNanos.begin());
-  buckets_[b].fetch_add(1, std::memory_order_relaxed);
-  sum_nanos_.fetch_add(static_cast<uint64_t>(nanos), std::memory_order_relaxed);
+  Stripe& stripe = stripes_[ThisThreadStripe()];
+  stripe.buckets[b].fetch_add(1, std::memory_order_relaxed);
+  stripe.sum_nanos.fetch_add(static_cast<uint64_t>(nanos), std::memory_order_relaxed);
+}
+
+size_t Histogram::ThisThreadStripe() {
+  static std::atomic<size_t> next{0};
+  thread_local const size_t mine = next.fetch_add(1, std::memory_order_relaxed) % kStripes;
+  return mine;
 }
 
 Histogram::Snapshot Histogram::Read() const {
   Snapshot s;
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    s.buckets[i] = buckets_[i].load(std::memory_order_relaxed);
-    s.count += s.buckets[i];
+  uint64_t sum_nanos = 0;
+  for (const Stripe& stripe : stripes_) {
+    for (size_t i = 0; i < stripe.buckets.size(); ++i) {
+      s.buckets[i] += stripe.buckets[i].load(std::memory_order_relaxed);
+    }
+    sum_nanos += stripe.sum_nanos.load(std::memory_order_relaxed);
   }
-  s.sum_seconds = static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) / 1e9;
+  for (uint64_t n : s.buckets) s.count += n;
+  s.sum_seconds = static_cast<double>(sum_nanos) / 1e9;
   return s;
 }
 
