@@ -194,12 +194,11 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
     return Status::InvalidArgument("a G3 replay needs a directory for its slot files");
   }
   const uint32_t tpb = trace.tokens_per_block();
-  KVTIER_ASSIGN_OR_RETURN(KvLayout layout, ReplayLayout(o.payload_bytes, tpb));
-  const size_t requests =
-      o.max_requests == 0 ? trace.requests() : std::min<size_t>(o.max_requests, trace.requests());
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t g1_need, ReplayG1Blocks(trace, requests));
-  const uint64_t g4_staging =
-      o.g4_backend.empty() ? 0 : std::min<uint64_t>({g1_need, o.g2_blocks, 4096});
+  KVTIER_ASSIGN_OR_RETURN(const ReplaySizing z, SizeReplay(trace, o));
+  const KvLayout& layout = z.layout;
+  const size_t requests = z.requests;
+  const uint64_t g1_need = z.g1_blocks;
+  const uint64_t g4_staging = z.g4_staging;
 
   // The kvtier router (and gpu-aware, the same fed with G1 events only): the cost model's
   // figures for the real model's blocks.

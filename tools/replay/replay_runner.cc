@@ -77,19 +77,24 @@ void FillBlockContent(const BlockKey& key, uint64_t seed, uint8_t* out, uint64_t
   }
 }
 
-Result<uint64_t> ReplayG1Blocks(const ReplayTrace& trace, size_t requests) {
+Result<ReplaySizing> SizeReplay(const ReplayTrace& trace, const ReplayOptions& o) {
+  ReplaySizing z;
   const uint32_t tpb = trace.tokens_per_block();
-  // G1 holds the longest prompt (its full blocks plus a partial one).
-  uint64_t g1_need = 1;
-  for (size_t r = 0; r < requests; ++r) {
-    g1_need = std::max<uint64_t>(g1_need, (trace.cost_tokens(r) + tpb) / tpb + 1);
-    g1_need = std::max<uint64_t>(g1_need, trace.prompt_blocks(r) + 1);
+  KVTIER_ASSIGN_OR_RETURN(z.layout, ReplayLayout(o.payload_bytes, tpb));
+  z.requests =
+      o.max_requests == 0 ? trace.requests() : std::min<size_t>(o.max_requests, trace.requests());
+  z.g1_blocks = 1;
+  for (size_t r = 0; r < z.requests; ++r) {
+    z.g1_blocks = std::max<uint64_t>(z.g1_blocks, (trace.cost_tokens(r) + tpb) / tpb + 1);
+    z.g1_blocks = std::max<uint64_t>(z.g1_blocks, trace.prompt_blocks(r) + 1);
   }
-  if (g1_need > (1u << 20)) {
-    return Status::InvalidArgument("a request needs " + std::to_string(g1_need) +
+  if (z.g1_blocks > (1u << 20)) {
+    return Status::InvalidArgument("a request needs " + std::to_string(z.g1_blocks) +
                                    " G1 blocks; the replay's G1 holds at most 2^20");
   }
-  return g1_need;
+  // The manager keeps at most half of G2 for staging and at most 4096 slots (its config bound).
+  z.g4_staging = o.g4_backend.empty() ? 0 : std::min<uint64_t>({z.g1_blocks, o.g2_blocks, 4096});
+  return z;
 }
 
 Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block) {
@@ -130,14 +135,11 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
     return Status::InvalidArgument("a G4 redis replay needs the server's host:port");
   }
   const uint32_t tpb = trace.tokens_per_block();
-  KVTIER_ASSIGN_OR_RETURN(KvLayout layout, ReplayLayout(o.payload_bytes, tpb));
-
-  const size_t requests =
-      o.max_requests == 0 ? trace.requests() : std::min<size_t>(o.max_requests, trace.requests());
-  KVTIER_ASSIGN_OR_RETURN(const uint64_t g1_need, ReplayG1Blocks(trace, requests));
-  // The manager keeps at most half of G2 for staging and at most 4096 slots (its config bound).
-  const uint64_t g4_staging =
-      o.g4_backend.empty() ? 0 : std::min<uint64_t>({g1_need, o.g2_blocks, 4096});
+  KVTIER_ASSIGN_OR_RETURN(const ReplaySizing z, SizeReplay(trace, o));
+  const KvLayout& layout = z.layout;
+  const size_t requests = z.requests;
+  const uint64_t g1_need = z.g1_blocks;
+  const uint64_t g4_staging = z.g4_staging;
   KVTIER_ASSIGN_OR_RETURN(Config config, ReplayConfig(o, layout, g4_staging));
 
   ManagerOptions mo;

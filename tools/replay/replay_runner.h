@@ -96,9 +96,18 @@ Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block)
 // InvalidArgument when a setting is refused. (Also used by the multi-worker replay.)
 Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint64_t g4_staging);
 
-// The G1 blocks the replay's host G1 needs for the trace's first `requests` requests: the
-// longest prompt's full blocks plus a partial one. InvalidArgument past 2^20 blocks.
-Result<uint64_t> ReplayG1Blocks(const ReplayTrace& trace, size_t requests);
+// What a replay of `trace` under `o` is sized by (shared by the single- and multi-worker
+// replays): the scaled layout, the requests replayed (o.max_requests caps them), the G1 blocks
+// the longest prompt needs (its full blocks plus a partial one) and the G4 staging pool (0
+// without G4; at most G1's need, G2's slots and the manager's bound of 4096). InvalidArgument
+// for a bad payload size or a prompt past 2^20 blocks.
+struct ReplaySizing {
+  KvLayout layout;
+  size_t requests = 0;
+  uint64_t g1_blocks = 0;
+  uint64_t g4_staging = 0;
+};
+Result<ReplaySizing> SizeReplay(const ReplayTrace& trace, const ReplayOptions& o);
 
 // Replays `trace`. InvalidArgument for bad options (naming the field); the manager's errors
 // otherwise (a failed connector call ends the replay: it is a bug, not a miss); Unavailable
