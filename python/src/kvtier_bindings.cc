@@ -102,15 +102,6 @@ auto WithoutGil(F&& f) {
   return f();
 }
 
-py::bytes KeyBytes(const BlockKey& k) {
-  char b[16];
-  for (int i = 0; i < 8; ++i) {
-    b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
-    b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
-  }
-  return py::bytes(b, 16);
-}
-
 // BlockManager plus what the binding keeps beside it (the event queue).
 class PyBlockManager {
  public:
@@ -209,6 +200,17 @@ py::dict StatsDict(const ManagerStats& s) {
 }
 
 }  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+py::bytes KeyBytes(const BlockKey& k) {
+  char b[16];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
+    b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
+  }
+  return py::bytes(b, 16);
+}
 }  // namespace kvtier
 
 using namespace kvtier;  // NOLINT: the module body names every kvtier type

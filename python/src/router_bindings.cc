@@ -24,15 +24,6 @@ namespace py = pybind11;
 namespace kvtier {
 namespace {
 
-py::bytes KeyToBytes(const BlockKey& k) {
-  char b[16];
-  for (int i = 0; i < 8; ++i) {
-    b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
-    b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
-  }
-  return py::bytes(b, 16);
-}
-
 BlockKey KeyFromBytes(const py::handle& h) {
   if (!py::isinstance<py::bytes>(h)) {
     throw py::type_error("a block key is 16 bytes, not " +
@@ -104,7 +95,7 @@ void BindRouter(py::module_& mod, void (*thrower)(const Status&)) {
            py::arg("adapter_id") = "", py::arg("layout_fingerprint") = 0,
            py::arg("algorithm") = "sha256")
       .def_property_readonly("tokens_per_block", &BlockHasher::tokens_per_block)
-      .def_property_readonly("root", [](const BlockHasher& h) { return KeyToBytes(h.root()); })
+      .def_property_readonly("root", [](const BlockHasher& h) { return KeyBytes(h.root()); })
       .def(
           "chain",
           [](const BlockHasher& h, const py::bytes& parent, const std::vector<TokenId>& tokens) {
@@ -113,7 +104,7 @@ void BindRouter(py::module_& mod, void (*thrower)(const Status&)) {
                                     " tokens, got " + std::to_string(tokens.size()));
             }
             BlockKey p = KeyFromBytes(parent);
-            return KeyToBytes(h.Chain(p, tokens));
+            return KeyBytes(h.Chain(p, tokens));
           },
           py::arg("parent"), py::arg("tokens"),
           "The key of the block holding `tokens` (exactly tokens_per_block) after `parent`.")
@@ -126,7 +117,7 @@ void BindRouter(py::module_& mod, void (*thrower)(const Status&)) {
               keys = h.KeysFor(tokens);
             }
             py::list out;
-            for (const BlockKey& k : keys) out.append(KeyToBytes(k));
+            for (const BlockKey& k : keys) out.append(KeyBytes(k));
             return out;
           },
           py::arg("tokens"), "The keys of the full blocks of a prompt, first block first.");
