@@ -3,6 +3,7 @@
 // asking for a port in use fails Create clearly; metrics off serves nothing.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,12 +44,28 @@ std::string Scrape(uint16_t port) {
   a.sin_port = htons(port);
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
   std::string resp;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+  // EINTR is retried: under ASan, a read right after a manager's teardown failed with EINTR in
+  // a quarter of runs (a socket read with SO_RCVTIMEO is not restarted; io_uring task work
+  // queued on this thread is the likely interrupter).
+  int rc = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  if (rc != 0 && errno == EINTR) {
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (poll(&p, 1, 5000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0) {
+      rc = err == 0 ? 0 : -1;
+    }
+  }
+  if (rc == 0) {
     const std::string req = "GET /metrics HTTP/1.1\r\n\r\n";
     (void)!send(fd, req.data(), req.size(), MSG_NOSIGNAL);
     char buf[65536];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+    for (;;) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      resp.append(buf, static_cast<size_t>(n));
+    }
   }
   close(fd);
   const size_t body = resp.find("\r\n\r\n");

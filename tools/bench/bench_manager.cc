@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -237,7 +238,10 @@ bool Scrape(uint16_t port) {
     if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(req) - 1)) {
       char buf[65536];
       ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+      // EINTR is retried: the manager's io_uring task work interrupts a read with SO_RCVTIMEO.
+      while ((n = read(fd, buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
+        if (n > 0) resp.append(buf, static_cast<size_t>(n));
+      }
     }
   }
   close(fd);

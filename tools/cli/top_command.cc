@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -121,11 +122,16 @@ bool HttpGet(const Target& t, std::chrono::milliseconds limit, std::string* body
   int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
   freeaddrinfo(ai);
   auto wait = [&](short events) -> bool {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, events, 0};
-    return poll(&p, 1, static_cast<int>(left.count())) == 1;
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd, events, 0};
+      const int n = poll(&p, 1, static_cast<int>(left.count()));
+      if (n == 1) return true;
+      if (n < 0 && errno == EINTR) continue;  // a signal (a terminal resize): wait on
+      return false;
+    }
   };
   if (rc != 0 && errno == EINPROGRESS) {
     if (!wait(POLLOUT)) {
@@ -162,7 +168,7 @@ bool HttpGet(const Target& t, std::chrono::milliseconds limit, std::string* body
       return false;
     }
     const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EAGAIN) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) break;
     resp.append(buf, static_cast<size_t>(n));
     if (resp.size() > (64u << 20)) break;
