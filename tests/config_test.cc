@@ -310,6 +310,16 @@ TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
   ASSERT_TRUE(c.Set("g2.policy", "credit-lru").ok());
   ASSERT_TRUE(c.Set("g3.policy", "credit-lru").ok());
   EXPECT_TRUE(c.Warnings().empty());
+  // adaptive's own settings apply only under adaptive (which also reads credit_lru's).
+  ASSERT_TRUE(c.Set("g2.adaptive.half_life", "4").ok());
+  w = c.Warnings();
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("g2.adaptive.half_life = 4 (from set) has no effect: g2.policy = "
+                      "credit-lru; set g2.policy = adaptive, or remove the setting"),
+            std::string::npos)
+      << w[0];
+  ASSERT_TRUE(c.Set("g2.policy", "adaptive").ok());
+  EXPECT_TRUE(c.Warnings().empty()) << "adaptive reads both credit_lru.* and adaptive.*";
 }
 
 // `kvtier config` shows the keys and their sources, prints the warning and still succeeds.

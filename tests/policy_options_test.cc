@@ -58,6 +58,51 @@ TEST(PolicyOptionsTest, ConfigSchemaAgreesWithCreditLruConfig) {
   EXPECT_EQ(keys, 2 * std::size(CreditLruConfig::kFieldNames));
 }
 
+// The same for adaptive's settings: gN.adaptive.half_life and gN.adaptive.hysteresis.
+TEST(PolicyOptionsTest, ConfigSchemaAgreesWithAdaptiveConfig) {
+  const AdaptiveConfig defaults;
+  const Config config;
+  size_t keys = 0;
+  for (const char* tier : {"g2", "g3"}) {
+    const std::string t(tier);
+    EXPECT_EQ(config.GetDouble(t + ".adaptive.half_life"), defaults.half_life);
+    EXPECT_EQ(config.GetDouble(t + ".adaptive.hysteresis"), defaults.hysteresis);
+    for (const ConfigFieldSpec& spec : Config::Schema()) {
+      if (spec.name.rfind(t + ".adaptive.", 0) != 0) continue;
+      ++keys;
+      EXPECT_EQ(spec.type, ConfigType::kDouble) << spec.name;
+      const bool half_life = spec.name == t + ".adaptive.half_life";
+      EXPECT_EQ(spec.real_max, half_life ? 1024 : 10) << spec.name;
+      EXPECT_GE(spec.real_min, 0) << spec.name;
+      AdaptiveConfig at_min;
+      EXPECT_TRUE(at_min.Set(spec.name.substr(t.size() + 10), spec.real_min).ok())
+          << spec.name << ": the schema's minimum must validate";
+    }
+  }
+  EXPECT_EQ(keys, 2 * std::size(AdaptiveConfig::kFieldNames));
+}
+
+// A manager with g2.policy = adaptive takes its settings from the config; a value outside the
+// range is refused by the config, naming the key.
+TEST(PolicyOptionsTest, ManagerTakesAdaptiveSettingsFromItsConfig) {
+  Config config = SmallConfig("", 8, 0);
+  ASSERT_TRUE(config.Set("g2.policy", "adaptive").ok());
+  ASSERT_TRUE(config.Set("g2.adaptive.half_life", "4").ok());
+  ASSERT_TRUE(config.Set("g2.adaptive.hysteresis", "0.5").ok());
+  ManagerOptions o;
+  o.layout = TestLayout();
+  o.model_id = "test-model";
+  o.config = config;
+  auto made = BlockManager::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Status zero = config.Set("g2.adaptive.half_life", "0");
+  EXPECT_EQ(zero.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.message().find("g2.adaptive.half_life"), std::string::npos) << zero.message();
+  Status big = config.Set("g3.adaptive.hysteresis", "11");
+  EXPECT_EQ(big.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(big.message().find("g3.adaptive.hysteresis"), std::string::npos) << big.message();
+}
+
 TEST(PolicyOptionsTest, CreditLruConfigGetAndSetByName) {
   CreditLruConfig c;
   for (const char* field : CreditLruConfig::kFieldNames) {

@@ -317,6 +317,35 @@ std::vector<ConfigFieldSpec> CreditLruFields(const std::string& tier) {
   return out;
 }
 
+// adaptive's settings for tier `tier`: gN.adaptive.<field>. The defaults and ranges are
+// AdaptiveConfig's (src/index/eviction_policy.h; tests/policy_options_test.cc checks that they
+// agree). half_life's range is (0, 1024]: the schema's inclusive minimum is 2^-10, and
+// AdaptiveConfig::Validate checks again when the manager starts.
+std::vector<ConfigFieldSpec> AdaptiveFields(const std::string& tier) {
+  return {
+      ConfigFieldSpec{tier + ".adaptive.half_life",
+                      ConfigType::kDouble,
+                      "16",
+                      "adaptive: half-life of the shadow caches' scores, in references per "
+                      "capacity block (shorter follows phase changes sooner)",
+                      0,
+                      0,
+                      {},
+                      1.0 / 1024,
+                      1024},
+      ConfigFieldSpec{tier + ".adaptive.hysteresis",
+                      ConfigType::kDouble,
+                      "0.02",
+                      "adaptive: relative lead a candidate's score needs over the leader's "
+                      "to take over",
+                      0,
+                      0,
+                      {},
+                      0,
+                      10},
+  };
+}
+
 std::vector<ConfigFieldSpec> BuildSchema() {
   std::vector<ConfigFieldSpec> schema = BaseSchema();
   for (const char* tier : {"g2", "g3"}) {
@@ -324,6 +353,8 @@ std::vector<ConfigFieldSpec> BuildSchema() {
       return s.name == std::string(tier) + ".policy";
     });
     std::vector<ConfigFieldSpec> fields = CreditLruFields(tier);
+    const std::vector<ConfigFieldSpec> adaptive = AdaptiveFields(tier);
+    fields.insert(fields.end(), adaptive.begin(), adaptive.end());
     schema.insert(after + 1, fields.begin(), fields.end());
   }
   return schema;
@@ -712,14 +743,27 @@ std::vector<std::string> Config::Warnings() const {
   for (const char* tier : {"g2", "g3"}) {
     const std::string policy_field = std::string(tier) + ".policy";
     const std::string& policy = GetString(policy_field);
-    if (policy == "credit-lru" || policy == "adaptive") continue;  // adaptive runs credit-lru
-    const std::string prefix = std::string(tier) + ".credit_lru.";
-    for (const auto& [name, v] : values_) {
-      if (name.rfind(prefix, 0) != 0 || v.source == ConfigSource::kDefault) continue;
-      out.push_back(name + " = " + v.text + " (from " +
-                    (v.origin.empty() ? ConfigSourceName(v.source) : v.origin) +
-                    ") has no effect: " + policy_field + " = " + policy + "; set " + policy_field +
-                    " = credit-lru or adaptive, or remove the setting");
+    // adaptive runs credit-lru among its candidates, so both read gN.credit_lru.*; only
+    // adaptive reads gN.adaptive.*.
+    struct Group {
+      const char* prefix;
+      bool used;
+      const char* users;
+    };
+    const Group groups[] = {
+        {".credit_lru.", policy == "credit-lru" || policy == "adaptive", "credit-lru or adaptive"},
+        {".adaptive.", policy == "adaptive", "adaptive"},
+    };
+    for (const Group& g : groups) {
+      if (g.used) continue;
+      const std::string prefix = std::string(tier) + g.prefix;
+      for (const auto& [name, v] : values_) {
+        if (name.rfind(prefix, 0) != 0 || v.source == ConfigSource::kDefault) continue;
+        out.push_back(name + " = " + v.text + " (from " +
+                      (v.origin.empty() ? ConfigSourceName(v.source) : v.origin) +
+                      ") has no effect: " + policy_field + " = " + policy + "; set " +
+                      policy_field + " = " + g.users + ", or remove the setting");
+      }
     }
   }
   return out;

@@ -28,14 +28,21 @@ Result<PolicyKind> PolicyFromConfig(const Config& config, const char* field) {
   return ParsePolicyKind(config.GetString(field));
 }
 
-// The policy settings of tier `tier` ("g2"): its gN.credit_lru.* fields. The config has checked
-// each value's range; BlockIndex validates them again for a credit-lru tier.
-PolicyOptions PolicyOptionsFromConfig(const Config& config, const std::string& tier) {
+// The policy settings of tier `tier` ("g2"): its gN.credit_lru.* and gN.adaptive.* fields. The
+// config has checked each value's range; BlockIndex validates them again for the tier's kind.
+// InvalidArgument naming the key when AdaptiveConfig refuses a value the schema let through.
+Result<PolicyOptions> PolicyOptionsFromConfig(const Config& config, const std::string& tier) {
   PolicyOptions options;
   for (const char* field : CreditLruConfig::kFieldNames) {
     Status s = options.credit_lru.Set(field, config.GetDouble(tier + ".credit_lru." + field));
     assert(s.ok() && "every CreditLruConfig field has a config key");
     (void)s;
+  }
+  for (const char* field : AdaptiveConfig::kFieldNames) {
+    const std::string key = tier + ".adaptive." + field;
+    if (Status s = options.adaptive.Set(field, config.GetDouble(key)); !s.ok()) {
+      return Status::InvalidArgument(key + ": " + s.message());
+    }
   }
   return options;
 }
@@ -135,8 +142,8 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   ic.tiers[kTierG2].capacity_blocks = g2_->num_slots() - staging_slots_;
   KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG3].policy, PolicyFromConfig(cfg, "g3.policy"));
   ic.tiers[kTierG3].capacity_blocks = g3_ ? g3_->num_slots() : 0;
-  ic.tiers[kTierG2].options = PolicyOptionsFromConfig(cfg, "g2");
-  ic.tiers[kTierG3].options = PolicyOptionsFromConfig(cfg, "g3");
+  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG2].options, PolicyOptionsFromConfig(cfg, "g2"));
+  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG3].options, PolicyOptionsFromConfig(cfg, "g3"));
   for (const std::string& warning : cfg.Warnings()) KVTIER_LOG(kWarn) << warning;
   KVTIER_ASSIGN_OR_RETURN(index_, BlockIndex::Create(ic));
 
