@@ -265,5 +265,32 @@ TEST(CliRefusals, ReplayJsonShowsG3AndG4FailureCounters) {
   }
 }
 
+// A G3 dir holding a previous run's files would be recovered and its blocks counted as hits
+// (a replay once reported 1.1 x an unbounded cache that way): refused, with what to do.
+TEST(CliRefusals, ReplayRefusesAG3DirThatIsNotEmpty) {
+  const std::string trace = cli::replay_testing::kData + "replay_mooncake_small.jsonl";
+  TempDir dir;
+  WriteFile(dir.path() + "/g3-0000.kvt", "old");
+  CliRun r = Cli("replay --trace " + trace + " --g3-fraction 0.2 --g3-dir " + dir.path());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("is not empty"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("name an empty dir"), std::string::npos) << r.out;
+}
+
+// The first-sighting gate's flag: [0, 1e6], 0 turning it off.
+TEST(CliRefusals, ReplayRefusesABadWritesPerHit) {
+  const std::string trace = cli::replay_testing::kData + "replay_mooncake_small.jsonl";
+  for (const char* bad : {"-1", "nan", "2e6", "lots"}) {
+    CliRun r =
+        Cli("replay --trace " + trace + " --g3-fraction 0.2 --g3-admit-max-writes-per-hit " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("--g3-admit-max-writes-per-hit"), std::string::npos) << r.out;
+  }
+  CliRun off = CliStdout("replay --trace " + trace +
+                         " --g3-fraction 0.2 --g3-admit-max-writes-per-hit 0 --json");
+  ASSERT_EQ(off.exit_code, 0) << off.out;
+  EXPECT_NE(off.out.find("\"g3_first_sighting_writes\": 0"), std::string::npos) << off.out;
+}
+
 }  // namespace
 }  // namespace kvtier

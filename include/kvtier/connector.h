@@ -75,6 +75,10 @@ struct ManagerStats {
   uint64_t deferred_saves = 0;          // saves that waited for a G2 slot (freed by a demotion)
   uint64_t demoted_blocks = 0;          // G2 victims written to G3
   uint64_t demotions_not_admitted = 0;  // G2 victims G3's admission refused
+  // G2 victims seen fewer than g3.admit_min_seen times that G3 took anyway, because the
+  // first-sighting gate measured enough G3 hits on such blocks (g3.admit_max_writes_per_hit)
+  uint64_t demotions_first_sighting = 0;
+  bool g3_admitting_first_sightings = false;  // the gate admits first sightings now
   uint64_t demotion_failures = 0;
   uint64_t evicted_blocks_g2 = 0;
   uint64_t evicted_blocks_g3 = 0;

@@ -159,6 +159,8 @@ py::dict StatsDict(const ManagerStats& s) {
   d["deferred_saves"] = s.deferred_saves;
   d["demoted_blocks"] = s.demoted_blocks;
   d["demotions_not_admitted"] = s.demotions_not_admitted;
+  d["demotions_first_sighting"] = s.demotions_first_sighting;
+  d["g3_admitting_first_sightings"] = s.g3_admitting_first_sightings;
   d["demotion_failures"] = s.demotion_failures;
   d["evicted_blocks_g2"] = s.evicted_blocks_g2;
   d["evicted_blocks_g3"] = s.evicted_blocks_g3;

@@ -5,28 +5,31 @@
 
 namespace kvtier {
 
-AdaptivePolicy::AdaptivePolicy(size_t capacity_blocks, const AdaptiveConfig& config)
+AdaptivePolicy::AdaptivePolicy(size_t capacity_blocks, const PolicyOptions& options)
     : capacity_(std::max<size_t>(capacity_blocks, 1)),
-      hysteresis_(config.hysteresis),
+      options_(options),
+      hysteresis_(options.adaptive.hysteresis),
       decay_period_(std::max<uint64_t>(16, capacity_ / 16)),
       decay_factor_(std::exp2(-static_cast<double>(decay_period_) /
-                              (config.half_life * static_cast<double>(capacity_)))) {}
+                              (options.adaptive.half_life * static_cast<double>(capacity_)))) {}
 
 Result<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(size_t capacity_blocks,
                                                                const PolicyOptions& options) {
   if (Status s = options.adaptive.Validate(); !s.ok()) return s;
-  std::unique_ptr<AdaptivePolicy> policy(new AdaptivePolicy(capacity_blocks, options.adaptive));
+  std::unique_ptr<AdaptivePolicy> policy(new AdaptivePolicy(capacity_blocks, options));
   for (size_t i = 0; i < kNumCandidates; ++i) {
-    for (auto* slot : {&policy->candidates_[i].mirror, &policy->candidates_[i].shadow}) {
-      auto made = MakeEvictionPolicy(kCandidates[i], policy->capacity_, options);
-      if (!made.ok()) {
-        return Status::InvalidArgument(std::string("adaptive policy, candidate ") +
-                                       PolicyKindName(kCandidates[i]) + ": " +
-                                       made.status().message());
-      }
-      *slot = std::move(*made);
+    auto made = MakeEvictionPolicy(kCandidates[i], policy->capacity_, options);
+    if (!made.ok()) {
+      return Status::InvalidArgument(std::string("adaptive policy, candidate ") +
+                                     PolicyKindName(kCandidates[i]) + ": " +
+                                     made.status().message());
     }
+    policy->candidates_[i].shadow = std::move(*made);
   }
+  // Every candidate was built with these options above, so the leader's mirror can be too.
+  auto mirror = MakeEvictionPolicy(kCandidates[policy->leader_], policy->capacity_, options);
+  if (!mirror.ok()) return mirror.status();
+  policy->mirror_ = std::move(*mirror);
   return policy;
 }
 
@@ -58,34 +61,49 @@ void AdaptivePolicy::Reference(const BlockKey& key, const BlockKey& parent) {
   const double lead = candidates_[leader_].score;
   if (best != leader_ && candidates_[best].score > lead * (1 + hysteresis_) &&
       candidates_[best].score >= lead + 1) {
-    leader_ = best;
-    ++switches_;
+    SwitchTo(best);
   }
 }
 
+void AdaptivePolicy::SwitchTo(size_t next) {
+  auto made = MakeEvictionPolicy(kCandidates[next], capacity_, options_);
+  if (!made.ok()) return;  // cannot happen: Create built this kind with these options
+  for (const BlockKey& key : recency_) (*made)->OnInsert(key, tracked_.at(key).parent);
+  mirror_ = std::move(*made);
+  leader_ = next;
+  ++switches_;
+}
+
 void AdaptivePolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
-  if (!parents_.try_emplace(key, parent).second) {
+  if (tracked_.contains(key)) {
     OnAccess(key);  // a double insert is a programmer error; treat it as a use
     return;
   }
-  for (Candidate& c : candidates_) c.mirror->OnInsert(key, parent);
+  recency_.push_back(key);
+  tracked_.emplace(key, Tracked{parent, std::prev(recency_.end())});
+  mirror_->OnInsert(key, parent);
   Reference(key, parent);
 }
 
 void AdaptivePolicy::OnAccess(const BlockKey& key) {
-  auto it = parents_.find(key);
-  if (it == parents_.end()) return;
-  for (Candidate& c : candidates_) c.mirror->OnAccess(key);
-  Reference(key, it->second);
+  auto it = tracked_.find(key);
+  if (it == tracked_.end()) return;
+  recency_.splice(recency_.end(), recency_, it->second.recency);
+  mirror_->OnAccess(key);
+  const BlockKey parent = it->second.parent;  // Reference may switch, which reads tracked_
+  Reference(key, parent);
 }
 
 void AdaptivePolicy::OnRemove(const BlockKey& key) {
-  if (parents_.erase(key) == 0) return;
-  for (Candidate& c : candidates_) c.mirror->OnRemove(key);
+  auto it = tracked_.find(key);
+  if (it == tracked_.end()) return;
+  recency_.erase(it->second.recency);
+  tracked_.erase(it);
+  mirror_->OnRemove(key);
 }
 
 std::optional<BlockKey> AdaptivePolicy::Victim(const EvictablePredicate& evictable) {
-  return candidates_[leader_].mirror->Victim(evictable);
+  return mirror_->Victim(evictable);
 }
 
 }  // namespace kvtier

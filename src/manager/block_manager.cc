@@ -151,6 +151,17 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   fc.min_seen = static_cast<uint32_t>(cfg.GetUint("g3.admit_min_seen"));
   fc.expected_keys = std::max<uint64_t>(4096, 4ull * (g3_ ? g3_->num_slots() : 0));
   KVTIER_ASSIGN_OR_RETURN(g3_filter_, AdmissionFilter::Create(fc));
+  if (const double w = cfg.GetDouble("g3.admit_max_writes_per_hit");
+      g3_ && w > 0 && fc.min_seen > 1) {
+    FirstSightingGate::Config gc;
+    gc.max_writes_per_hit = w;
+    gc.horizon = std::max<uint64_t>(1024, g3_->num_slots());
+    auto gate = FirstSightingGate::Create(gc);
+    if (!gate.ok()) {
+      return Status::InvalidArgument("g3.admit_max_writes_per_hit: " + gate.status().message());
+    }
+    g3_gate_ = std::move(*gate);
+  }
 
   // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
   max_defer_ = std::chrono::milliseconds(cfg.GetUint("transfer.max_defer_ms"));
@@ -392,8 +403,14 @@ void BlockManager::Impl::FlushG2ToG3() {
 
 bool BlockManager::Impl::AdmitToG3(const BlockKey& key) {
   if (!g3_ || g3_->quarantined()) return false;
-  if (g3_filter_->Estimate(key) < g3_filter_->min_seen()) return false;
-  return g3_->Admit(key) == DiskAdmission::Decision::kAdmit;
+  bool first_sighting = false;
+  if (g3_filter_->Estimate(key) < g3_filter_->min_seen()) {
+    if (!g3_gate_ || !g3_gate_->Admit(key)) return false;
+    first_sighting = true;
+  }
+  const bool admitted = g3_->Admit(key) == DiskAdmission::Decision::kAdmit;
+  if (admitted && first_sighting) c_.first_sighting.fetch_add(1, std::memory_order_relaxed);
+  return admitted;
 }
 
 void BlockManager::Impl::MakeRoomInG3() {
@@ -402,6 +419,7 @@ void BlockManager::Impl::MakeRoomInG3() {
     auto victim = index_->EvictOne(kTierG3);
     if (!victim) return;
     c_.evicted_g3.fetch_add(1, std::memory_order_relaxed);
+    if (g3_gate_) g3_gate_->OnRemoved(victim->key);
     Status s = g3_->Remove(victim->key);
     if (!s.ok() && !s.Is(StatusCode::kNotFound)) {
       KVTIER_LOG(kWarn) << "G3 remove of an evicted block: " << s.ToString();
@@ -1106,6 +1124,7 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     if (ok && !is_broken) {
       hits.push_back(p.key);
       c_.hit_blocks[p.source].fetch_add(1, std::memory_order_relaxed);
+      if (p.source == kTierG3 && g3_gate_) g3_gate_->OnHit(p.key);
       if (metrics_ && metrics_->load[p.source]) metrics_->load[p.source]->ObserveNanos(took);
       if (intact.empty() || intact.back().first != p.request_id)
         intact.emplace_back(p.request_id, 0);
@@ -1218,6 +1237,8 @@ ManagerStats BlockManager::Impl::Stats() {
   s.dropped_saves = c_.dropped_saves.load();
   s.demoted_blocks = c_.demoted.load();
   s.demotions_not_admitted = c_.not_admitted.load();
+  s.demotions_first_sighting = c_.first_sighting.load();
+  s.g3_admitting_first_sightings = g3_gate_ && g3_gate_->counts().open;
   s.demotion_failures = c_.demotion_failures.load();
   s.evicted_blocks_g2 = c_.evicted_g2.load();
   s.evicted_blocks_g3 = c_.evicted_g3.load();

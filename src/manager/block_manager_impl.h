@@ -38,6 +38,7 @@
 #include "core/mutex.h"
 #include "index/admission_filter.h"
 #include "index/block_index.h"
+#include "index/first_sighting_gate.h"
 #include "kvtier/connector.h"
 #include "manager/manager_metrics.h"
 #include "tier/disk_tier.h"
@@ -250,6 +251,8 @@ class BlockManager::Impl {
   std::unique_ptr<DiskTier> g3_;
   std::unique_ptr<BlockIndex> index_;
   std::unique_ptr<AdmissionFilter> g3_filter_;
+  // Null when g3.admit_max_writes_per_hit is 0 or g3.admit_min_seen is 1 (nothing to gate).
+  std::unique_ptr<FirstSightingGate> g3_gate_;
   std::unique_ptr<TransferEngine> engine_;
   bool g1_registered_ = false;
   std::unique_ptr<RemoteStore> g4_;  // null without G4; outlives engine_ (see ~Impl)
@@ -306,7 +309,8 @@ class BlockManager::Impl {
   struct Counters {
     std::atomic<uint64_t> lookups{0}, lookup_blocks{0}, miss_blocks{0}, load_failures{0};
     std::array<std::atomic<uint64_t>, kNumTiers> hit_blocks{};
-    std::atomic<uint64_t> saved{0}, dedup{0}, dropped_saves{0}, demoted{0}, not_admitted{0};
+    std::atomic<uint64_t> saved{0}, dedup{0}, dropped_saves{0}, demoted{0}, not_admitted{0},
+        first_sighting{0};
     std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
     std::atomic<uint64_t> corrupt{0}, events{0}, staged_via_pool{0}, deferred{0};
     std::atomic<uint64_t> g4_lookup_blocks{0}, g4_lookup_failures{0}, g4_lookup_timeouts{0};

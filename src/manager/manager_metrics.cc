@@ -41,6 +41,9 @@ void AddManagerStats(const ManagerStats& s, uint64_t block_bytes, MetricSink& si
   counter("kvtier_demoted_blocks", "G2 victims written to G3.", s.demoted_blocks);
   counter("kvtier_demotions_not_admitted", "G2 victims G3's admission refused.",
           s.demotions_not_admitted);
+  counter("kvtier_demotions_first_sighting",
+          "G2 victims below g3.admit_min_seen sightings that G3 took (the first-sighting gate).",
+          s.demotions_first_sighting);
   counter("kvtier_demotion_failures", "G2 -> G3 demotion writes that failed.", s.demotion_failures);
   counter("kvtier_evicted_blocks", "Blocks evicted, by tier.", s.evicted_blocks_g2,
           {{"tier", "g2"}});
@@ -97,6 +100,9 @@ void AddManagerStats(const ManagerStats& s, uint64_t block_bytes, MetricSink& si
   gauge("kvtier_free_slots", "G2 slots free now.", s.g2_free_slots, {{"tier", "g2"}});
   gauge("kvtier_staging_slots", "G2 slots in the staging pool.", s.g2_staging_slots);
   gauge("kvtier_pinned_blocks", "Pins held now (0 when idle).", s.pinned_blocks);
+  gauge("kvtier_g3_admitting_first_sightings",
+        "1 while the first-sighting gate admits blocks below g3.admit_min_seen, else 0.",
+        s.g3_admitting_first_sightings ? 1 : 0);
   gauge("kvtier_g3_quarantined", "1 while G3 is quarantined, else 0.", s.g3_quarantined ? 1 : 0);
   gauge("kvtier_g4_enabled", "1 when a G4 store is configured and open.", s.g4_enabled ? 1 : 0);
   gauge("kvtier_g4_breaker_open", "1 while the G4 circuit breaker refuses calls, else 0.",

@@ -57,7 +57,12 @@ void PrintReplayHelp(const std::string& default_policy) {
       "0.05\n"
       "  --g3-fraction F            add a G3 of ceil(F x distinct blocks) slots (default 0: none)\n"
       "  --g3-dir DIR               G3 slot files (default a temp dir under /tmp, removed after)\n"
-      "  --g3-admit-min-seen N      sightings before a G2 victim goes to G3 (default 1)\n"
+      "  --g3-admit-min-seen N      sightings before a G2 victim goes to G3 (default 2, the\n"
+      "                             config's g3.admit_min_seen)\n"
+      "  --g3-admit-max-writes-per-hit W\n"
+      "                             with N > 1, blocks below N sightings still go to G3 while\n"
+      "                             a sample of them yields a G3 hit per W writes (default 8,\n"
+      "                             the config's g3.admit_max_writes_per_hit; 0: never)\n"
       "%s"
       "                             (G2 and G3, and the simulated figures; echoed in --json)\n"
       "  --g4 SPEC                  add G4 (networked, shared; no capacity fraction): fs (a temp\n"
@@ -363,6 +368,7 @@ int RunReplayCommand(const CliArgs& args) {
                                   "g3-fraction",
                                   "g3-dir",
                                   "g3-admit-min-seen",
+                                  "g3-admit-max-writes-per-hit",
                                   "g4",
                                   "g4-write-through",
                                   "g4-warm",
@@ -462,7 +468,7 @@ int RunReplayCommand(const CliArgs& args) {
     if (!g3f.ok()) return UsageError(g3f.status());
     g3_fraction = *g3f;
   }
-  auto min_seen = args.GetUint("g3-admit-min-seen", 1);
+  auto min_seen = args.GetUint("g3-admit-min-seen", 2);
   auto payload = args.GetUint("payload-bytes", 4096);
   auto requests = args.GetUint("requests", 0);
   auto verify = args.GetUint("verify-every", 1);
@@ -489,6 +495,17 @@ int RunReplayCommand(const CliArgs& args) {
   o.cost.load_bytes_per_s[kTierG3] = *g3_gbps * 1e9;
   o.cost.load_bytes_per_s[kTierG4] = *g4_gbps * 1e9;
   o.g3_admit_min_seen = static_cast<uint32_t>(*min_seen);
+  if (args.Has("g3-admit-max-writes-per-hit")) {
+    auto w = args.GetDouble("g3-admit-max-writes-per-hit", 0);
+    if (!w.ok()) return UsageError(w.status());
+    if (!std::isfinite(*w) || *w < 0 || *w > 1e6) {
+      return UsageError(Status::InvalidArgument(
+          "--g3-admit-max-writes-per-hit = " + args.GetString("g3-admit-max-writes-per-hit", "") +
+          ": must be a number in [0, 1e6] (0: never admit below --g3-admit-min-seen)"));
+    }
+    o.settings.emplace_back("g3.admit_max_writes_per_hit",
+                            args.GetString("g3-admit-max-writes-per-hit", ""));
+  }
   o.payload_bytes = *payload;
   o.max_requests = *requests;
   o.verify_every = static_cast<uint32_t>(std::min<uint64_t>(*verify, UINT32_MAX));
@@ -584,6 +601,15 @@ int RunReplayCommand(const CliArgs& args) {
     if (o.g3_blocks > 0) {
       if (args.Has("g3-dir")) {
         o.g3_dir = args.GetString("g3-dir", "");
+        std::error_code ec;
+        if (pass == 1 && std::filesystem::is_directory(o.g3_dir, ec) &&
+            !std::filesystem::is_empty(o.g3_dir, ec)) {
+          // G3 would recover the old blocks and count them as hits of this trace.
+          return Status::InvalidArgument(
+              "--g3-dir " + o.g3_dir +
+              " is not empty (a previous run's G3?); a replay starts from an empty G3, or the "
+              "blocks it recovers would count as hits: remove its files or name an empty dir");
+        }
         if (pass > 1) {
           o.g3_dir += "/warm-pass";
           std::error_code ec;
@@ -702,6 +728,8 @@ int RunReplayCommand(const CliArgs& args) {
     out.Add("unbounded_hit_ratio", unbounded)
         .Add("ratio_to_unbounded", Ratio(hit_ratio, unbounded))
         .Add("g3_blocks_written", s.demoted_blocks)
+        .Add("g3_first_sighting_writes", s.demotions_first_sighting)
+        .Add("g3_admitting_first_sightings_at_end", s.g3_admitting_first_sightings)
         .Add("g3_bytes_written", s.demoted_blocks * real_block)
         .Add("g3_hit_bytes", r.hit_blocks[kTierG3] * real_block);
     if (r.hit_blocks[kTierG3] > 0 || s.demoted_blocks == 0) {

@@ -124,7 +124,8 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
 # Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
 # figures kvtier's own /metrics exports as kvtier_*_total).
 _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
-                     "demotions_not_admitted", "demotion_failures", "evicted_blocks_g2",
+                     "demotions_not_admitted", "demotions_first_sighting",
+                     "demotion_failures", "evicted_blocks_g2",
                      "evicted_blocks_g3", "promoted_blocks", "g3_quarantines", "staged_via_pool",
                      "events_emitted", "events_published", "events_publish_dropped",
                      "g4_lookup_blocks", "g4_skipped_lookups", "g4_lookup_failures",
@@ -132,7 +133,7 @@ _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
                      "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts")
 # Occupancy and state: gauges (summed over TP workers, set once per step that reports them).
 _GAUGES = ("g2_blocks", "g2_slots", "g2_free_slots", "g3_blocks", "g3_slots", "pinned_blocks",
-           "g3_quarantined", "g4_breaker_open")  # summed over the workers of one step
+           "g3_quarantined", "g3_admitting_first_sightings", "g4_breaker_open")  # summed over the workers of one step
 _GAUGE_PREFIX = "gauge:"
 
 
