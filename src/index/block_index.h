@@ -63,9 +63,9 @@ struct EvictedBlock {
 class BlockIndex {
  public:
   struct TierConfig {
-    // The default is the best lineage-aware policy (docs/policy-study.md sections 7 and 8:
-    // adaptive holds up better in simulation but can strand prefixes in the manager).
-    PolicyKind policy = PolicyKind::kCreditLru;
+    // The config's default (g2.policy, g3.policy): adaptive, which follows whichever of
+    // credit-lru, W-TinyLFU, ARC and LRU its shadow caches favour (docs/policy-study.md 8.7).
+    PolicyKind policy = PolicyKind::kAdaptive;
     // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
     // LRU); the index itself never refuses.
     uint64_t capacity_blocks = 0;

@@ -22,7 +22,7 @@ PRESETS = ["sysprompt-few", "sysprompt-many", "chat-multiturn", "chat-deep-burst
 FRACTIONS = [0.02, 0.05, 0.1, 0.2]
 POLICIES = ["credit-lru", "adaptive", "lru", "arc", "w-tinylfu", "lineage-lru",
             "leaf-first-lru", "s3fifo"]
-DEFAULT = "credit-lru"  # g2.policy / g3.policy
+DEFAULT = "adaptive"  # g2.policy / g3.policy
 BASELINES = ["lru", "arc", "w-tinylfu"]
 # Cross-validation folds: settings are tuned on one fold and reported on the other.
 FOLD_A = ["sysprompt-many", "chat-multiturn", "rag-shared-docs", "agent-loop"]
@@ -73,7 +73,7 @@ def main():
     results = {"seed": a.seed, "sim": {"%s@%g" % k: v for k, v in sims.items()}}
 
     # ---- Single tier: every policy, every trace, every fraction.
-    print("## Single tier: hit ratio per policy (default = credit-lru)\n")
+    print("## Single tier: hit ratio per policy (default = %s)\n" % DEFAULT)
     for f in FRACTIONS:
         print("### %g%% capacity\n" % (f * 100))
         print("| trace | " + " | ".join(POLICIES) + " | belady | unbounded | credit-lru / best "
@@ -85,29 +85,28 @@ def main():
             d = sims[(t, f)]
             hr = {p: d["policies"][p]["hit_ratio"] for p in POLICIES}
             lru = hr["lru"]
-            gains.append(d["default_gain_over_lru"])
-            bests.append(d["default_vs_best_baseline"])
-            ad = d["policies"]["adaptive"]
-            again.append(ad["gain_over_lru"])
-            abest.append(ad["vs_best_baseline"])
+            cl = d["policies"]["credit-lru"]
+            gains.append(cl["gain_over_lru"])
+            bests.append(cl["vs_best_baseline"])
+            again.append(d["default_gain_over_lru"])  # the default: adaptive
+            abest.append(d["default_vs_best_baseline"])
             bel.append(d["belady_hit_ratio"] / lru if lru > 0 else float("nan"))
             best = max(hr[b] for b in BASELINES)
             cells = ["**%.4f**" % hr[p] if hr[p] >= best and p in BASELINES + ["adaptive", DEFAULT]
                      else "%.4f" % hr[p] for p in POLICIES]
             print("| %s | %s | %.4f | %.4f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
                 t, " | ".join(cells), d["belady_hit_ratio"], d["unbounded_hit_ratio"],
-                d["default_vs_best_baseline"], abest[-1], d["default_gain_over_lru"],
-                again[-1], bel[-1]))
+                bests[-1], abest[-1], gains[-1], again[-1], bel[-1]))
         print("| **summary** | credit-lru: geomean gain over lru **%.3f**, min vs best **%.3f**; "
               "adaptive: geomean gain **%.3f**, min vs best **%.3f**; geomean belady/lru %.3f |%s"
               % (geomean(gains), min(bests), geomean(again), min(abest), geomean(bel),
                  " |" * (len(POLICIES) + 7)))
         print()
         results.setdefault("summary", {})["%g" % f] = {
-            "geomean_default_gain_over_lru": geomean(gains),
-            "min_default_vs_best_baseline": min(bests),
-            "geomean_adaptive_gain_over_lru": geomean(again),
-            "min_adaptive_vs_best_baseline": min(abest),
+            "geomean_credit_lru_gain_over_lru": geomean(gains),
+            "min_credit_lru_vs_best_baseline": min(bests),
+            "geomean_default_gain_over_lru": geomean(again),
+            "min_default_vs_best_baseline": min(abest),
             "geomean_belady_gain_over_lru": geomean(bel)}
 
     # ---- Cross-validation of the adaptive settings.
@@ -152,13 +151,18 @@ def main():
                          "runs": {"%s@%g@%g,%g" % (t, f, *g): v for (t, f, g), v in cv.items()}}
 
     # ---- Tiers: G2 5% + G3 25% on the real manager, every policy (G3 admits every G2 victim),
-    # and the default again with G3 admitting only blocks seen twice.
+    # and the default again with G3 admitting only blocks seen twice (seen 2: the first-sighting
+    # gate off; seen 3 below stands for the config's default: min_seen 2 with the gate at W=8).
     if a.replay:
         def replay(path, policy, seen):
+            gate = ["--g3-admit-min-seen", "2", "--g3-admit-max-writes-per-hit", "8"] \
+                if seen == 3 else ["--g3-admit-min-seen", str(seen),
+                                   "--g3-admit-max-writes-per-hit", "0"]
             return run_json([a.kvtier, "replay", "--trace", path, "--policy", policy,
-                             "--capacity-fraction", "0.05", "--g3-fraction", "0.25",
-                             "--g3-admit-min-seen", str(seen), "--json"])
-        runs = [(t, p, 1) for t in traces for p in POLICIES] + [(t, DEFAULT, 2) for t in traces]
+                             "--capacity-fraction", "0.05", "--g3-fraction", "0.25", *gate,
+                             "--json"])
+        runs = [(t, p, 1) for t in traces for p in POLICIES] + \
+            [(t, DEFAULT, s) for t in traces for s in (2, 3)]
         jobs = {k: pool.submit(replay, traces[k[0]], k[1], k[2]) for k in runs}
         reps = {k: v.result() for k, v in jobs.items()}
         print("## Replay, G2 5% + G3 25% (real BlockManager): hit ratio / unbounded\n")
@@ -169,17 +173,17 @@ def main():
             print("| %s | %.4f | %s |" % (t, u, " | ".join(
                 "%.4f (%.3f)" % (reps[(t, p, 1)]["hit_ratio"], reps[(t, p, 1)]["ratio_to_unbounded"])
                 for p in POLICIES)))
-        print("\n## G3 endurance: the default policy (credit-lru), G2 5% + G3 25%, G3 admission "
-              "min_seen 1 vs 2\n")
+        print("\n## G3 endurance: the default policy (%s), G2 5%% + G3 25%%, G3 admission "
+              "min_seen 1, 2, and 2 with the first-sighting gate (shown as 2+gate)\n" % DEFAULT)
         print("| trace | min_seen | hit_ratio | G2 | G3 | hit / unbounded | g3_write_per_hit "
               "| G3 blocks written | G3 hit blocks |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for t in traces:
-            for seen in (1, 2):
+            for seen in (1, 2, 3):
                 d = reps[(t, DEFAULT, seen)]
                 w = d["g3_write_per_hit"]
-                print("| %s | %d | %.4f | %.4f | %.4f | %.3f | %s | %d | %d |" % (
-                    t, seen, d["hit_ratio"], d["hit_ratio_g2"], d["hit_ratio_g3"],
+                print("| %s | %s | %.4f | %.4f | %.4f | %.3f | %s | %d | %d |" % (
+                    t, "2+gate" if seen == 3 else str(seen), d["hit_ratio"], d["hit_ratio_g2"], d["hit_ratio_g3"],
                     d["ratio_to_unbounded"], "-" if w is None else "%.3f" % w,
                     d["g3_blocks_written"], d["hit_blocks_g3"]))
         results["replay"] = {"%s@%s@%d" % k: v for k, v in reps.items()}

@@ -28,7 +28,7 @@
 namespace kvtier::cli {
 
 struct ReplayOptions {
-  std::string policy = "credit-lru";  // eviction policy of G2 and G3 (lru, lineage-lru, ...)
+  std::string policy = "adaptive";  // eviction policy of G2 and G3 (lru, lineage-lru, ...)
   uint64_t g2_blocks = 1;             // G2 slots (capacity); >= 1
   uint64_t g3_blocks = 0;             // G3 slots; 0 = no G3
   std::string g3_dir;                 // where G3's slot files go; REQUIRED when g3_blocks > 0

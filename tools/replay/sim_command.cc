@@ -21,9 +21,9 @@ namespace {
 
 // The online policies `--policy all` runs, the default first.
 // The default of g2.policy / g3.policy (src/core/config.cc).
-constexpr PolicyKind kDefaultPolicy = PolicyKind::kCreditLru;
+constexpr PolicyKind kDefaultPolicy = PolicyKind::kAdaptive;
 constexpr PolicyKind kOnlinePolicies[] = {
-    kDefaultPolicy,        PolicyKind::kAdaptive,   PolicyKind::kLru,          PolicyKind::kArc,
+    kDefaultPolicy,        PolicyKind::kCreditLru,  PolicyKind::kLru,          PolicyKind::kArc,
     PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
 // The baselines the default must stay within 2% of (issue 17).
 constexpr PolicyKind kBaselines[] = {PolicyKind::kLru, PolicyKind::kArc, PolicyKind::kWTinyLfu};
