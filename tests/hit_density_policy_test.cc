@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "index/adaptive_policy.h"
 #include "index/eviction_policy.h"
 
 namespace kvtier {
@@ -202,6 +203,36 @@ TEST(HitDensityConfigTest, ValidatesEveryField) {
   auto made = MakeEvictionPolicy(PolicyKind::kHitDensity, 8);
   ASSERT_TRUE(made.ok());
   EXPECT_EQ((*made)->kind(), PolicyKind::kHitDensity);
+}
+
+// adaptive takes hit-density as a fifth candidate when asked, and keeps the contract with it.
+TEST(HitDensityPolicyTest, IsACandidateOfAdaptiveWhenAsked) {
+  PolicyOptions options;
+  ASSERT_TRUE(options.adaptive.Set("with_hit_density", 1).ok());
+  EXPECT_EQ(options.adaptive.Set("with_hit_density", 0.5).code(), StatusCode::kInvalidArgument);
+  auto made = AdaptivePolicy::Create(8, options);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  AdaptivePolicy& adaptive = **made;
+  ASSERT_EQ(adaptive.candidates().size(), AdaptivePolicy::kNumCandidates + 1);
+  EXPECT_EQ(adaptive.candidates().back(), PolicyKind::kHitDensity);
+  for (uint64_t i = 0; i < 200; ++i) {
+    const BlockKey key = K('X', i % 23);
+    if (adaptive.Contains(key)) {
+      adaptive.OnAccess(key);
+      continue;
+    }
+    if (adaptive.size() >= 8) {
+      std::optional<BlockKey> v = adaptive.Victim(Any);
+      ASSERT_TRUE(v.has_value());
+      ASSERT_TRUE(adaptive.Contains(*v));
+      adaptive.OnRemove(*v);
+    }
+    adaptive.OnInsert(key, kRoot);
+  }
+  EXPECT_EQ(adaptive.size(), 8u);
+  auto plain = AdaptivePolicy::Create(8, PolicyOptions());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->candidates().size(), AdaptivePolicy::kNumCandidates);
 }
 
 }  // namespace

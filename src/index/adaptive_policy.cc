@@ -16,12 +16,15 @@ Result<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(size_t capacity_b
                                                                const PolicyOptions& options) {
   if (Status s = options.adaptive.Validate(); !s.ok()) return s;
   std::unique_ptr<AdaptivePolicy> policy(new AdaptivePolicy(capacity_blocks, options.adaptive));
-  for (size_t i = 0; i < kNumCandidates; ++i) {
+  policy->kinds_.assign(std::begin(kCandidates), std::end(kCandidates));
+  if (options.adaptive.with_hit_density != 0) policy->kinds_.push_back(PolicyKind::kHitDensity);
+  policy->candidates_.resize(policy->kinds_.size());
+  for (size_t i = 0; i < policy->kinds_.size(); ++i) {
     for (auto* slot : {&policy->candidates_[i].mirror, &policy->candidates_[i].shadow}) {
-      auto made = MakeEvictionPolicy(kCandidates[i], policy->capacity_, options);
+      auto made = MakeEvictionPolicy(policy->kinds_[i], policy->capacity_, options);
       if (!made.ok()) {
         return Status::InvalidArgument(std::string("adaptive policy, candidate ") +
-                                       PolicyKindName(kCandidates[i]) + ": " +
+                                       PolicyKindName(policy->kinds_[i]) + ": " +
                                        made.status().message());
       }
       *slot = std::move(*made);
@@ -51,7 +54,7 @@ void AdaptivePolicy::Reference(const BlockKey& key, const BlockKey& parent) {
   have_last_ = true;
   if (++references_ % decay_period_ != 0) return;
   size_t best = leader_;
-  for (size_t i = 0; i < kNumCandidates; ++i) {
+  for (size_t i = 0; i < candidates_.size(); ++i) {
     candidates_[i].score *= decay_factor_;
     if (candidates_[i].score > candidates_[best].score) best = i;
   }

@@ -63,7 +63,9 @@ class AdaptivePolicy final : public EvictionPolicy {
   bool Contains(const BlockKey& key) const override { return parents_.contains(key); }
 
   // The candidate followed now.
-  PolicyKind leader() const { return kCandidates[leader_]; }
+  PolicyKind leader() const { return kinds_[leader_]; }
+  // The candidates, in order: kCandidates, then hit-density when AdaptiveConfig says so.
+  const std::vector<PolicyKind>& candidates() const { return kinds_; }
   // Times the leader changed.
   uint64_t switches() const { return switches_; }
   // Candidate i's decayed score (prefix hits of its shadow).
@@ -85,7 +87,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   const double hysteresis_;
   const uint64_t decay_period_;  // references between two decays
   const double decay_factor_;    // scores are multiplied by it every decay_period_ references
-  std::array<Candidate, kNumCandidates> candidates_;
+  std::vector<PolicyKind> kinds_;
+  std::vector<Candidate> candidates_;                             // one per kinds_ entry
   std::unordered_map<BlockKey, BlockKey, BlockKeyHash> parents_;  // tracked key -> parent
   BlockKey last_key_;
   bool have_last_ = false;

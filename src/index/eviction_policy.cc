@@ -90,6 +90,10 @@ Status AdaptiveConfig::Validate() const {
     return Status::InvalidArgument("adaptive.hysteresis = " + Shortest(hysteresis) +
                                    ": must be a number in [0, 10]");
   }
+  if (with_hit_density != 0 && with_hit_density != 1) {
+    return Status::InvalidArgument("adaptive.with_hit_density = " + Shortest(with_hit_density) +
+                                   ": must be 0 or 1");
+  }
   return Status::Ok();
 }
 
@@ -99,9 +103,11 @@ Status AdaptiveConfig::Set(std::string_view name, double value) {
     next.half_life = value;
   } else if (name == "hysteresis") {
     next.hysteresis = value;
+  } else if (name == "with_hit_density") {
+    next.with_hit_density = value;
   } else {
     return Status::InvalidArgument("adaptive has no setting '" + std::string(name) +
-                                   "'; its settings: half_life, hysteresis");
+                                   "'; its settings: half_life, hysteresis, with_hit_density");
   }
   KVTIER_RETURN_IF_ERROR(next.Validate());
   *this = next;

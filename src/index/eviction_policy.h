@@ -83,8 +83,10 @@ struct AdaptiveConfig {
   double half_life = 16.0;
   // Relative lead a challenger needs over the leader's score: [0, 10].
   double hysteresis = 0.02;
+  // 1: hit-density is a fifth candidate (after the four of AdaptivePolicy::kCandidates); 0: not.
+  double with_hit_density = 0;
 
-  static constexpr const char* kFieldNames[] = {"half_life", "hysteresis"};
+  static constexpr const char* kFieldNames[] = {"half_life", "hysteresis", "with_hit_density"};
   // Ok, or InvalidArgument naming the field, its value and the accepted range.
   Status Validate() const;
   // Sets field `name` (one of kFieldNames) to `value`, validated; InvalidArgument otherwise.
@@ -108,11 +110,11 @@ struct HitDensityConfig {
   double refresh = 1.0;
   // Oldest age told apart, as a multiple of the capacity (older ages share the last bucket):
   // (0, 1024].
-  double max_age = 8.0;
+  double max_age = 32.0;
   // Leaves sampled per Victim: [1, 1024] (integer).
   double samples = 32;
   // A subset of kAllFeatures (integer in [0, 15]).
-  double features = kAllFeatures;
+  double features = kUses | kEnded;
 
   static constexpr const char* kFieldNames[] = {"ghost_factor", "decay",   "refresh",
                                                 "max_age",      "samples", "features"};

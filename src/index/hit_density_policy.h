@@ -11,7 +11,9 @@
 //    a hit deeper than the request's first block; a run is the chain of blocks one request
 //    stored after its last hit);
 //  - its depth in its chain (0-3, 4-15, 16-63, 64+ blocks below the first tracked ancestor).
-// HitDensityConfig::features switches each feature on or off.
+// HitDensityConfig::features switches each feature on or off; by default only the use count
+// and "ended its request" make the class (6 classes): the run and depth features split the
+// estimates more than they inform them (cross-validation, docs/policy-study.md section 8.8).
 //
 // A block's *age* is the number of ticks (one per insert or access, so replays are
 // deterministic) since its last reference, coarsened into kAgeBuckets buckets that cover

@@ -74,8 +74,11 @@ def main():
             cmd += ["--policy", "hit-density"]
             for k, v in setting.items():
                 cmd += ["--hit-density", f"{k}={v}"]
-        out = run_json(cmd)
-        return key, {n: p["hit_ratio"] for n, p in out["policies"].items()}
+        out = {n: p["hit_ratio"] for n, p in run_json(cmd)["policies"].items()}
+        if setting is None:  # adaptive with hit-density as a fifth candidate
+            cmd = cmd[:-2] + ["--policy", "adaptive", "--adaptive", "with_hit_density=1"]
+            out["adaptive-hd"] = run_json(cmd)["policies"]["adaptive"]["hit_ratio"]
+        return key, out
 
     jobs = [(n, f, None) for n in traces for f in FRACTIONS]
     if a.grid:

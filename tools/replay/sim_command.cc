@@ -45,7 +45,9 @@ void PrintSimHelp() {
       "%s"
       "  --adaptive KEY=VALUE      a setting of adaptive: half_life (score half-life in\n"
       "                            references per capacity block, default 16) or hysteresis\n"
-      "                            (relative lead to take over, default 0.02); repeatable\n"
+      "                            (relative lead to take over, default 0.02) or\n"
+      "                            with_hit_density (1: hit-density is a candidate too,\n"
+      "                            default 0); repeatable\n"
       "  --hit-density KEY=VALUE   a setting of hit-density: ghost_factor, decay, refresh,\n"
       "                            max_age, samples, features (src/index/eviction_policy.h,\n"
       "                            HitDensityConfig); repeatable\n"
@@ -129,7 +131,7 @@ int RunSim(const CliArgs& args) {
     if (!value.ok()) {
       return UsageError(Status::InvalidArgument("--adaptive '" + kv +
                                                 "': expected KEY=NUMBER, KEY one of half_life, "
-                                                "hysteresis"));
+                                                "hysteresis, with_hit_density"));
     }
     if (Status s = options.adaptive.Set(kv.substr(0, eq), *value); !s.ok()) {
       return UsageError(Status::InvalidArgument("--adaptive: " + s.message()));
