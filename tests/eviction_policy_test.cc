@@ -126,7 +126,7 @@ TEST(PolicyKindTest, NamesRoundTrip) {
   for (PolicyKind kind :
        {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo, PolicyKind::kBelady,
         PolicyKind::kCreditLru, PolicyKind::kArc, PolicyKind::kWTinyLfu, PolicyKind::kLeafFirstLru,
-        PolicyKind::kAdaptive}) {
+        PolicyKind::kAdaptive, PolicyKind::kHitDensity}) {
     auto parsed = ParsePolicyKind(PolicyKindName(kind));
     ASSERT_TRUE(parsed.ok()) << PolicyKindName(kind);
     EXPECT_EQ(*parsed, kind);
@@ -239,7 +239,8 @@ TEST_P(EveryPolicyTest, VictimAsksAtMostOncePerBlock) {
 INSTANTIATE_TEST_SUITE_P(Policies, EveryPolicyTest,
                          testing::Values(PolicyKind::kLru, PolicyKind::kLineageLru,
                                          PolicyKind::kS3Fifo, PolicyKind::kBelady, PolicyKind::kArc,
-                                         PolicyKind::kWTinyLfu, PolicyKind::kAdaptive),
+                                         PolicyKind::kWTinyLfu, PolicyKind::kAdaptive,
+                                         PolicyKind::kHitDensity),
                          [](const testing::TestParamInfo<PolicyKind>& info) {
                            std::string name = PolicyKindName(info.param);
                            name.erase(std::remove(name.begin(), name.end(), '-'), name.end());

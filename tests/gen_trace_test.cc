@@ -138,7 +138,7 @@ TEST(SimPolicyAllTest, JsonComparesTheDefaultWithTheBaselines) {
   CliRun r = Cli("sim --trace " + path + " --capacity-fraction 0.05 --policy all --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* name : {"adaptive", "lru", "arc", "w-tinylfu", "credit-lru", "lineage-lru",
-                           "leaf-first-lru", "s3fifo"}) {
+                           "leaf-first-lru", "s3fifo", "hit-density"}) {
     EXPECT_NE(r.out.find("\"" + std::string(name) + "\": {\"hit_ratio\": "), std::string::npos)
         << name << " missing in " << r.out;
   }

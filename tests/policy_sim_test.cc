@@ -264,7 +264,7 @@ TEST(PolicySimTest, BeladyBoundsEveryPolicyOnRandomTraces) {
       const SimResult belady = Simulate(t, PolicyKind::kBelady, capacity);
       EXPECT_LE(belady.hit_blocks, unbounded);
       for (PolicyKind kind : {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo,
-                              PolicyKind::kCreditLru}) {
+                              PolicyKind::kCreditLru, PolicyKind::kHitDensity}) {
         const SimResult r = Simulate(t, kind, capacity);
         EXPECT_LE(r.hit_blocks + r.late_accesses, belady.hit_blocks + belady.late_accesses)
             << PolicyKindName(kind) << " capacity " << capacity << " round " << round;
@@ -272,7 +272,8 @@ TEST(PolicySimTest, BeladyBoundsEveryPolicyOnRandomTraces) {
         EXPECT_EQ(r.hit_blocks + r.late_accesses + r.inserts, r.blocks);
       }
     }
-    for (PolicyKind kind : {PolicyKind::kLru, PolicyKind::kCreditLru, PolicyKind::kBelady}) {
+    for (PolicyKind kind :
+         {PolicyKind::kLru, PolicyKind::kCreditLru, PolicyKind::kBelady, PolicyKind::kHitDensity}) {
       EXPECT_EQ(Simulate(t, kind, t.distinct_blocks).hit_blocks, unbounded);
     }
   }

@@ -25,8 +25,9 @@ constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
 
 std::vector<ConfigFieldSpec> BaseSchema() {
   using T = ConfigType;
-  const std::vector<std::string> policies = {"lru", "lineage-lru", "s3fifo",         "credit-lru",
-                                             "arc", "w-tinylfu",   "leaf-first-lru", "adaptive"};
+  const std::vector<std::string> policies = {
+      "lru",       "lineage-lru",    "s3fifo",   "credit-lru", "arc",
+      "w-tinylfu", "leaf-first-lru", "adaptive", "hit-density"};
   return {
       {"hash.algorithm",
        T::kChoice,

@@ -17,17 +17,20 @@ Result<std::unique_ptr<AdaptivePolicy>> AdaptivePolicy::Create(size_t capacity_b
                                                                const PolicyOptions& options) {
   if (Status s = options.adaptive.Validate(); !s.ok()) return s;
   std::unique_ptr<AdaptivePolicy> policy(new AdaptivePolicy(capacity_blocks, options));
-  for (size_t i = 0; i < kNumCandidates; ++i) {
-    auto made = MakeEvictionPolicy(kCandidates[i], policy->capacity_, options);
+  policy->kinds_.assign(std::begin(kCandidates), std::end(kCandidates));
+  if (options.adaptive.with_hit_density != 0) policy->kinds_.push_back(PolicyKind::kHitDensity);
+  policy->candidates_.resize(policy->kinds_.size());
+  for (size_t i = 0; i < policy->kinds_.size(); ++i) {
+    auto made = MakeEvictionPolicy(policy->kinds_[i], policy->capacity_, options);
     if (!made.ok()) {
       return Status::InvalidArgument(std::string("adaptive policy, candidate ") +
-                                     PolicyKindName(kCandidates[i]) + ": " +
+                                     PolicyKindName(policy->kinds_[i]) + ": " +
                                      made.status().message());
     }
     policy->candidates_[i].shadow = std::move(*made);
   }
   // Every candidate was built with these options above, so the leader's mirror can be too.
-  auto mirror = MakeEvictionPolicy(kCandidates[policy->leader_], policy->capacity_, options);
+  auto mirror = MakeEvictionPolicy(policy->kinds_[policy->leader_], policy->capacity_, options);
   if (!mirror.ok()) return mirror.status();
   policy->mirror_ = std::move(*mirror);
   return policy;
@@ -54,7 +57,7 @@ void AdaptivePolicy::Reference(const BlockKey& key, const BlockKey& parent) {
   have_last_ = true;
   if (++references_ % decay_period_ != 0) return;
   size_t best = leader_;
-  for (size_t i = 0; i < kNumCandidates; ++i) {
+  for (size_t i = 0; i < candidates_.size(); ++i) {
     candidates_[i].score *= decay_factor_;
     if (candidates_[i].score > candidates_[best].score) best = i;
   }
@@ -66,7 +69,7 @@ void AdaptivePolicy::Reference(const BlockKey& key, const BlockKey& parent) {
 }
 
 void AdaptivePolicy::SwitchTo(size_t next) {
-  auto made = MakeEvictionPolicy(kCandidates[next], capacity_, options_);
+  auto made = MakeEvictionPolicy(kinds_[next], capacity_, options_);
   if (!made.ok()) return;  // cannot happen: Create built this kind with these options
   for (const BlockKey& key : recency_) (*made)->OnInsert(key, tracked_.at(key).parent);
   mirror_ = std::move(*made);

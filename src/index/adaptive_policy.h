@@ -70,7 +70,9 @@ class AdaptivePolicy final : public EvictionPolicy {
   bool Contains(const BlockKey& key) const override { return tracked_.contains(key); }
 
   // The candidate followed now.
-  PolicyKind leader() const { return kCandidates[leader_]; }
+  PolicyKind leader() const { return kinds_[leader_]; }
+  // The candidates, in order: kCandidates, then hit-density when AdaptiveConfig says so.
+  const std::vector<PolicyKind>& candidates() const { return kinds_; }
   // Times the leader changed.
   uint64_t switches() const { return switches_; }
   // Candidate i's decayed score (prefix hits of its shadow).
@@ -98,7 +100,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   const double hysteresis_;
   const uint64_t decay_period_;  // references between two decays
   const double decay_factor_;    // scores are multiplied by it every decay_period_ references
-  std::array<Candidate, kNumCandidates> candidates_;
+  std::vector<PolicyKind> kinds_;
+  std::vector<Candidate> candidates_;       // one per kinds_ entry
   std::unique_ptr<EvictionPolicy> mirror_;  // the leader's, over the tracked keys
   std::unordered_map<BlockKey, Tracked, BlockKeyHash> tracked_;
   std::list<BlockKey> recency_;  // tracked keys, least recently inserted or used first

@@ -8,6 +8,7 @@
 #include "index/arc_policy.h"
 #include "index/belady_policy.h"
 #include "index/credit_lru_policy.h"
+#include "index/hit_density_policy.h"
 #include "index/lineage_lru_policy.h"
 #include "index/lru_policy.h"
 #include "index/s3fifo_policy.h"
@@ -17,10 +18,11 @@ namespace kvtier {
 
 namespace {
 
-constexpr PolicyKind kAllKinds[] = {
-    PolicyKind::kLru,      PolicyKind::kLineageLru,   PolicyKind::kS3Fifo,
-    PolicyKind::kBelady,   PolicyKind::kCreditLru,    PolicyKind::kArc,
-    PolicyKind::kWTinyLfu, PolicyKind::kLeafFirstLru, PolicyKind::kAdaptive};
+constexpr PolicyKind kAllKinds[] = {PolicyKind::kLru,       PolicyKind::kLineageLru,
+                                    PolicyKind::kS3Fifo,    PolicyKind::kBelady,
+                                    PolicyKind::kCreditLru, PolicyKind::kArc,
+                                    PolicyKind::kWTinyLfu,  PolicyKind::kLeafFirstLru,
+                                    PolicyKind::kAdaptive,  PolicyKind::kHitDensity};
 
 // The shortest text that reads back as `v` ("0.75", "-1", "nan", "inf").
 std::string Shortest(double v) {
@@ -88,6 +90,10 @@ Status AdaptiveConfig::Validate() const {
     return Status::InvalidArgument("adaptive.hysteresis = " + Shortest(hysteresis) +
                                    ": must be a number in [0, 10]");
   }
+  if (with_hit_density != 0 && with_hit_density != 1) {
+    return Status::InvalidArgument("adaptive.with_hit_density = " + Shortest(with_hit_density) +
+                                   ": must be 0 or 1");
+  }
   return Status::Ok();
 }
 
@@ -97,13 +103,62 @@ Status AdaptiveConfig::Set(std::string_view name, double value) {
     next.half_life = value;
   } else if (name == "hysteresis") {
     next.hysteresis = value;
+  } else if (name == "with_hit_density") {
+    next.with_hit_density = value;
   } else {
     return Status::InvalidArgument("adaptive has no setting '" + std::string(name) +
-                                   "'; its settings: half_life, hysteresis");
+                                   "'; its settings: half_life, hysteresis, with_hit_density");
   }
   KVTIER_RETURN_IF_ERROR(next.Validate());
   *this = next;
   return Status::Ok();
+}
+
+Status HitDensityConfig::Validate() const {
+  struct Range {
+    const char* name;
+    double value, lo, hi;
+    bool lo_open, hi_open, integer;
+  };
+  const Range ranges[] = {
+      {"ghost_factor", ghost_factor, 0, 64, false, false, false},
+      {"decay", decay, 0, 1, false, true, false},
+      {"refresh", refresh, 0, 64, true, false, false},
+      {"max_age", max_age, 0, 1024, true, false, false},
+      {"samples", samples, 1, 1024, false, false, true},
+      {"features", features, 0, kAllFeatures, false, false, true},
+  };
+  static_assert(std::size(ranges) == std::size(kFieldNames));
+  for (const Range& r : ranges) {
+    const bool ok = std::isfinite(r.value) && (r.lo_open ? r.value > r.lo : r.value >= r.lo) &&
+                    (r.hi_open ? r.value < r.hi : r.value <= r.hi) &&
+                    (!r.integer || r.value == std::floor(r.value));
+    if (ok) continue;
+    return Status::InvalidArgument(
+        "hit_density." + std::string(r.name) + " = " + Shortest(r.value) + ": must be " +
+        (r.integer ? "an integer" : "a number") + " in " + (r.lo_open ? "(" : "[") +
+        Shortest(r.lo) + ", " + Shortest(r.hi) + (r.hi_open ? ")" : "]"));
+  }
+  return Status::Ok();
+}
+
+Status HitDensityConfig::Set(std::string_view name, double value) {
+  HitDensityConfig next = *this;
+  double* fields[] = {&next.ghost_factor, &next.decay,   &next.refresh,
+                      &next.max_age,      &next.samples, &next.features};
+  static_assert(std::size(fields) == std::size(kFieldNames));
+  std::string names;
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    if (name == kFieldNames[i]) {
+      *fields[i] = value;
+      KVTIER_RETURN_IF_ERROR(next.Validate());
+      *this = next;
+      return Status::Ok();
+    }
+    names += (i == 0 ? "" : ", ") + std::string(kFieldNames[i]);
+  }
+  return Status::InvalidArgument("hit_density has no setting '" + std::string(name) +
+                                 "'; its settings: " + names);
 }
 
 const char* PolicyKindName(PolicyKind kind) {
@@ -126,6 +181,8 @@ const char* PolicyKindName(PolicyKind kind) {
       return "leaf-first-lru";
     case PolicyKind::kAdaptive:
       return "adaptive";
+    case PolicyKind::kHitDensity:
+      return "hit-density";
   }
   return "unknown";
 }
@@ -168,6 +225,11 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size
       return std::unique_ptr<EvictionPolicy>(std::make_unique<LineageLruPolicy>(true));
     case PolicyKind::kAdaptive: {
       auto policy = AdaptivePolicy::Create(capacity_blocks, options);
+      if (!policy.ok()) return policy.status();
+      return std::unique_ptr<EvictionPolicy>(std::move(policy).value());
+    }
+    case PolicyKind::kHitDensity: {
+      auto policy = HitDensityPolicy::Create(capacity_blocks, options.hit_density);
       if (!policy.ok()) return policy.status();
       return std::unique_ptr<EvictionPolicy>(std::move(policy).value());
     }

@@ -28,10 +28,11 @@ enum class PolicyKind : uint8_t {
   kWTinyLfu = 6,      // W-TinyLFU: 1% LRU window, frequency-sketch admission, segmented LRU main
   kLeafFirstLru = 7,  // LRU over leaves only; never evicts a block with a cached child
   kAdaptive = 8,      // follows, at run time, whichever candidate policy a shadow cache favours
+  kHitDensity = 9,    // lineage-aware; evicts the lowest hit density learned per class and age
 };
 
 // "lru", "lineage-lru", "s3fifo", "belady", "credit-lru", "arc", "w-tinylfu", "leaf-first-lru",
-// "adaptive".
+// "adaptive", "hit-density".
 const char* PolicyKindName(PolicyKind kind);
 // Parses PolicyKindName's output; InvalidArgument listing the accepted names otherwise.
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
@@ -82,8 +83,10 @@ struct AdaptiveConfig {
   double half_life = 16.0;
   // Relative lead a challenger needs over the leader's score: [0, 10].
   double hysteresis = 0.02;
+  // 1: hit-density is a fifth candidate (after the four of AdaptivePolicy::kCandidates); 0: not.
+  double with_hit_density = 0;
 
-  static constexpr const char* kFieldNames[] = {"half_life", "hysteresis"};
+  static constexpr const char* kFieldNames[] = {"half_life", "hysteresis", "with_hit_density"};
   // Ok, or InvalidArgument naming the field, its value and the accepted range.
   Status Validate() const;
   // Sets field `name` (one of kFieldNames) to `value`, validated; InvalidArgument otherwise.
@@ -92,11 +95,43 @@ struct AdaptiveConfig {
   bool operator==(const AdaptiveConfig&) const = default;
 };
 
+// The settings of HitDensityPolicy (hit_density_policy.h). Defaults chosen by cross-validation
+// (docs/policy-study.md, section 8.8).
+struct HitDensityConfig {
+  // Bits of `features`: which features make a block's class.
+  static constexpr uint32_t kUses = 1, kEnded = 2, kLongFollowUp = 4, kDepth = 8;
+  static constexpr uint32_t kAllFeatures = 15;
+
+  // Ghost table size, as a multiple of the capacity: [0, 64]; 0 disables it.
+  double ghost_factor = 4.0;
+  // Weight the decayed histograms keep at each refresh: [0, 1).
+  double decay = 0.9;
+  // Ticks between refreshes, as a multiple of the capacity: (0, 64].
+  double refresh = 1.0;
+  // Oldest age told apart, as a multiple of the capacity (older ages share the last bucket):
+  // (0, 1024].
+  double max_age = 32.0;
+  // Leaves sampled per Victim: [1, 1024] (integer).
+  double samples = 32;
+  // A subset of kAllFeatures (integer in [0, 15]).
+  double features = kUses | kEnded;
+
+  static constexpr const char* kFieldNames[] = {"ghost_factor", "decay",   "refresh",
+                                                "max_age",      "samples", "features"};
+  // Ok, or InvalidArgument naming the field, its value and the accepted range.
+  Status Validate() const;
+  // Sets field `name` (one of kFieldNames) to `value`, validated; InvalidArgument otherwise.
+  Status Set(std::string_view name, double value);
+
+  bool operator==(const HitDensityConfig&) const = default;
+};
+
 // Settings of the eviction policies, one member per policy that has any. A tier's config
 // carries one; MakeEvictionPolicy uses the member of the kind it builds and ignores the rest.
 struct PolicyOptions {
   CreditLruConfig credit_lru;
   AdaptiveConfig adaptive;  // adaptive passes credit_lru on to its credit-lru candidate
+  HitDensityConfig hit_density;
 
   bool operator==(const PolicyOptions&) const = default;
 };
@@ -131,9 +166,10 @@ class EvictionPolicy {
 };
 
 // A policy for a tier of `capacity_blocks` slots (S3-FIFO sizes its queues from it, credit-lru
-// scales its credits by it; the others ignore it), with `options` (credit-lru reads
-// options.credit_lru; the other kinds ignore them). InvalidArgument for kBelady, which needs the
-// future (use MakeBeladyPolicy), and, for kCreditLru, when options.credit_lru does not validate.
+// scales its credits by it, hit-density its histograms; the others ignore it), with `options`
+// (credit-lru reads options.credit_lru, adaptive options.adaptive, hit-density
+// options.hit_density; the other kinds ignore them). InvalidArgument for kBelady, which needs the
+// future (use MakeBeladyPolicy), and when the member the kind reads does not validate.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks,
                                                            const PolicyOptions& options);
 // MakeEvictionPolicy with the default options.

@@ -33,10 +33,10 @@ namespace kvtier::cli {
 
 namespace {
 
-constexpr PolicyKind kOnlinePolicies[] = {PolicyKind::kCreditLru,    PolicyKind::kAdaptive,
-                                          PolicyKind::kLru,          PolicyKind::kArc,
-                                          PolicyKind::kWTinyLfu,     PolicyKind::kLineageLru,
-                                          PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
+constexpr PolicyKind kOnlinePolicies[] = {
+    PolicyKind::kCreditLru,    PolicyKind::kAdaptive, PolicyKind::kLru,
+    PolicyKind::kArc,          PolicyKind::kWTinyLfu, PolicyKind::kLineageLru,
+    PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo,   PolicyKind::kHitDensity};
 
 void PrintReplayHelp(const std::string& default_policy) {
   std::printf(
@@ -51,7 +51,7 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --format auto|mooncake|kvtier   default auto (a first line with hash_ids = mooncake)\n"
       "  --tokens-per-block N       default 512 (Mooncake's block)\n"
       "  --policy NAME              adaptive, credit-lru, lru, arc, w-tinylfu, lineage-lru,\n"
-      "                             leaf-first-lru, s3fifo (default %s,\n"
+      "                             leaf-first-lru, s3fifo, hit-density (default %s,\n"
       "                             the manager's default)\n"
       "  --capacity-fraction F      G2 slots = ceil(F x distinct blocks of the trace); default "
       "0.05\n"

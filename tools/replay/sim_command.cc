@@ -24,14 +24,16 @@ namespace {
 constexpr PolicyKind kDefaultPolicy = PolicyKind::kAdaptive;
 constexpr PolicyKind kOnlinePolicies[] = {
     kDefaultPolicy,        PolicyKind::kCreditLru,  PolicyKind::kLru,          PolicyKind::kArc,
-    PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo};
+    PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo,
+    PolicyKind::kHitDensity};
 // The baselines the default must stay within 2% of (issue 17).
 constexpr PolicyKind kBaselines[] = {PolicyKind::kLru, PolicyKind::kArc, PolicyKind::kWTinyLfu};
 
 void PrintSimHelp() {
   std::printf(
       "usage: kvtier sim --trace FILE [--capacity-fraction F] [--policy NAME|all]\n"
-      "                  [--credit-lru KEY=VALUE]... [--adaptive KEY=VALUE]... [--json]\n"
+      "                  [--credit-lru KEY=VALUE]... [--adaptive KEY=VALUE]...\n"
+      "                  [--hit-density KEY=VALUE]... [--json]\n"
       "  Replays a Mooncake-format block trace (JSONL: {\"hash_ids\": [...], ...} per line,\n"
       "  prefix-chained ids) through ONE cache tier and reports the hit ratio of each policy,\n"
       "  of Belady's offline optimum and of an unbounded cache.\n"
@@ -43,7 +45,12 @@ void PrintSimHelp() {
       "%s"
       "  --adaptive KEY=VALUE      a setting of adaptive: half_life (score half-life in\n"
       "                            references per capacity block, default 16) or hysteresis\n"
-      "                            (relative lead to take over, default 0.02); repeatable\n"
+      "                            (relative lead to take over, default 0.02) or\n"
+      "                            with_hit_density (1: hit-density is a candidate too,\n"
+      "                            default 0); repeatable\n"
+      "  --hit-density KEY=VALUE   a setting of hit-density: ghost_factor, decay, refresh,\n"
+      "                            max_age, samples, features (src/index/eviction_policy.h,\n"
+      "                            HitDensityConfig); repeatable\n"
       "  --json                    one JSON object: hit_ratio (of --policy; of %s for all),\n"
       "                            belady_hit_ratio, unbounded_hit_ratio, ratio_to_belady,\n"
       "                            policies {name: {hit_ratio, ratio_to_belady, ...}},\n"
@@ -58,7 +65,8 @@ void PrintSimHelp() {
       "  the policy's victim when the tier is full); one that happens to be cached already is\n"
       "  used but is not a hit. A block's parent is the previous block of its request.\n"
       "  Nothing is pinned. hit_ratio = prefix-hit blocks / all blocks.\n",
-      "credit-lru, adaptive, lru, arc, w-tinylfu, lineage-lru, leaf-first-lru, s3fifo",
+      "credit-lru, adaptive, lru, arc, w-tinylfu, lineage-lru, leaf-first-lru, s3fifo, "
+      "hit-density",
       PolicyKindName(kDefaultPolicy), CreditLruFlagsHelp(28).c_str(),
       PolicyKindName(kDefaultPolicy));
 }
@@ -107,8 +115,8 @@ int RunSim(const CliArgs& args) {
     PrintSimHelp();
     return 0;
   }
-  if (Status s = args.CheckKnown(
-          {"help", "json", "trace", "capacity-fraction", "policy", "credit-lru", "adaptive"});
+  if (Status s = args.CheckKnown({"help", "json", "trace", "capacity-fraction", "policy",
+                                  "credit-lru", "adaptive", "hit-density"});
       !s.ok()) {
     return UsageError(s);
   }
@@ -123,10 +131,21 @@ int RunSim(const CliArgs& args) {
     if (!value.ok()) {
       return UsageError(Status::InvalidArgument("--adaptive '" + kv +
                                                 "': expected KEY=NUMBER, KEY one of half_life, "
-                                                "hysteresis"));
+                                                "hysteresis, with_hit_density"));
     }
     if (Status s = options.adaptive.Set(kv.substr(0, eq), *value); !s.ok()) {
       return UsageError(Status::InvalidArgument("--adaptive: " + s.message()));
+    }
+  }
+  for (const std::string& kv : args.GetAll("hit-density")) {
+    const size_t eq = kv.find('=');
+    auto value = eq == std::string::npos ? Result<double>(Status::InvalidArgument(""))
+                                         : ParseFiniteDouble(kv.substr(eq + 1));
+    if (!value.ok()) {
+      return UsageError(Status::InvalidArgument("--hit-density '" + kv + "': expected KEY=NUMBER"));
+    }
+    if (Status s = options.hit_density.Set(kv.substr(0, eq), *value); !s.ok()) {
+      return UsageError(Status::InvalidArgument("--hit-density: " + s.message()));
     }
   }
   if (!args.Has("trace")) return UsageError(Status::InvalidArgument("--trace FILE is required"));
