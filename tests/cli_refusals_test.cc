@@ -265,16 +265,19 @@ TEST(CliRefusals, ReplayJsonShowsG3AndG4FailureCounters) {
   }
 }
 
-// A G3 dir holding a previous run's files would be recovered and its blocks counted as hits
-// (a replay once reported 1.1 x an unbounded cache that way): refused, with what to do.
-TEST(CliRefusals, ReplayRefusesAG3DirThatIsNotEmpty) {
+// A G3 dir holding a previous run's blocks is recovered and its blocks count as hits (a replay
+// once reported 1.1 x an unbounded cache that way): right for a warm restart, so allowed, but
+// said on stderr. An empty dir says nothing.
+TEST(CliRefusals, ReplayWarnsOfAG3DirThatIsNotEmpty) {
   const std::string trace = cli::replay_testing::kData + "replay_mooncake_small.jsonl";
   TempDir dir;
-  WriteFile(dir.path() + "/g3-0000.kvt", "old");
-  CliRun r = Cli("replay --trace " + trace + " --g3-fraction 0.2 --g3-dir " + dir.path());
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("is not empty"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("name an empty dir"), std::string::npos) << r.out;
+  CliRun cold = Cli("replay --trace " + trace + " --g3-fraction 0.2 --g3-dir " + dir.path());
+  EXPECT_EQ(cold.exit_code, 0) << cold.out;
+  EXPECT_EQ(cold.out.find("is not empty"), std::string::npos) << cold.out;
+  CliRun warm = Cli("replay --trace " + trace + " --g3-fraction 0.2 --g3-dir " + dir.path());
+  EXPECT_EQ(warm.exit_code, 0) << warm.out;
+  EXPECT_NE(warm.out.find("is not empty: G3 recovers its blocks"), std::string::npos) << warm.out;
+  EXPECT_NE(warm.out.find("name an empty dir for a cold run"), std::string::npos) << warm.out;
 }
 
 // The first-sighting gate's flag: [0, 1e6], 0 turning it off.

@@ -142,8 +142,8 @@ TEST(SimPolicyAllTest, JsonComparesTheDefaultWithTheBaselines) {
     EXPECT_NE(r.out.find("\"" + std::string(name) + "\": {\"hit_ratio\": "), std::string::npos)
         << name << " missing in " << r.out;
   }
-  EXPECT_EQ(JsonString(r.out, "policy"), "credit-lru");
-  EXPECT_EQ(JsonString(r.out, "default_policy"), "credit-lru");
+  EXPECT_EQ(JsonString(r.out, "policy"), "adaptive");
+  EXPECT_EQ(JsonString(r.out, "default_policy"), "adaptive");
   const std::string best = JsonString(r.out, "best_baseline");
   EXPECT_TRUE(best == "lru" || best == "arc" || best == "w-tinylfu") << best;
   const double hit = JsonNumber(r.out, "hit_ratio");
@@ -154,11 +154,11 @@ TEST(SimPolicyAllTest, JsonComparesTheDefaultWithTheBaselines) {
   const double lru = JsonNumber(r.out, "hit_ratio", lru_at);
   EXPECT_NEAR(JsonNumber(r.out, "default_gain_over_lru"), hit / lru, 1e-5);
   // Every policy's row carries the same two ratios.
-  const size_t adaptive_at = r.out.find("\"adaptive\": {");
-  ASSERT_NE(adaptive_at, std::string::npos);
-  const double adaptive = JsonNumber(r.out, "hit_ratio", adaptive_at);
-  EXPECT_NEAR(JsonNumber(r.out, "vs_best_baseline", adaptive_at), adaptive / best_hit, 1e-5);
-  EXPECT_NEAR(JsonNumber(r.out, "gain_over_lru", adaptive_at), adaptive / lru, 1e-5);
+  const size_t credit_at = r.out.find("\"credit-lru\": {");
+  ASSERT_NE(credit_at, std::string::npos);
+  const double credit = JsonNumber(r.out, "hit_ratio", credit_at);
+  EXPECT_NEAR(JsonNumber(r.out, "vs_best_baseline", credit_at), credit / best_hit, 1e-5);
+  EXPECT_NEAR(JsonNumber(r.out, "gain_over_lru", credit_at), credit / lru, 1e-5);
   EXPECT_NEAR(JsonNumber(r.out, "gain_over_lru", lru_at), 1.0, 1e-9);
   // One policy: no comparison.
   r = Cli("sim --trace " + path + " --policy arc --json");

@@ -72,7 +72,8 @@ TEST(PolicyOptionsTest, ConfigSchemaAgreesWithAdaptiveConfig) {
       ++keys;
       EXPECT_EQ(spec.type, ConfigType::kDouble) << spec.name;
       const bool half_life = spec.name == t + ".adaptive.half_life";
-      EXPECT_EQ(spec.real_max, half_life ? 1024 : 10) << spec.name;
+      const bool flag = spec.name == t + ".adaptive.with_hit_density";
+      EXPECT_EQ(spec.real_max, half_life ? 1024 : flag ? 1 : 10) << spec.name;
       EXPECT_GE(spec.real_min, 0) << spec.name;
       AdaptiveConfig at_min;
       EXPECT_TRUE(at_min.Set(spec.name.substr(t.size() + 10), spec.real_min).ok())
@@ -101,6 +102,14 @@ TEST(PolicyOptionsTest, ManagerTakesAdaptiveSettingsFromItsConfig) {
   Status big = config.Set("g3.adaptive.hysteresis", "11");
   EXPECT_EQ(big.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(big.message().find("g3.adaptive.hysteresis"), std::string::npos) << big.message();
+  // In the schema's range but not a value AdaptiveConfig takes: Create names the key.
+  ASSERT_TRUE(config.Set("g2.adaptive.with_hit_density", "0.5").ok());
+  o.config = config;
+  auto refused = BlockManager::Create(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("g2.adaptive.with_hit_density"), std::string::npos)
+      << refused.status().message();
 }
 
 TEST(PolicyOptionsTest, CreditLruConfigGetAndSetByName) {

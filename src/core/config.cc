@@ -354,6 +354,16 @@ std::vector<ConfigFieldSpec> AdaptiveFields(const std::string& tier) {
                       {},
                       0,
                       10},
+      ConfigFieldSpec{tier + ".adaptive.with_hit_density",
+                      ConfigType::kDouble,
+                      "0",
+                      "adaptive: 1 adds hit-density as a fifth candidate (0 or 1; it did not "
+                      "beat credit-lru in the study, docs/policy-study.md 8.8)",
+                      0,
+                      0,
+                      {},
+                      0,
+                      1},
   };
 }
 

@@ -23,8 +23,8 @@ namespace {
 // The default of g2.policy / g3.policy (src/core/config.cc).
 constexpr PolicyKind kDefaultPolicy = PolicyKind::kAdaptive;
 constexpr PolicyKind kOnlinePolicies[] = {
-    kDefaultPolicy,        PolicyKind::kCreditLru,  PolicyKind::kLru,          PolicyKind::kArc,
-    PolicyKind::kWTinyLfu, PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo,
+    kDefaultPolicy,         PolicyKind::kCreditLru,  PolicyKind::kLru,          PolicyKind::kArc,
+    PolicyKind::kWTinyLfu,  PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo,
     PolicyKind::kHitDensity};
 // The baselines the default must stay within 2% of (issue 17).
 constexpr PolicyKind kBaselines[] = {PolicyKind::kLru, PolicyKind::kArc, PolicyKind::kWTinyLfu};
