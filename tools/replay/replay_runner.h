@@ -29,10 +29,10 @@ namespace kvtier::cli {
 
 struct ReplayOptions {
   std::string policy = "adaptive";  // eviction policy of G2 and G3 (lru, lineage-lru, ...)
-  uint64_t g2_blocks = 1;             // G2 slots (capacity); >= 1
-  uint64_t g3_blocks = 0;             // G3 slots; 0 = no G3
-  std::string g3_dir;                 // where G3's slot files go; REQUIRED when g3_blocks > 0
-  uint32_t g3_admit_min_seen = 2;     // sightings before G3 admits a G2 victim (1..15)
+  uint64_t g2_blocks = 1;           // G2 slots (capacity); >= 1
+  uint64_t g3_blocks = 0;           // G3 slots; 0 = no G3
+  std::string g3_dir;               // where G3's slot files go; REQUIRED when g3_blocks > 0
+  uint32_t g3_admit_min_seen = 2;   // sightings before G3 admits a G2 victim (1..15)
   // G4 (docs/g4.md): "" = none, "fs" (g4_dir REQUIRED: the shared directory) or "redis"
   // (g4_endpoints REQUIRED: "host:port"). G4 has no slot count: it holds what its backend holds.
   // With G4 the G2 arena gets a staging pool of min(longest prompt, g2_blocks) slots ON TOP of
