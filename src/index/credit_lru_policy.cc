@@ -18,14 +18,13 @@ CreditLruPolicy::CreditLruPolicy(size_t capacity_blocks)
 CreditLruPolicy::CreditLruPolicy(size_t capacity_blocks, const Config& config)
     : config_(config),
       capacity_(static_cast<double>(capacity_blocks > 0 ? capacity_blocks : 1)),
-      ghost_capacity_(static_cast<size_t>(config.ghost_factor * capacity_)) {
+      ghost_(static_cast<size_t>(config.ghost_factor * capacity_)) {
   assert(config.Validate().ok() && "CreditLruPolicy: invalid config");
 }
 
 uint32_t CreditLruPolicy::Uses(const BlockKey& key) const {
   if (auto it = nodes_.find(key); it != nodes_.end()) return it->second.uses;
-  auto it = ghost_.find(key);
-  return it == ghost_.end() ? 0 : it->second.uses;
+  return ghost_.Peek(key);
 }
 
 double CreditLruPolicy::CreditOf(const BlockKey& key) const {
@@ -57,20 +56,6 @@ void CreditLruPolicy::Unplace(Node& node) {
   (node.children > 0 ? inner_ : leaves_).erase(node.pos);
 }
 
-void CreditLruPolicy::Remember(const BlockKey& key, uint32_t uses) {
-  if (ghost_capacity_ == 0) return;
-  const uint64_t seq = ghost_seq_++;
-  if (seq < ghost_capacity_) {  // the ring grows to its capacity as keys come, then wraps
-    ghost_ring_.push_back(key);
-  } else {  // the slot holds the key remembered ghost_capacity_ ago: forget it, unless stale
-    BlockKey& slot = ghost_ring_[seq % ghost_capacity_];
-    auto old = ghost_.find(slot);
-    if (old != ghost_.end() && old->second.seq == seq - ghost_capacity_) ghost_.erase(old);
-    slot = key;
-  }
-  ghost_[key] = GhostEntry{uses, seq};
-}
-
 void CreditLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
   auto [it, inserted] = nodes_.try_emplace(key);
   assert(inserted && "CreditLruPolicy::OnInsert: key is tracked already");
@@ -81,9 +66,8 @@ void CreditLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
   Node& node = it->second;
   node.parent = parent;
   node.tick = ++tick_;
-  if (auto ghost = ghost_.find(key); ghost != ghost_.end()) {
-    node.uses = ghost->second.uses + (ghost->second.uses < UINT32_MAX ? 1 : 0);
-    ghost_.erase(ghost);
+  if (const uint32_t uses = ghost_.Take(key); uses > 0) {
+    node.uses = uses + (uses < UINT32_MAX ? 1 : 0);
   }
   if (auto orphans = orphan_children_.find(key); orphans != orphan_children_.end()) {
     node.children = orphans->second;
@@ -141,7 +125,7 @@ void CreditLruPolicy::OnRemove(const BlockKey& key) {
   if (auto run = runs_.find(node.run); run != runs_.end() && --run->second.members == 0) {
     runs_.erase(run);
   }
-  Remember(key, node.uses);
+  ghost_.Remember(key, node.uses);
   const BlockKey parent = node.parent;
   nodes_.erase(it);
 

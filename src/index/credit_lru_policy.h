@@ -28,7 +28,7 @@
 //  - every tracked key is in exactly one of leaves_ (children == 0, at (score, key)) or inner_
 //    (children > 0, at (tick, key)), and node.pos points at that entry.
 //  - runs_ holds every run that some tracked key belongs to; run.members counts those keys.
-//  - ghost_ remembers at most ghost_capacity_ untracked keys with their use counts.
+//  - ghost_ remembers the use counts of at most ghost_factor x capacity untracked keys.
 // Costs: O(log n) per operation; Victim O(log n) plus one step per block the caller refuses.
 #pragma once
 
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "index/eviction_policy.h"
+#include "index/use_count_ghost.h"
 
 namespace kvtier {
 
@@ -81,9 +82,9 @@ class CreditLruPolicy final : public EvictionPolicy {
   // The credit `key` is ranked with now (0 for an untracked key), in units of capacity.
   double CreditOf(const BlockKey& key) const;
   // Whether `key` is remembered in the ghost table.
-  bool InGhost(const BlockKey& key) const { return ghost_.contains(key); }
+  bool InGhost(const BlockKey& key) const { return ghost_.Contains(key); }
   size_t ghost_size() const { return ghost_.size(); }
-  size_t ghost_capacity() const { return ghost_capacity_; }
+  size_t ghost_capacity() const { return ghost_.capacity(); }
 
  private:
   using Order = std::set<std::pair<int64_t, BlockKey>>;
@@ -109,11 +110,10 @@ class CreditLruPolicy final : public EvictionPolicy {
   // Puts `node` (not in any set) into the set its children count says, with a fresh score.
   void Place(const BlockKey& key, Node& node);
   void Unplace(Node& node);
-  void Remember(const BlockKey& key, uint32_t uses);
 
   const Config config_;
   const double capacity_;
-  const size_t ghost_capacity_;
+  UseCountGhost ghost_;  // use counts of evicted keys (ghost_factor x capacity of them)
   uint64_t tick_ = 0;
   uint64_t next_run_ = 1;
   std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;
@@ -121,16 +121,6 @@ class CreditLruPolicy final : public EvictionPolicy {
   std::unordered_map<uint64_t, Run> runs_;
   Order leaves_;
   Order inner_;
-  // Ghost: key -> (uses, sequence number of its slot in ghost_ring_). The ring holds the keys in
-  // the order they were remembered; a slot whose sequence number no longer matches the map is
-  // stale (the key came back, or was remembered again later).
-  struct GhostEntry {
-    uint32_t uses;
-    uint64_t seq;
-  };
-  std::unordered_map<BlockKey, GhostEntry, BlockKeyHash> ghost_;
-  std::vector<BlockKey> ghost_ring_;
-  uint64_t ghost_seq_ = 0;
 };
 
 }  // namespace kvtier

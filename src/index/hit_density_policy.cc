@@ -34,7 +34,7 @@ HitDensityPolicy::HitDensityPolicy(size_t capacity_blocks)
 HitDensityPolicy::HitDensityPolicy(size_t capacity_blocks, const Config& config)
     : config_(config),
       capacity_(std::max<size_t>(capacity_blocks, 1)),
-      ghost_capacity_(static_cast<size_t>(config.ghost_factor * static_cast<double>(capacity_))),
+      ghost_(static_cast<size_t>(config.ghost_factor * static_cast<double>(capacity_))),
       refresh_period_(std::max<uint64_t>(
           16,
           static_cast<uint64_t>(std::llround(config.refresh * static_cast<double>(capacity_))))),
@@ -53,8 +53,7 @@ HitDensityPolicy::HitDensityPolicy(size_t capacity_blocks, const Config& config)
 
 uint32_t HitDensityPolicy::Uses(const BlockKey& key) const {
   if (auto it = nodes_.find(key); it != nodes_.end()) return it->second.uses;
-  auto it = ghost_.find(key);
-  return it == ghost_.end() ? 0 : it->second.uses;
+  return ghost_.Peek(key);
 }
 
 double HitDensityPolicy::DensityOf(const BlockKey& key) const {
@@ -145,22 +144,6 @@ void HitDensityPolicy::RemoveFrom(std::vector<Node*>& set, Node& node) {
   set.pop_back();
 }
 
-void HitDensityPolicy::Remember(const BlockKey& key, uint32_t uses) {
-  if (ghost_capacity_ == 0) return;
-  const uint64_t seq = ghost_seq_++;
-  if (ghost_ring_.size() < ghost_capacity_) {
-    ghost_ring_.push_back(key);
-  } else {  // this slot's key was remembered ghost_capacity_ keys ago: forget it unless stale
-    BlockKey& slot = ghost_ring_[seq % ghost_capacity_];
-    if (auto old = ghost_.find(slot);
-        old != ghost_.end() && old->second.seq + ghost_capacity_ == seq) {
-      ghost_.erase(old);
-    }
-    slot = key;
-  }
-  ghost_[key] = GhostEntry{uses, seq};
-}
-
 void HitDensityPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
   auto [it, inserted] = nodes_.try_emplace(key);
   assert(inserted && "HitDensityPolicy::OnInsert: key is tracked already");
@@ -172,9 +155,8 @@ void HitDensityPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
   node.key = key;
   node.parent = parent;
   node.tick = ++tick_;
-  if (auto ghost = ghost_.find(key); ghost != ghost_.end()) {
-    node.uses = ghost->second.uses + (ghost->second.uses < UINT32_MAX ? 1 : 0);
-    ghost_.erase(ghost);
+  if (const uint32_t uses = ghost_.Take(key); uses > 0) {
+    node.uses = uses + (uses < UINT32_MAX ? 1 : 0);
   }
   if (auto orphans = orphan_children_.find(key); orphans != orphan_children_.end()) {
     node.children = orphans->second;
@@ -228,7 +210,7 @@ void HitDensityPolicy::OnRemove(const BlockKey& key) {
   if (auto run = runs_.find(node.run); run != runs_.end() && --run->second.members == 0) {
     runs_.erase(run);
   }
-  Remember(key, node.uses);
+  ghost_.Remember(key, node.uses);
   if (last_ == &node) last_ = nullptr;
   const BlockKey parent = node.parent;
   nodes_.erase(it);

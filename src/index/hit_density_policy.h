@@ -38,7 +38,7 @@
 //  - every tracked node is in exactly one of leaves_ (children == 0) or inner_ (children > 0),
 //    at index node.slot.
 //  - runs_ holds every run some tracked key belongs to; run.members counts those keys.
-//  - ghost_ remembers at most ghost_capacity_ untracked keys with their use counts.
+//  - ghost_ remembers the use counts of at most ghost_factor x capacity untracked keys.
 // Costs: O(1) expected per insert, access and remove (hash maps, vectors); Victim O(samples)
 // when a sample is evictable, O(n log n) when the caller refuses them all; a refresh costs
 // O(classes x kAgeBuckets) every refresh period.
@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "index/eviction_policy.h"
+#include "index/use_count_ghost.h"
 
 namespace kvtier {
 
@@ -133,12 +134,11 @@ class HitDensityPolicy final : public EvictionPolicy {
   void Refresh();
   void AddTo(std::vector<Node*>& set, Node& node);
   void RemoveFrom(std::vector<Node*>& set, Node& node);
-  void Remember(const BlockKey& key, uint32_t uses);
   bool Ask(Node& node, const EvictablePredicate& evictable);
 
   const Config config_;
   const size_t capacity_;
-  const size_t ghost_capacity_;
+  UseCountGhost ghost_;  // use counts of evicted keys (ghost_factor x capacity of them)
   const uint64_t refresh_period_;
   const uint64_t age_width_;
   const size_t samples_;
@@ -158,14 +158,6 @@ class HitDensityPolicy final : public EvictionPolicy {
   std::vector<Histogram> hits_now_, evictions_now_;  // since the last refresh, per class
   std::vector<Histogram> hits_, evictions_;          // decayed, per class
   std::vector<Histogram> density_;                   // per class, per age bucket
-
-  struct GhostEntry {
-    uint32_t uses;
-    uint64_t seq;
-  };
-  std::unordered_map<BlockKey, GhostEntry, BlockKeyHash> ghost_;
-  std::vector<BlockKey> ghost_ring_;  // keys in the order remembered; stale slots skipped
-  uint64_t ghost_seq_ = 0;
 };
 
 }  // namespace kvtier
