@@ -292,7 +292,15 @@ TEST(CliRefusals, ReplayRefusesABadWritesPerHit) {
   CliRun off = CliStdout("replay --trace " + trace +
                          " --g3-fraction 0.2 --g3-admit-max-writes-per-hit 0 --json");
   ASSERT_EQ(off.exit_code, 0) << off.out;
-  EXPECT_NE(off.out.find("\"g3_first_sighting_writes\": 0"), std::string::npos) << off.out;
+  EXPECT_NE(off.out.find("\"g3_first_sighting_writes\": 0,"), std::string::npos) << off.out;
+  // The default (min_seen 2, the gate at 8): while G3 fills, the gate admits first sightings,
+  // so the manager wrote some of them to G3.
+  CliRun on = CliStdout("replay --trace " + trace + " --g3-fraction 0.2 --json");
+  ASSERT_EQ(on.exit_code, 0) << on.out;
+  EXPECT_GT(cli::replay_testing::JsonNumber(on.out, "g3_first_sighting_writes"), 0) << on.out;
+  EXPECT_LE(cli::replay_testing::JsonNumber(on.out, "g3_first_sighting_writes"),
+            cli::replay_testing::JsonNumber(on.out, "g3_blocks_written"))
+      << on.out;
 }
 
 }  // namespace
