@@ -69,10 +69,7 @@ void CreditLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
   if (const uint32_t uses = ghost_.Take(key); uses > 0) {
     node.uses = uses + (uses < UINT32_MAX ? 1 : 0);
   }
-  if (auto orphans = orphan_children_.find(key); orphans != orphan_children_.end()) {
-    node.children = orphans->second;
-    orphan_children_.erase(orphans);
-  }
+  node.children = orphan_children_.Adopt(key);
 
   Node* parent_node = nullptr;
   if (parent != key) {
@@ -101,7 +98,7 @@ void CreditLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
       ++parent_node->children;
     }
   } else if (parent != key) {
-    ++orphan_children_[parent];
+    orphan_children_.AddChild(parent);
   }
   Place(key, node);
 }
@@ -121,7 +118,7 @@ void CreditLruPolicy::OnRemove(const BlockKey& key) {
   if (it == nodes_.end()) return;
   Node& node = it->second;
   Unplace(node);
-  if (node.children > 0) orphan_children_[key] = node.children;
+  orphan_children_.Orphan(key, node.children);
   if (auto run = runs_.find(node.run); run != runs_.end() && --run->second.members == 0) {
     runs_.erase(run);
   }
@@ -139,8 +136,8 @@ void CreditLruPolicy::OnRemove(const BlockKey& key) {
     } else {
       --p->second.children;
     }
-  } else if (auto o = orphan_children_.find(parent); o != orphan_children_.end()) {
-    if (--o->second == 0) orphan_children_.erase(o);
+  } else {
+    orphan_children_.RemoveChild(parent);
   }
 }
 

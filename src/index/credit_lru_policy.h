@@ -24,7 +24,8 @@
 //
 // Invariants:
 //  - nodes_ holds every tracked key; node.children counts the tracked keys whose parent it is;
-//    orphan_children_ counts, for each untracked key, the tracked keys whose parent it is.
+//    orphan_children_ (OrphanChildren) counts, for each untracked key, the tracked keys whose
+//    parent it is.
 //  - every tracked key is in exactly one of leaves_ (children == 0, at (score, key)) or inner_
 //    (children > 0, at (tick, key)), and node.pos points at that entry.
 //  - runs_ holds every run that some tracked key belongs to; run.members counts those keys.
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "index/eviction_policy.h"
+#include "index/orphan_children.h"
 #include "index/use_count_ghost.h"
 
 namespace kvtier {
@@ -117,7 +119,7 @@ class CreditLruPolicy final : public EvictionPolicy {
   uint64_t tick_ = 0;
   uint64_t next_run_ = 1;
   std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> orphan_children_;
+  OrphanChildren orphan_children_;
   std::unordered_map<uint64_t, Run> runs_;
   Order leaves_;
   Order inner_;

@@ -158,10 +158,7 @@ void HitDensityPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
   if (const uint32_t uses = ghost_.Take(key); uses > 0) {
     node.uses = uses + (uses < UINT32_MAX ? 1 : 0);
   }
-  if (auto orphans = orphan_children_.find(key); orphans != orphan_children_.end()) {
-    node.children = orphans->second;
-    orphan_children_.erase(orphans);
-  }
+  node.children = orphan_children_.Adopt(key);
 
   Node* parent_node = nullptr;
   if (parent != key) {
@@ -184,7 +181,7 @@ void HitDensityPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
       AddTo(inner_, *parent_node);
     }
   } else if (parent != key) {
-    ++orphan_children_[parent];
+    orphan_children_.AddChild(parent);
   }
   AddTo(node.children > 0 ? inner_ : leaves_, node);
   Reference(node);
@@ -206,7 +203,7 @@ void HitDensityPolicy::OnRemove(const BlockKey& key) {
   Node& node = it->second;
   evictions_now_[Class(node)][AgeBucket(node)] += 1;
   RemoveFrom(node.children > 0 ? inner_ : leaves_, node);
-  if (node.children > 0) orphan_children_[key] = node.children;
+  orphan_children_.Orphan(key, node.children);
   if (auto run = runs_.find(node.run); run != runs_.end() && --run->second.members == 0) {
     runs_.erase(run);
   }
@@ -223,8 +220,8 @@ void HitDensityPolicy::OnRemove(const BlockKey& key) {
       RemoveFrom(inner_, parent_node);
       AddTo(leaves_, parent_node);
     }
-  } else if (auto o = orphan_children_.find(parent); o != orphan_children_.end()) {
-    if (--o->second == 0) orphan_children_.erase(o);
+  } else {
+    orphan_children_.RemoveChild(parent);
   }
 }
 

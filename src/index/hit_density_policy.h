@@ -34,7 +34,8 @@
 //
 // Invariants:
 //  - nodes_ holds every tracked key; node.children counts the tracked keys whose parent it is;
-//    orphan_children_ counts, for each untracked key, the tracked keys whose parent it is.
+//    orphan_children_ (OrphanChildren) counts, for each untracked key, the tracked keys whose
+//    parent it is.
 //  - every tracked node is in exactly one of leaves_ (children == 0) or inner_ (children > 0),
 //    at index node.slot.
 //  - runs_ holds every run some tracked key belongs to; run.members counts those keys.
@@ -50,6 +51,7 @@
 #include <vector>
 
 #include "index/eviction_policy.h"
+#include "index/orphan_children.h"
 #include "index/use_count_ghost.h"
 
 namespace kvtier {
@@ -150,7 +152,7 @@ class HitDensityPolicy final : public EvictionPolicy {
   Node* last_ = nullptr;  // the node referenced last, while tracked
 
   std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;  // node addresses are stable
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> orphan_children_;
+  OrphanChildren orphan_children_;
   std::unordered_map<uint64_t, Run> runs_;
   std::vector<Node*> leaves_;
   std::vector<Node*> inner_;

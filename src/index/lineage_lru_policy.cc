@@ -6,8 +6,7 @@ namespace kvtier {
 
 uint32_t LineageLruPolicy::ChildCount(const BlockKey& key) const {
   if (auto it = nodes_.find(key); it != nodes_.end()) return it->second.children;
-  auto it = orphan_children_.find(key);
-  return it == orphan_children_.end() ? 0 : it->second;
+  return orphan_children_.Count(key);
 }
 
 void LineageLruPolicy::Reclassify(Node& node, bool was_leaf) {
@@ -28,17 +27,14 @@ void LineageLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
   node.parent = parent;
   node.tick = ++tick_;
   // Children that arrived before their parent were counted as orphans; adopt them.
-  if (auto orphans = orphan_children_.find(key); orphans != orphan_children_.end()) {
-    node.children = orphans->second;
-    orphan_children_.erase(orphans);
-  }
+  node.children = orphan_children_.Adopt(key);
   node.pos = SetOf(node).emplace_hint(SetOf(node).end(), node.tick, key);
 
   if (parent == key) return;
   if (auto p = nodes_.find(parent); p != nodes_.end()) {
     if (p->second.children++ == 0) Reclassify(p->second, /*was_leaf=*/true);
   } else {
-    ++orphan_children_[parent];
+    orphan_children_.AddChild(parent);
   }
 }
 
@@ -59,7 +55,7 @@ void LineageLruPolicy::OnRemove(const BlockKey& key) {
   Node& node = it->second;
   SetOf(node).erase(node.pos);
   // Children stay tracked; remember them so the key is an inner block again if it comes back.
-  if (node.children > 0) orphan_children_[key] = node.children;
+  orphan_children_.Orphan(key, node.children);
   const BlockKey parent = node.parent;
   nodes_.erase(it);
 
@@ -67,8 +63,8 @@ void LineageLruPolicy::OnRemove(const BlockKey& key) {
   if (auto p = nodes_.find(parent); p != nodes_.end()) {
     assert(p->second.children > 0);
     if (--p->second.children == 0) Reclassify(p->second, /*was_leaf=*/false);
-  } else if (auto o = orphan_children_.find(parent); o != orphan_children_.end()) {
-    if (--o->second == 0) orphan_children_.erase(o);
+  } else {
+    orphan_children_.RemoveChild(parent);
   }
 }
 

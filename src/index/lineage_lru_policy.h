@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "index/eviction_policy.h"
+#include "index/orphan_children.h"
 
 namespace kvtier {
 
@@ -78,7 +79,7 @@ class LineageLruPolicy final : public EvictionPolicy {
   const bool leaf_only_;
   uint64_t tick_ = 0;
   std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> orphan_children_;
+  OrphanChildren orphan_children_;
   Order leaves_;
   Order inner_;
 };
