@@ -49,6 +49,15 @@ bool Chains(const KvEvent& first, const KvEvent& prev, const KvEvent& next) {
 }
 
 // Events [begin, end) of one chain: BlockStored (field order of vLLM's class).
+// The two fields every store and removal starts with: its type, then the run's keys.
+void PackTypeAndHashes(Packer& p, const char* type, std::span<const WireEvent> run) {
+  PackStr(p, "type");
+  PackStr(p, type);
+  PackStr(p, "block_hashes");
+  p.pack_array(static_cast<uint32_t>(run.size()));
+  for (const WireEvent& w : run) PackKey(p, w.event.key);
+}
+
 void PackStored(Packer& p, std::span<const WireEvent> run) {
   const KvEvent& first = run.front().event;
   std::vector<std::vector<std::string>> extra;
@@ -60,11 +69,7 @@ void PackStored(Packer& p, std::span<const WireEvent> run) {
   // type, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
   // [extra_keys], locality, ownership.
   p.pack_map(any_extra ? 11 : 10);
-  PackStr(p, "type");
-  PackStr(p, "BlockStored");
-  PackStr(p, "block_hashes");
-  p.pack_array(static_cast<uint32_t>(run.size()));
-  for (const WireEvent& w : run) PackKey(p, w.event.key);
+  PackTypeAndHashes(p, "BlockStored", run);
   PackStr(p, "parent_block_hash");
   if (first.parent_is_root) {
     p.pack_nil();
@@ -112,11 +117,7 @@ void PackRemoved(Packer& p, std::span<const WireEvent> run) {
   const TierId tier = run.front().event.tier;
   // type, block_hashes, medium, locality, ownership.
   p.pack_map(5);
-  PackStr(p, "type");
-  PackStr(p, "BlockRemoved");
-  PackStr(p, "block_hashes");
-  p.pack_array(static_cast<uint32_t>(run.size()));
-  for (const WireEvent& w : run) PackKey(p, w.event.key);
+  PackTypeAndHashes(p, "BlockRemoved", run);
   PackStr(p, "medium");
   PackStr(p, WireMedium(tier));
   PackStr(p, "locality");
