@@ -270,6 +270,39 @@ TEST(ManagerG4Redis, CorruptObjectInRedisIsRefused) {
   EXPECT_EQ(b->Stats().g4_corrupt_blocks, 1u);
 }
 
+// A manager destroyed right after its last Commit, with the saves and their write-through G4
+// writes still in flight: the destructor lets them end (a save's completion submits its G4
+// write through the transfer engine, which must still be whole), so a fresh manager finds every
+// block in G4. This once called a null transfer engine under load.
+TEST(ManagerG4Redis, DestroyedWithSavesInFlightItsWriteThroughStillLandsInG4) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  Config config = RedisConfig(server.endpoint());
+  // Generous: this test is about the destructor, not about a slow server's time-outs.
+  ASSERT_TRUE(config.Set("g4.save_deadline_ms", "10000").ok());
+  constexpr uint32_t kManagers = 8;
+  constexpr uint32_t kBlocks = 4;
+  for (uint32_t i = 0; i < kManagers; ++i) {
+    auto m = MakeManager(config);
+    ASSERT_NE(m, nullptr);
+    // The engine's G1 memory outlives the manager: the saves in flight read it.
+    auto e = std::make_unique<MiniEngine>(m.get(), kG1Blocks);
+    e->Run("w" + std::to_string(i), Prompt(300 + i, kBlocks * kTpb + 1), "", /*wait_saves=*/false);
+    m.reset();  // no WaitForSaves
+  }
+  auto b = MakeManager(config);
+  ASSERT_NE(b, nullptr);
+  MiniEngine eb(b.get(), kG1Blocks);
+  for (uint32_t i = 0; i < kManagers; ++i) {
+    auto out = eb.Run("r" + std::to_string(i), Prompt(300 + i, kBlocks * kTpb + 1));
+    EXPECT_EQ(out.loaded_tokens, kBlocks * kTpb) << "prompt " << i;
+    EXPECT_EQ(out.mismatched_blocks, 0u);
+  }
+  EXPECT_EQ(b->Stats().hit_blocks[kTierG4], uint64_t{kManagers} * kBlocks);
+  b->WaitForSaves();
+}
+
 // Counts G4 store events.
 struct EventLog {
   std::mutex mu;

@@ -128,7 +128,9 @@ class BlockManager {
   // InvalidArgument for a bad layout or config; the tiers' errors otherwise. A G3 that cannot
   // open is logged and left out (kvtier runs on G2 alone) rather than failing start-up.
   static Result<std::unique_ptr<BlockManager>> Create(const ManagerOptions& options);
-  // Finishes transfers in flight, then closes the tiers (G3 writes its restart snapshot).
+  // Finishes transfers in flight, then closes the tiers (G3 writes its restart snapshot). With
+  // G4, the saves and demotions in flight end first, with their G4 writes: a block committed
+  // before the destructor reaches G4 unless its write fails or times out.
   ~BlockManager();
   BlockManager(const BlockManager&) = delete;
   BlockManager& operator=(const BlockManager&) = delete;

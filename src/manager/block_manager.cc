@@ -228,9 +228,11 @@ BlockManager::Impl::~Impl() {
   // (after engine_, below): the flush and the drain still record I/O into them.
   if (metrics_) metrics_->StopServer();
   if (g3_ && options_.config.GetBool("g3.flush_on_close")) FlushG2ToG3();
-  // A demotion fed on to G4 submits its G4 write when its G3 write ends: let those chains end
-  // while the transfer engine is whole.
-  if (g4_ != nullptr && !g4_write_through_) WaitForSaves();
+  // With G4, a completion submits the next move through engine_: a save's completion submits
+  // its write-through G4 write, a demotion's its G4 write. Those chains must end while engine_
+  // is whole; unique_ptr::reset nulls the pointer before the destructor drains, so a chain still
+  // running then would call through a null engine_ (TSan caught it under load).
+  if (g4_ != nullptr) WaitForSaves();
   // The engine drains first: its callbacks use the index, the arena and the request table.
   engine_.reset();
   if (g3_) {
