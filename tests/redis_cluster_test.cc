@@ -158,7 +158,9 @@ TEST_F(RedisClusterTest, KilledNodeFailsFastTheOthersStillServe) {
   cluster_->Kill(kDead);
   std::vector<int> owner(kN);
   for (int i = 0; i < kN; ++i) owner[i] = cluster_->NodeOfSlot(RedisHashSlot(Name(i)));
-  constexpr auto kBudget = milliseconds(500);
+  // Long enough that the live nodes' 90 gets end well inside it on a loaded machine: the
+  // breaker's rejections (below) are the mechanism this test checks; the time is a bound.
+  constexpr auto kBudget = milliseconds(2000);
   for (int round = 0; round < 4; ++round) {
     const uint64_t rejections_before = store->Stats().breaker_rejections;
     std::vector<std::vector<uint8_t>> bufs(kN, std::vector<uint8_t>(4096));
