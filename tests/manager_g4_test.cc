@@ -111,7 +111,10 @@ TEST(ManagerG4Redis, AnotherManagerFindsAndLoadsTheCommittedPrefixByteExact) {
 
 TEST(ManagerG4Fs, ARepeatedLookupReusesTheG4AnswerForASecond) {
   TempDirectory dir;
-  const Config config = FsConfig(dir.path() + "/g4");
+  Config config = FsConfig(dir.path() + "/g4");
+  // This test counts G4 queries; a query past the 20 ms default deadline on a loaded machine
+  // is a miss that adds nothing to the count, which is not what is tested here.
+  ASSERT_TRUE(config.Set("g4.lookup_deadline_ms", "5000").ok());
   const std::vector<TokenId> prompt = Prompt(10, 5 * kTpb + 1);
   {
     auto a = MakeManager(config);
@@ -281,6 +284,8 @@ TEST(ManagerG4Redis, DestroyedWithSavesInFlightItsWriteThroughStillLandsInG4) {
   Config config = RedisConfig(server.endpoint());
   // Generous: this test is about the destructor, not about a slow server's time-outs.
   ASSERT_TRUE(config.Set("g4.save_deadline_ms", "10000").ok());
+  ASSERT_TRUE(config.Set("g4.lookup_deadline_ms", "5000").ok());
+  ASSERT_TRUE(config.Set("g4.load_deadline_ms", "10000").ok());
   constexpr uint32_t kManagers = 8;
   constexpr uint32_t kBlocks = 4;
   for (uint32_t i = 0; i < kManagers; ++i) {
@@ -372,7 +377,11 @@ TEST(ManagerG4Redis, KilledRestartedPausedServerSurfacesNoErrorAndServesNothingW
   EXPECT_LT(paused_for, std::chrono::seconds(5)) << "deadlines bound every wait";
 
   // What survived in G4 (written after the restart) is found by a fresh worker, byte-exact.
-  auto b = MakeManager(config);
+  // The deadlines bounded the waits above; here they only need to let a loaded machine answer.
+  Config fresh = config;
+  ASSERT_TRUE(fresh.Set("g4.lookup_deadline_ms", "5000").ok());
+  ASSERT_TRUE(fresh.Set("g4.load_deadline_ms", "10000").ok());
+  auto b = MakeManager(fresh);
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("fresh", Prompt(written_after_restart, 6 * kTpb + 1, 0));
   EXPECT_EQ(out.loaded_tokens, 6 * kTpb);
