@@ -48,6 +48,14 @@ Config RedisConfig(const std::string& endpoint, uint64_t g2_blocks = 64) {
   return c;
 }
 
+// The same config with G4 lookup and load deadlines that a loaded machine meets, for tests
+// where what is checked is not the deadline (a late answer is a miss by design).
+Config PatientReads(Config c) {
+  EXPECT_TRUE(c.Set("g4.lookup_deadline_ms", "5000").ok());
+  EXPECT_TRUE(c.Set("g4.load_deadline_ms", "10000").ok());
+  return c;
+}
+
 constexpr uint32_t kTpb = 16;
 constexpr uint32_t kG1Blocks = 64;
 
@@ -111,10 +119,9 @@ TEST(ManagerG4Redis, AnotherManagerFindsAndLoadsTheCommittedPrefixByteExact) {
 
 TEST(ManagerG4Fs, ARepeatedLookupReusesTheG4AnswerForASecond) {
   TempDirectory dir;
-  Config config = FsConfig(dir.path() + "/g4");
   // This test counts G4 queries; a query past the 20 ms default deadline on a loaded machine
   // is a miss that adds nothing to the count, which is not what is tested here.
-  ASSERT_TRUE(config.Set("g4.lookup_deadline_ms", "5000").ok());
+  const Config config = PatientReads(FsConfig(dir.path() + "/g4"));
   const std::vector<TokenId> prompt = Prompt(10, 5 * kTpb + 1);
   {
     auto a = MakeManager(config);
@@ -281,11 +288,9 @@ TEST(ManagerG4Redis, DestroyedWithSavesInFlightItsWriteThroughStillLandsInG4) {
   KVTIER_REQUIRE_REDIS();
   RedisServer server;
   ASSERT_TRUE(server.Start()) << server.error();
-  Config config = RedisConfig(server.endpoint());
   // Generous: this test is about the destructor, not about a slow server's time-outs.
+  Config config = PatientReads(RedisConfig(server.endpoint()));
   ASSERT_TRUE(config.Set("g4.save_deadline_ms", "10000").ok());
-  ASSERT_TRUE(config.Set("g4.lookup_deadline_ms", "5000").ok());
-  ASSERT_TRUE(config.Set("g4.load_deadline_ms", "10000").ok());
   constexpr uint32_t kManagers = 8;
   constexpr uint32_t kBlocks = 4;
   for (uint32_t i = 0; i < kManagers; ++i) {
@@ -378,10 +383,7 @@ TEST(ManagerG4Redis, KilledRestartedPausedServerSurfacesNoErrorAndServesNothingW
 
   // What survived in G4 (written after the restart) is found by a fresh worker, byte-exact.
   // The deadlines bounded the waits above; here they only need to let a loaded machine answer.
-  Config fresh = config;
-  ASSERT_TRUE(fresh.Set("g4.lookup_deadline_ms", "5000").ok());
-  ASSERT_TRUE(fresh.Set("g4.load_deadline_ms", "10000").ok());
-  auto b = MakeManager(fresh);
+  auto b = MakeManager(PatientReads(config));
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("fresh", Prompt(written_after_restart, 6 * kTpb + 1, 0));
   EXPECT_EQ(out.loaded_tokens, 6 * kTpb);

@@ -48,7 +48,6 @@ bool Chains(const KvEvent& first, const KvEvent& prev, const KvEvent& next) {
          next.cache_salt == first.cache_salt;
 }
 
-// Events [begin, end) of one chain: BlockStored (field order of vLLM's class).
 // The two fields every store and removal starts with: its type, then the run's keys.
 void PackTypeAndHashes(Packer& p, const char* type, std::span<const WireEvent> run) {
   PackStr(p, "type");
@@ -58,6 +57,7 @@ void PackTypeAndHashes(Packer& p, const char* type, std::span<const WireEvent> r
   for (const WireEvent& w : run) PackKey(p, w.event.key);
 }
 
+// Events [begin, end) of one chain: BlockStored (field order of vLLM's class).
 void PackStored(Packer& p, std::span<const WireEvent> run) {
   const KvEvent& first = run.front().event;
   std::vector<std::vector<std::string>> extra;
