@@ -66,6 +66,32 @@ TEST(BlockKeyTest, TokensAreLittleEndianUint32) {
   EXPECT_EQ(keys[1].ToHex(), "b81402323c96339046323b235e5c7f52");
 }
 
+TEST(BlockKeyTest, BlockExtrasChangeOnlyTheirBlockAndWhatFollows) {
+  BlockHasher h = MakeHasher(HashAlgorithm::kSha256);
+  const auto tokens = Tokens(0, 48);
+  const std::vector<BlockKey> plain = h.KeysFor(tokens);
+  std::vector<BlockKey> none;
+  h.AppendKeys(tokens, h.root(), &none, std::vector<std::string>{});
+  EXPECT_EQ(none, plain) << "no extras: the plain keys";
+  std::vector<BlockKey> empty_strings;
+  h.AppendKeys(tokens, h.root(), &empty_strings, std::vector<std::string>{"", "", ""});
+  EXPECT_EQ(empty_strings, plain) << "an empty extra is no extra";
+  // An image (say) in block 1: block 0 keeps its key, blocks 1 and 2 get other keys.
+  std::vector<BlockKey> image_a, image_b;
+  h.AppendKeys(tokens, h.root(), &image_a, std::vector<std::string>{"", "image-a"});
+  h.AppendKeys(tokens, h.root(), &image_b, std::vector<std::string>{"", "image-b"});
+  ASSERT_EQ(image_a.size(), 3u);
+  EXPECT_EQ(image_a[0], plain[0]);
+  EXPECT_NE(image_a[1], plain[1]);
+  EXPECT_NE(image_a[2], plain[2]) << "the key names the whole prefix";
+  EXPECT_NE(image_a[1], image_b[1]);
+  // The same as chaining by hand.
+  const std::string extra = "image-a";
+  EXPECT_EQ(image_a[1], h.Chain(plain[0], std::span<const TokenId>(tokens).subspan(16, 16),
+                                std::span<const uint8_t>(
+                                    reinterpret_cast<const uint8_t*>(extra.data()), extra.size())));
+}
+
 TEST(BlockKeyTest, OnlyFullBlocksAreKeyedAndKeysChainPrefixes) {
   BlockHasher h = MakeHasher(HashAlgorithm::kSha256);
   EXPECT_EQ(h.KeysFor(Tokens(0, 15)).size(), 0u);

@@ -73,6 +73,34 @@ TEST(BlockManagerTest, TenantsNeverSeeEachOthersBlocks) {
   EXPECT_EQ(engine.Run("c", prompt, "tenant-a").offered_tokens, 16u * 4);
 }
 
+// Prompt embeddings reach the connector with token ids of zeros, and the same text with another
+// image has the same token ids: block_extra (their hashes) must tell them apart.
+TEST(BlockManagerTest, BlockExtrasSeparateEqualTokensWithOtherInputs) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);  // registers G1
+  const std::vector<TokenId> zeros(16 * 4 + 1, 0);
+  const std::vector<uint32_t> g1 = {0, 1, 2, 3, 4};
+  auto run = [&](const std::string& id, std::vector<std::string> extra) {
+    RequestSpec spec{id, zeros, "", "", std::move(extra)};
+    Result<LookupResult> r = mgr->Lookup(spec, 0);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    const uint32_t offered = r.ok() ? r->num_tokens : 0;
+    EXPECT_TRUE(mgr->Commit(id, zeros, g1).ok());
+    EXPECT_TRUE(mgr->StartSave().ok());
+    mgr->WaitForSaves();
+    mgr->RequestFinished(id);
+    return offered;
+  };
+  const std::vector<std::string> a = {"emb-a0", "emb-a1", "emb-a2", "emb-a3"};
+  std::vector<std::string> b = a;
+  b[2] = "emb-b2";
+  EXPECT_EQ(run("a", a), 0u);
+  EXPECT_EQ(mgr->Stats().saved_blocks, 4u);
+  EXPECT_EQ(run("b", b), 16u * 2) << "only the blocks before the first other embedding match";
+  EXPECT_EQ(run("plain", {}), 0u) << "no extras is another prompt";
+  EXPECT_EQ(run("a-again", a), 16u * 4);
+}
+
 TEST(BlockManagerTest, G2VictimsAreDemotedToG3AndLoadBackExactly) {
   TempDirectory dir;
   // 12 slots: 4 in the staging reserve, 8 for the cache.
@@ -310,7 +338,7 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   engine.Run("p0", first);
   for (uint32_t i = 1; i <= 4; ++i) engine.Run("p" + std::to_string(i), Prompt(90 + i, 16 * 4 + 1));
   manager.WaitForSaves();
-  auto probe = manager.Lookup({"probe", first, "", ""}, 0);
+  auto probe = manager.Lookup({"probe", first, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_GT(probe->blocks_by_tier[kTierG3], 0u) << "the first prompt went to G3";
   const uint32_t from_g2 = probe->blocks_by_tier[kTierG2];
@@ -326,7 +354,7 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   ASSERT_TRUE(s.g3_quarantined);
   const uint64_t failures_before = s.load_failures;
 
-  auto offered = manager.Lookup({"q", first, "", ""}, 0);
+  auto offered = manager.Lookup({"q", first, "", "", {}}, 0);
   ASSERT_TRUE(offered.ok());
   EXPECT_EQ(offered->blocks_by_tier[kTierG3], 0u) << "a quarantined tier is not offered";
   EXPECT_LE(offered->blocks_by_tier[kTierG2], from_g2);
@@ -345,7 +373,7 @@ TEST(BlockManagerTest, RequestFinishedHoldsG1BlocksUntilSavesEnd) {
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(50, 16 * 3 + 1);
   std::vector<uint32_t> g1 = {0, 1, 2, 3};
-  ASSERT_TRUE(mgr->Lookup({"r", prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->Lookup({"r", prompt, "", "", {}}, 0).ok());
   ASSERT_TRUE(mgr->PrepareLoad("r", g1, 0).ok());
   ASSERT_TRUE(mgr->StartLoad().ok());
   ASSERT_TRUE(mgr->Commit("r", prompt, g1).ok());
@@ -365,7 +393,7 @@ TEST(BlockManagerTest, CommittingWhatIsStoredIsDeduplicated) {
   engine.Run("a", prompt);
   // A request that does not load (asks for 0 tokens) and computes everything again.
   std::vector<uint32_t> g1 = {10, 11, 12, 13};
-  ASSERT_TRUE(mgr->Lookup({"b", prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->Lookup({"b", prompt, "", "", {}}, 0).ok());
   ASSERT_TRUE(mgr->PrepareLoad("b", g1, 0).ok());
   ASSERT_TRUE(mgr->Commit("b", prompt, g1).ok());
   ASSERT_TRUE(mgr->StartSave().ok());
@@ -446,13 +474,13 @@ TEST(BlockManagerTest, SavedBlocksEnterTheIndexInPrefixOrderWhateverTheWorkers) 
 TEST(BlockManagerTest, BadCallsGetClearErrors) {
   auto mgr = MakeManager(SmallConfig("", 8, 0));
   const auto prompt = Prompt(80, 40);
-  EXPECT_EQ(mgr->Lookup({"", prompt, "", ""}, 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(mgr->Lookup({"x", prompt, "", ""}, 5).status().message().find("multiple"),
+  EXPECT_EQ(mgr->Lookup({"", prompt, "", "", {}}, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mgr->Lookup({"x", prompt, "", "", {}}, 5).status().message().find("multiple"),
             std::string::npos);
   std::vector<uint32_t> g1 = {0, 1, 2};
   EXPECT_EQ(mgr->PrepareLoad("nobody", g1, 0).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(mgr->Commit("nobody", prompt, g1).code(), StatusCode::kNotFound);
-  ASSERT_TRUE(mgr->Lookup({"x", prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->Lookup({"x", prompt, "", "", {}}, 0).ok());
   EXPECT_EQ(mgr->PrepareLoad("x", g1, 16).status().code(), StatusCode::kInvalidArgument)
       << "more than Lookup offered";
   EXPECT_EQ(mgr->Commit("x", prompt, std::vector<uint32_t>{0}).code(),

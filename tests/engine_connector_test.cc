@@ -59,19 +59,19 @@ void ExpectSameResult(const RequestOutcome& got, const RequestOutcome& want) {
 TEST(EngineConnectorTest, PrefixLoadedFromG2MatchesRecompute) {
   Fixture f(LlamaConfig{});
   const auto prompt = Tokens(5 * kTpb + 3, 1, 256);
-  const RequestSpec first{"a", prompt, "", ""};
+  const RequestSpec first{"a", prompt, "", "", {}};
   auto a = f.with_kvtier->Run(first, 10, -1);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a->loaded_tokens, 0u);
   EXPECT_EQ(a->computed_tokens, prompt.size());
   f.with_kvtier->ReleaseFinished(/*wait=*/true);
 
-  auto b = f.with_kvtier->Run({"b", prompt, "", ""}, 10, -1);
+  auto b = f.with_kvtier->Run({"b", prompt, "", "", {}}, 10, -1);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(b->offered_tokens, 5 * kTpb);
   EXPECT_EQ(b->loaded_tokens, 5 * kTpb);
   EXPECT_EQ(b->computed_tokens, 3u);
-  auto ref = f.recompute->Run({"r", prompt, "", ""}, 10, -1);
+  auto ref = f.recompute->Run({"r", prompt, "", "", {}}, 10, -1);
   ASSERT_TRUE(ref.ok());
   ExpectSameResult(*b, *ref);
   ExpectSameResult(*a, *ref);
@@ -88,7 +88,7 @@ TEST(EngineConnectorTest, SharedPrefixWithADifferentSuffixAndGeneratedTokensAreR
   c.num_layers = 3;
   Fixture f(c);
   auto conv = Tokens(3 * kTpb + 5, 7, 256);
-  auto a = f.with_kvtier->Run({"turn1", conv, "", ""}, 2 * kTpb, -1);
+  auto a = f.with_kvtier->Run({"turn1", conv, "", "", {}}, 2 * kTpb, -1);
   ASSERT_TRUE(a.ok());
   f.with_kvtier->ReleaseFinished(true);
   // The next turn appends the answer and a new user message: prompt and generated blocks were
@@ -96,11 +96,11 @@ TEST(EngineConnectorTest, SharedPrefixWithADifferentSuffixAndGeneratedTokensAreR
   conv.insert(conv.end(), a->generated.begin(), a->generated.end() - 1);
   const auto more = Tokens(20, 8, 256);
   conv.insert(conv.end(), more.begin(), more.end());
-  auto b = f.with_kvtier->Run({"turn2", conv, "", ""}, 8, -1);
+  auto b = f.with_kvtier->Run({"turn2", conv, "", "", {}}, 8, -1);
   ASSERT_TRUE(b.ok());
   const uint32_t committed = (3 * kTpb + 5 + 2 * kTpb - 1) / kTpb * kTpb;
   EXPECT_EQ(b->loaded_tokens, committed);
-  auto ref = f.recompute->Run({"ref", conv, "", ""}, 8, -1);
+  auto ref = f.recompute->Run({"ref", conv, "", "", {}}, 8, -1);
   ASSERT_TRUE(ref.ok());
   ExpectSameResult(*b, *ref);
   f.with_kvtier->ReleaseFinished(true);
@@ -116,10 +116,11 @@ TEST(EngineConnectorTest, RejectsAMismatchedLayoutAndEmptyPrompts) {
   EXPECT_TRUE(Engine::Create(nullptr, nullptr, 8, kTpb).status().Is(StatusCode::kInvalidArgument));
   auto ok = Engine::Create(model->get(), nullptr, 8, kTpb);
   ASSERT_TRUE(ok.ok());
-  EXPECT_TRUE((*ok)->Run({"x", {}, "", ""}, 1, -1).status().Is(StatusCode::kInvalidArgument));
+  EXPECT_TRUE((*ok)->Run({"x", {}, "", "", {}}, 1, -1).status().Is(StatusCode::kInvalidArgument));
   // G1 too small for the prompt: ResourceExhausted, and nothing leaks.
   const auto big = Tokens(8 * kTpb + 1, 3, 256);
-  EXPECT_TRUE((*ok)->Run({"y", big, "", ""}, 1, -1).status().Is(StatusCode::kResourceExhausted));
+  EXPECT_TRUE(
+      (*ok)->Run({"y", big, "", "", {}}, 1, -1).status().Is(StatusCode::kResourceExhausted));
   EXPECT_EQ((*ok)->cache().free_blocks(), 8u);
 }
 

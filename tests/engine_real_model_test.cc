@@ -133,12 +133,12 @@ TEST(RealModelTest, PrefixFromG2GivesTheRecomputeAnswer) {
       r->tokenizer->Encode(r->chat.Apply({{"user", "Name three primary colors."}}, true), true);
   const uint32_t max_new = kSanitized ? 4 : 16;
   const int64_t eos = r->tokenizer->eos_id();
-  auto first = (*with)->Run({"first", ids, "", ""}, max_new, eos);
+  auto first = (*with)->Run({"first", ids, "", "", {}}, max_new, eos);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   (*with)->ReleaseFinished(true);
-  auto again = (*with)->Run({"again", ids, "", ""}, max_new, eos);
+  auto again = (*with)->Run({"again", ids, "", "", {}}, max_new, eos);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
-  auto ref = (*without)->Run({"ref", ids, "", ""}, max_new, eos);
+  auto ref = (*without)->Run({"ref", ids, "", "", {}}, max_new, eos);
   ASSERT_TRUE(ref.ok());
   EXPECT_EQ(again->loaded_tokens, (ids.size() - 1) / tpb * tpb);
   EXPECT_GT(again->loaded_tokens, 0u);

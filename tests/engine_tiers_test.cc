@@ -108,13 +108,13 @@ TEST_P(EngineTiersTest, PrefixFromG3AndG2MatchesRecompute) {
   const auto prompt = Tokens(4 * tpb + 5, 11, shape.config.vocab_size);
   auto recompute = Engine::Create(model->get(), nullptr, 16, tpb, shape.kv);
   ASSERT_TRUE(recompute.ok());
-  auto ref = (*recompute)->Run({"ref", prompt, "", ""}, 12, -1);
+  auto ref = (*recompute)->Run({"ref", prompt, "", "", {}}, 12, -1);
   ASSERT_TRUE(ref.ok());
   {
     auto manager = MakeManager(layout, 32, dir.path());
     auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
     ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    auto a = (*engine)->Run({"a", prompt, "", ""}, 12, -1);
+    auto a = (*engine)->Run({"a", prompt, "", "", {}}, 12, -1);
     ASSERT_TRUE(a.ok());
     EXPECT_EQ(a->loaded_tokens, 0u);
     ExpectSameResult(*a, *ref);
@@ -124,7 +124,7 @@ TEST_P(EngineTiersTest, PrefixFromG3AndG2MatchesRecompute) {
   auto manager = MakeManager(layout, 32, dir.path());
   auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
   ASSERT_TRUE(engine.ok());
-  auto b = (*engine)->Run({"b", prompt, "", ""}, 12, -1);
+  auto b = (*engine)->Run({"b", prompt, "", "", {}}, 12, -1);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(b->loaded_tokens, 4 * tpb);
   EXPECT_EQ(b->computed_tokens, 5u);
@@ -132,7 +132,7 @@ TEST_P(EngineTiersTest, PrefixFromG3AndG2MatchesRecompute) {
   ExpectSameResult(*b, *ref);
   (*engine)->ReleaseFinished(true);
 
-  auto c = (*engine)->Run({"c", prompt, "", ""}, 12, -1);
+  auto c = (*engine)->Run({"c", prompt, "", "", {}}, 12, -1);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->loaded_tokens, 4 * tpb);
   EXPECT_EQ(manager->Stats().hit_blocks[kTierG2], 4u) << "the G3 load promoted the blocks";
@@ -153,13 +153,13 @@ TEST_P(EngineTiersTest, FailedLoadFallsBackToRecomputeWithTheSameAnswer) {
   const auto prompt = Tokens(3 * tpb + 2, 12, shape.config.vocab_size);
   auto recompute = Engine::Create(model->get(), nullptr, 16, tpb, shape.kv);
   ASSERT_TRUE(recompute.ok());
-  auto ref = (*recompute)->Run({"ref", prompt, "", ""}, 8, -1);
+  auto ref = (*recompute)->Run({"ref", prompt, "", "", {}}, 8, -1);
   ASSERT_TRUE(ref.ok());
   {
     auto manager = MakeManager(layout, 32, dir.path());
     auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
     ASSERT_TRUE(engine.ok());
-    ASSERT_TRUE((*engine)->Run({"a", prompt, "", ""}, 8, -1).ok());
+    ASSERT_TRUE((*engine)->Run({"a", prompt, "", "", {}}, 8, -1).ok());
     (*engine)->ReleaseFinished(true);
   }
   // Damage the payload of every slot in the G3 files (headers stay valid: the damage is only
@@ -181,7 +181,7 @@ TEST_P(EngineTiersTest, FailedLoadFallsBackToRecomputeWithTheSameAnswer) {
   auto manager = MakeManager(layout, 32, dir.path());
   auto engine = Engine::Create(model->get(), manager.get(), 16, tpb, shape.kv);
   ASSERT_TRUE(engine.ok());
-  auto b = (*engine)->Run({"b", prompt, "", ""}, 8, -1);
+  auto b = (*engine)->Run({"b", prompt, "", "", {}}, 8, -1);
   ASSERT_TRUE(b.ok()) << "a failed load is not an error: " << b.status().ToString();
   EXPECT_EQ(b->offered_tokens, 3 * tpb) << "the restart recovered the (valid) headers";
   EXPECT_EQ(b->loaded_tokens, 0u);
@@ -205,8 +205,8 @@ TEST(EngineTiersBf16Test, Bf16KvIsHalfTheBytesAndCloseToFp32) {
   auto fp32 = Engine::Create(model->get(), nullptr, 8, 16);
   auto bf16 = Engine::Create(model->get(), nullptr, 8, 16, DType::kBf16);
   ASSERT_TRUE(fp32.ok() && bf16.ok());
-  auto a = (*fp32)->Run({"a", prompt, "", ""}, 1, -1);
-  auto b = (*bf16)->Run({"b", prompt, "", ""}, 1, -1);
+  auto a = (*fp32)->Run({"a", prompt, "", "", {}}, 1, -1);
+  auto b = (*bf16)->Run({"b", prompt, "", "", {}}, 1, -1);
   ASSERT_TRUE(a.ok() && b.ok());
   const double err = RelativeError(b->prompt_logits, a->prompt_logits);
   EXPECT_GT(err, 0.0) << "bf16 KV rounds: the logits cannot be bit-equal";
@@ -230,7 +230,7 @@ TEST(EngineTiersG1Test, PrefixKeptInG1MatchesRecomputeAndKvtierLoadsOnlyWhatFoll
   auto recompute = Engine::Create(model->get(), nullptr, 32, kTpb);
   ASSERT_TRUE(engine.ok() && recompute.ok());
   auto conv = Tokens(3 * kTpb + 7, 21, LlamaConfig{}.vocab_size);
-  auto t1 = (*engine)->Run({"t1", conv, "", ""}, 10, -1, "user-1");
+  auto t1 = (*engine)->Run({"t1", conv, "", "", {}}, 10, -1, "user-1");
   ASSERT_TRUE(t1.ok()) << t1.status().ToString();
   EXPECT_EQ(t1->g1_reused_tokens, 0u);
   (*engine)->ReleaseFinished(true);
@@ -239,12 +239,12 @@ TEST(EngineTiersG1Test, PrefixKeptInG1MatchesRecomputeAndKvtierLoadsOnlyWhatFoll
   conv.insert(conv.end(), more.begin(), more.end());
   const uint32_t kept = (3 * kTpb + 7 + 10 - 1) / kTpb * kTpb;  // block-aligned, in G1
 
-  auto t2 = (*engine)->Run({"t2", conv, "", ""}, 8, -1, "user-1");
+  auto t2 = (*engine)->Run({"t2", conv, "", "", {}}, 8, -1, "user-1");
   ASSERT_TRUE(t2.ok()) << t2.status().ToString();
   EXPECT_EQ(t2->g1_reused_tokens, kept);
   EXPECT_EQ(t2->loaded_tokens, 0u) << "kvtier loads nothing the engine still holds";
   EXPECT_EQ(t2->computed_tokens, conv.size() - kept);
-  auto ref = (*recompute)->Run({"ref", conv, "", ""}, 8, -1);
+  auto ref = (*recompute)->Run({"ref", conv, "", "", {}}, 8, -1);
   ASSERT_TRUE(ref.ok());
   ExpectSameResult(*t2, *ref);
   (*engine)->ReleaseFinished(true);
@@ -253,7 +253,7 @@ TEST(EngineTiersG1Test, PrefixKeptInG1MatchesRecomputeAndKvtierLoadsOnlyWhatFoll
   engine->reset();
   auto other = Engine::Create(model->get(), manager.get(), 32, kTpb);
   ASSERT_TRUE(other.ok());
-  auto t3 = (*other)->Run({"t3", conv, "", ""}, 8, -1, "user-1");
+  auto t3 = (*other)->Run({"t3", conv, "", "", {}}, 8, -1, "user-1");
   ASSERT_TRUE(t3.ok());
   EXPECT_EQ(t3->g1_reused_tokens, 0u);
   EXPECT_GE(t3->loaded_tokens, kept);
@@ -293,9 +293,9 @@ TEST(EngineTiersLongContextTest, EveryReturningTurnReusesItsWholePrefix) {
       const auto msg = Tokens(turn == 0 ? first_len[u] : 40, 100 * u + turn, c.vocab_size);
       convs[u].insert(convs[u].end(), msg.begin(), msg.end());
       const std::string id = "c" + std::to_string(u) + "t" + std::to_string(turn);
-      auto out = (*engine)->Run({id, convs[u], "", ""}, 6, -1);
+      auto out = (*engine)->Run({id, convs[u], "", "", {}}, 6, -1);
       ASSERT_TRUE(out.ok()) << out.status().ToString();
-      auto ref = (*recompute)->Run({id + "-ref", convs[u], "", ""}, 6, -1);
+      auto ref = (*recompute)->Run({id + "-ref", convs[u], "", "", {}}, 6, -1);
       ASSERT_TRUE(ref.ok());
       ExpectSameResult(*out, *ref);
       if (turn > 0) {

@@ -87,7 +87,7 @@ TEST(G4Deadline, AFifoSwappedInUnderAnObjectNameDoesNotHoldTheEngine) {
   ASSERT_NE(b, nullptr);
   MiniEngine eb(b.get(), kG1Blocks);
   const std::vector<BlockKey> keys = eb.Keys(prompt);
-  auto lr = b->Lookup({"b", prompt, "", ""}, 0);
+  auto lr = b->Lookup({"b", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   ASSERT_EQ(lr->blocks_by_tier[kTierG4], 4u);
   // Between the lookup and the load: block 1's object becomes a FIFO.
@@ -171,7 +171,7 @@ class StallingStore final : public RemoteStore {
 // the blocks loaded to *checked, and returns how many differ from their keys' bytes.
 uint64_t LoadAndCheck(BlockManager* m, MiniEngine* e, const std::string& id,
                       const std::vector<TokenId>& prompt, uint64_t* checked) {
-  auto lr = m->Lookup({id, prompt, "", ""}, 0);
+  auto lr = m->Lookup({id, prompt, "", "", {}}, 0);
   EXPECT_TRUE(lr.ok());
   if (!lr.ok()) return 0;
   const std::vector<uint32_t> blocks =
@@ -236,7 +236,7 @@ TEST(G4Deadline, ALoadsDeadlineHoldsWhileTheStoreCallIsStuck) {
   MiniEngine eb(&b, kG1Blocks);
 
   stall->Arm();
-  auto lr = b.Lookup({"p", prompt, "", ""}, 0);
+  auto lr = b.Lookup({"p", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   ASSERT_EQ(lr->blocks_by_tier[kTierG4], 1u);
   const std::vector<uint32_t> blocks = eb.AllocBlocks(2);

@@ -80,7 +80,7 @@ void CrossWorkerRoundTrip(const Config& config) {
   auto b = MakeManager(config);
   ASSERT_NE(b, nullptr);
   MiniEngine eb(b.get(), kG1Blocks);
-  auto lr = b->Lookup({"probe", prompt, "", ""}, 0);
+  auto lr = b->Lookup({"probe", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   EXPECT_EQ(lr->blocks_by_tier[kTierG4], 10u);
   EXPECT_TRUE(b->RequestFinished("probe") == false);
@@ -132,13 +132,13 @@ TEST(ManagerG4Fs, ARepeatedLookupReusesTheG4AnswerForASecond) {
   auto b = MakeManager(config);
   // vLLM asks again for a request it cannot schedule yet: one G4 query, not one per ask.
   for (int i = 0; i < 5; ++i) {
-    auto lr = b->Lookup({"waiting", prompt, "", ""}, 0);
+    auto lr = b->Lookup({"waiting", prompt, "", "", {}}, 0);
     ASSERT_TRUE(lr.ok());
     EXPECT_EQ(lr->blocks_by_tier[kTierG4], 5u);
   }
   EXPECT_EQ(b->Stats().g4_lookup_blocks, 5u) << "asked G4 once";
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  ASSERT_TRUE(b->Lookup({"waiting", prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(b->Lookup({"waiting", prompt, "", "", {}}, 0).ok());
   EXPECT_EQ(b->Stats().g4_lookup_blocks, 10u) << "a stale answer is asked again";
   (void)b->RequestFinished("waiting");
 }
@@ -423,12 +423,12 @@ TEST(ManagerG4Redis, LookupNeverWaitsPastItsDeadlineAndLoadsFailByTheirs) {
   auto b = MakeManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   // Warm B's connections first, so the paused server is met on an open connection.
-  ASSERT_TRUE(b->Lookup({"warm", Prompt(77, 3 * kTpb + 1), "", ""}, 0).ok());
+  ASSERT_TRUE(b->Lookup({"warm", Prompt(77, 3 * kTpb + 1), "", "", {}}, 0).ok());
   (void)b->RequestFinished("warm");
 
   server.Pause();
   const auto t0 = std::chrono::steady_clock::now();
-  auto lr = b->Lookup({"late", prompt, "", ""}, 0);
+  auto lr = b->Lookup({"late", prompt, "", "", {}}, 0);
   const auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_TRUE(lr.ok()) << "a late G4 is a miss, not an error";
   EXPECT_EQ(lr->num_tokens, 0u);
@@ -439,7 +439,7 @@ TEST(ManagerG4Redis, LookupNeverWaitsPastItsDeadlineAndLoadsFailByTheirs) {
   // Found while the server answered, loaded while it is paused: each load fails by the load
   // deadline (300 ms) and the engine recomputes; nothing hangs.
   server.Resume();
-  auto lr2 = b->Lookup({"slow", prompt, "", ""}, 0);
+  auto lr2 = b->Lookup({"slow", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr2.ok());
   ASSERT_EQ(lr2->num_tokens, 6 * kTpb);
   server.Pause();

@@ -112,7 +112,7 @@ class MiniEngine {
       ADD_FAILURE() << "test G1 too small";
       return out;
     }
-    auto lr = manager_->Lookup({id, prompt, salt, ""}, 0);
+    auto lr = manager_->Lookup({id, prompt, salt, "", {}}, 0);
     EXPECT_TRUE(lr.ok()) << lr.status().ToString();
     out.offered_tokens = lr->num_tokens;
     auto planned = manager_->PrepareLoad(id, blocks, lr->num_tokens);

@@ -116,7 +116,7 @@ int RunWorker() {
   auto engine = Engine::Create(model->get(), manager->get(), 32, kTpb);
   if (!engine.ok()) return 14;
   const std::vector<TokenId> prompt = TestPrompt();
-  auto out = (*engine)->Run({"req", prompt, "", ""}, 8, -1);
+  auto out = (*engine)->Run({"req", prompt, "", "", {}}, 8, -1);
   if (!out.ok()) return 15;
   (*engine)->ReleaseFinished(/*wait=*/true);
   (*manager)->WaitForSaves();
@@ -165,7 +165,7 @@ TEST(TwoWorkers, WorkerBLoadsWorkerAsPrefixFromRedisAndMatchesRecompute) {
   ASSERT_TRUE(model.ok());
   auto engine = Engine::Create(model->get(), nullptr, 32, kTpb);
   ASSERT_TRUE(engine.ok());
-  auto ref = (*engine)->Run({"ref", TestPrompt(), "", ""}, 8, -1);
+  auto ref = (*engine)->Run({"ref", TestPrompt(), "", "", {}}, 8, -1);
   ASSERT_TRUE(ref.ok());
   EXPECT_EQ(b.generated, ref->generated);
   EXPECT_EQ(a.generated, ref->generated);

@@ -76,6 +76,10 @@ class BlockHasher {
   // the start of a prompt). A partial last block is not keyed. Returns the number appended.
   size_t AppendKeys(std::span<const TokenId> tokens, const BlockKey& parent,
                     std::vector<BlockKey>* out) const;
+  // The same, with `extra[i]` mixed into the key of the i-th block appended (Chain's `extra`);
+  // blocks past the end of `extra` have none. With an empty `extra` the keys are AppendKeys'.
+  size_t AppendKeys(std::span<const TokenId> tokens, const BlockKey& parent,
+                    std::vector<BlockKey>* out, std::span<const std::string> extra) const;
 
   // The keys of the full blocks of a whole prompt.
   std::vector<BlockKey> KeysFor(std::span<const TokenId> tokens) const;

@@ -45,6 +45,12 @@ struct RequestSpec {
   std::span<const TokenId> prompt;  // copied by Lookup
   std::string cache_salt;           // tenant isolation; empty = shared
   std::string adapter_id;           // LoRA adapter; empty = base model
+  // Whatever else block i's KV depends on besides its tokens and everything before it (the
+  // hashes of the multimodal inputs or prompt embeddings in the block's range, say): mixed into
+  // block i's key, so the same tokens with another image or other embeddings are other blocks.
+  // Blocks past the end (generated tokens, plain text) have none. Copied by Lookup; Commit keys
+  // the request's later blocks with the same list.
+  std::vector<std::string> block_extra;
 };
 
 struct LookupResult {

@@ -69,6 +69,7 @@ class BlockManager:
         num_computed_tokens: int,
         cache_salt: str = "",
         adapter_id: str = "",
+        block_extra: Sequence[bytes] = (),
     ) -> Tuple[int, Tuple[int, int, int, int]]: ...
     def prepare_load(
         self, request_id: str, g1_block_ids: Sequence[int], num_external_tokens: int

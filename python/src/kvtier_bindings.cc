@@ -347,19 +347,21 @@ PYBIND11_MODULE(_kvtier, mod) {
           "lookup",
           [](PyBlockManager& self, const std::string& request_id, std::vector<TokenId> prompt,
              uint32_t num_computed_tokens, const std::string& cache_salt,
-             const std::string& adapter_id) {
+             const std::string& adapter_id, const std::vector<py::bytes>& block_extra) {
             BlockManager& m = self.m();
-            Result<LookupResult> r = WithoutGil([&] {
-              return m.Lookup(RequestSpec{request_id, prompt, cache_salt, adapter_id},
-                              num_computed_tokens);
-            });
+            RequestSpec spec{request_id, prompt, cache_salt, adapter_id, {}};
+            spec.block_extra.reserve(block_extra.size());
+            for (const py::bytes& b : block_extra) spec.block_extra.push_back(std::string(b));
+            Result<LookupResult> r =
+                WithoutGil([&] { return m.Lookup(spec, num_computed_tokens); });
             LookupResult lr = Take(std::move(r));
             py::tuple by_tier(kNumTiers);
             for (TierId t = 0; t < kNumTiers; ++t) by_tier[t] = lr.blocks_by_tier[t];
             return py::make_tuple(lr.num_tokens, by_tier);
           },
           py::arg("request_id"), py::arg("prompt"), py::arg("num_computed_tokens"),
-          py::arg("cache_salt") = "", py::arg("adapter_id") = "")
+          py::arg("cache_salt") = "", py::arg("adapter_id") = "",
+          py::arg("block_extra") = std::vector<py::bytes>{})
       .def(
           "prepare_load",
           [](PyBlockManager& self, const std::string& request_id,

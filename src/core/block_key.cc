@@ -148,11 +148,22 @@ BlockKey BlockHasher::Chain(const BlockKey& parent, std::span<const TokenId> blo
 
 size_t BlockHasher::AppendKeys(std::span<const TokenId> tokens, const BlockKey& parent,
                                std::vector<BlockKey>* out) const {
+  return AppendKeys(tokens, parent, out, {});
+}
+
+size_t BlockHasher::AppendKeys(std::span<const TokenId> tokens, const BlockKey& parent,
+                               std::vector<BlockKey>* out,
+                               std::span<const std::string> extra) const {
   const size_t n = tokens.size() / tokens_per_block_;
   BlockKey prev = parent;  // copied first: `parent` may live in *out, which reserve can move
   out->reserve(out->size() + n);
   for (size_t i = 0; i < n; ++i) {
-    prev = Chain(prev, tokens.subspan(i * tokens_per_block_, tokens_per_block_));
+    std::span<const uint8_t> e;
+    if (i < extra.size()) {
+      e = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(extra[i].data()),
+                                   extra[i].size());
+    }
+    prev = Chain(prev, tokens.subspan(i * tokens_per_block_, tokens_per_block_), e);
     out->push_back(prev);
   }
   return n;

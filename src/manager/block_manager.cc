@@ -552,13 +552,14 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
     MutexLock lock(&mu_);
     auto it = requests_.find(spec.request_id);
     if (it != requests_.end() && it->second.hasher == hasher &&
+        it->second.block_extra == spec.block_extra &&
         it->second.tokens.size() >= spec.prompt.size() &&
         std::equal(spec.prompt.begin(), spec.prompt.end(), it->second.tokens.begin())) {
       keys = it->second.keys;  // asked again: no need to hash again
       reuse_keys = true;
     }
   }
-  if (!reuse_keys) keys = hasher->KeysFor(spec.prompt);
+  if (!reuse_keys) hasher->AppendKeys(spec.prompt, hasher->root(), &keys, spec.block_extra);
   const uint32_t prompt_blocks = static_cast<uint32_t>(spec.prompt.size() / tpb_);
   // The last prompt token is always computed (the engine needs its logits).
   const uint32_t max_blocks =
@@ -612,6 +613,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   if (!reuse_keys) {
     r.tokens.assign(spec.prompt.begin(), spec.prompt.end());
     r.keys = std::move(keys);
+    r.block_extra = spec.block_extra;
     r.committed_blocks = std::min(r.committed_blocks, prompt_blocks);
   }
   r.hasher = hasher;
@@ -770,8 +772,9 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
         std::min<uint32_t>(r.committed_blocks, static_cast<uint32_t>(valid_blocks));
     r.tokens.assign(tokens.begin(), tokens.end());
     const BlockKey parent0 = r.keys.empty() ? r.hasher->root() : r.keys.back();
+    const std::span<const std::string> extra(r.block_extra);
     r.hasher->AppendKeys(std::span<const TokenId>(r.tokens).subspan(r.keys.size() * tpb_), parent0,
-                         &r.keys);
+                         &r.keys, extra.subspan(std::min(r.keys.size(), extra.size())));
     const uint32_t full = static_cast<uint32_t>(r.keys.size());
     if (g1_block_ids.size() < full) {
       return Status::InvalidArgument("Commit: " + std::to_string(full) + " full blocks but " +

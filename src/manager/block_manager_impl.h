@@ -84,13 +84,14 @@ class BlockManager::Impl {
   struct Request {
     const BlockHasher* hasher = nullptr;
     uint64_t namespace_id = 0;
-    std::vector<TokenId> tokens;  // the prompt, then what Commit reported
-    std::vector<BlockKey> keys;   // keys of the full blocks of `tokens`
-    uint32_t lookup_start = 0;    // first block kvtier may supply (num_computed_tokens / tpb)
-    uint32_t lookup_blocks = 0;   // blocks the last Lookup offered
-    uint32_t load_first = 0;      // PrepareLoad: first block loaded
-    uint32_t load_planned = 0;    // PrepareLoad: blocks planned
-    uint32_t loaded_blocks = 0;   // intact prefix after the load ended
+    std::vector<TokenId> tokens;           // the prompt, then what Commit reported
+    std::vector<BlockKey> keys;            // keys of the full blocks of `tokens`
+    std::vector<std::string> block_extra;  // RequestSpec::block_extra of the last Lookup
+    uint32_t lookup_start = 0;   // first block kvtier may supply (num_computed_tokens / tpb)
+    uint32_t lookup_blocks = 0;  // blocks the last Lookup offered
+    uint32_t load_first = 0;     // PrepareLoad: first block loaded
+    uint32_t load_planned = 0;   // PrepareLoad: blocks planned
+    uint32_t loaded_blocks = 0;  // intact prefix after the load ended
     bool load_in_flight = false;
     std::shared_ptr<TransferJob> load_job;  // the batch carrying this request's loads
     uint32_t committed_blocks = 0;

@@ -133,7 +133,7 @@ int main() {
 
   // Request "a": nothing cached; compute every block into G1 blocks 0..5, commit, save.
   const std::vector<uint32_t> blocks_a = {0, 1, 2, 3, 4, 5};
-  auto la = manager->Lookup({"a", prompt, "", ""}, 0);
+  auto la = manager->Lookup({"a", prompt, "", "", {}}, 0);
   CHECK(la.ok() && la->num_tokens == 0, "first lookup: %s, %u tokens",
         la.status().ToString().c_str(), la.ok() ? la->num_tokens : 0);
   auto pa = manager->PrepareLoad("a", blocks_a, 0);
@@ -159,7 +159,7 @@ int main() {
 
   // Request "b", same prompt: its full blocks load from G2 into G1 blocks 8..13.
   const std::vector<uint32_t> blocks_b = {8, 9, 10, 11, 12, 13};
-  auto lb = manager->Lookup({"b", prompt, "", ""}, 0);
+  auto lb = manager->Lookup({"b", prompt, "", "", {}}, 0);
   CHECK(lb.ok() && lb->num_tokens == full_blocks * tpb, "second lookup: %s, %u tokens",
         lb.status().ToString().c_str(), lb.ok() ? lb->num_tokens : 0);
   auto pb = manager->PrepareLoad("b", blocks_b, lb.ok() ? lb->num_tokens : 0);

@@ -112,7 +112,7 @@ Result<LoadRun> LoadPrompts(BlockManager& m, const std::string& tag, uint32_t fi
   for (uint32_t p = first; p < first + count; ++p) {
     const std::string id = tag + std::to_string(p);
     const auto prompt = BenchPrompt(p, tokens);
-    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, m.Lookup({id, prompt, "", ""}, 0));
+    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, m.Lookup({id, prompt, "", "", {}}, 0));
     for (TierId t = 0; t < kNumTiers; ++t) run.by_tier[t] += lr.blocks_by_tier[t];
     std::vector<uint32_t> g1(prompt_blocks + 1);
     std::iota(g1.begin(), g1.end(), next_g1);
@@ -142,7 +142,7 @@ Status SavePrompts(BlockManager& m, const std::string& tag, uint32_t first, uint
   for (uint32_t p = first; p < first + count; ++p) {
     const std::string id = tag + std::to_string(p);
     const auto prompt = BenchPrompt(p, tokens);
-    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, m.Lookup({id, prompt, "", ""}, 0));
+    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, m.Lookup({id, prompt, "", "", {}}, 0));
     (void)lr;
     std::vector<uint32_t> g1(prompt_blocks + 1);
     std::iota(g1.begin(), g1.end(), 0u);
@@ -308,7 +308,7 @@ Result<PhaseRun> LookupAndG2Load(const Args& a, const KvLayout& layout, const G1
   while (lw.Seconds() < 0.5 && failed.ok()) {
     for (uint32_t p = 0; p < a.prompts; ++p) {
       const std::string id = "l" + std::to_string(lookups++);
-      auto r = m->Lookup({id, ps[p], "", ""}, 0);
+      auto r = m->Lookup({id, ps[p], "", "", {}}, 0);
       if (!r.ok()) failed = r.status();
       (void)m->RequestFinished(id);
     }
@@ -532,7 +532,7 @@ int RunBenchManager(const CliArgs& cli) {
   while (lw.Seconds() < 0.5) {
     for (uint32_t p = 0; p < a.prompts; ++p) {
       const std::string id = "l" + std::to_string(lookups++);
-      auto r = m.Lookup({id, ps[p], "", ""}, 0);
+      auto r = m.Lookup({id, ps[p], "", "", {}}, 0);
       if (!r.ok()) return Failure(r.status());
       (void)m.RequestFinished(id);
     }
@@ -597,7 +597,7 @@ int RunBenchManager(const CliArgs& cli) {
                                     size_t{per_request} * layout.tokens_per_block + 1);
     std::vector<uint32_t> g1(per_request + 1);
     std::iota(g1.begin(), g1.end(), 0u);
-    auto lr = (*m5)->Lookup({id, std::span<const TokenId>(prompt).subspan(0, 1), "", ""}, 0);
+    auto lr = (*m5)->Lookup({id, std::span<const TokenId>(prompt).subspan(0, 1), "", "", {}}, 0);
     if (!lr.ok()) return Failure(lr.status());
     (void)(*m5)->PrepareLoad(id, g1, 0);
     for (uint32_t b = 1; b <= per_request; ++b, ++c) {

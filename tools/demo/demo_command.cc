@@ -417,9 +417,10 @@ int RunDemo(const CliArgs& args) {
     r.new_tokens = r.prompt_tokens - std::min(r.prompt_tokens, prev_context[u]);
     const std::string id = "u" + std::to_string(u) + "t" + std::to_string(t);
     KVTIER_ASSIGN_OR_RETURN(RequestOutcome ref,
-                            without->get()->Run({id + "-ref", ids, "", ""}, 1, eos));
+                            without->get()->Run({id + "-ref", ids, "", "", {}}, 1, eos));
     const ManagerStats s0 = manager->Stats();
-    KVTIER_ASSIGN_OR_RETURN(RequestOutcome out, with->Run({id, ids, "", ""}, kMaxNewTokens, eos));
+    KVTIER_ASSIGN_OR_RETURN(RequestOutcome out,
+                            with->Run({id, ids, "", "", {}}, kMaxNewTokens, eos));
     with->ReleaseFinished(true);
     const ManagerStats s1 = manager->Stats();
     for (TierId k = 0; k < kNumTiers; ++k) {
@@ -500,8 +501,8 @@ int RunDemo(const CliArgs& args) {
     for (size_t p = 0; p < std::size(kUnrelated); ++p) {
       const auto ids = tok.Encode(chat->Apply({{"user", kUnrelated[p]}}, true), true);
       const std::string id = "ov" + std::to_string(rep) + "-" + std::to_string(p);
-      auto a = without->get()->Run({id + "-ref", ids, "", ""}, 1, eos);
-      auto b = with->Run({id, ids, "overhead-" + id, ""}, 1, eos);
+      auto a = without->get()->Run({id + "-ref", ids, "", "", {}}, 1, eos);
+      auto b = with->Run({id, ids, "overhead-" + id, "", {}}, 1, eos);
       if (!a.ok()) return Failure(a.status());
       if (!b.ok()) return Failure(b.status());
       with->ReleaseFinished(true);

@@ -128,13 +128,13 @@ int RunWorker(const CliArgs& args, uint32_t worker) {
     r.prompt = static_cast<uint32_t>(ids.size());
     std::vector<TokenId> ref_first;
     if (compare) {
-      auto ref = (*without)->Run({id + "-ref", ids, "", ""}, 1, tok.eos_id());
+      auto ref = (*without)->Run({id + "-ref", ids, "", "", {}}, 1, tok.eos_id());
       if (!ref.ok()) return Failure(ref.status());
       r.ttft_recompute_ms = ref->ttft_seconds * 1e3;
       ref_first = ref->generated;
     }
     const ManagerStats s0 = (*manager)->Stats();
-    auto res = (*with)->Run({id, ids, "", ""}, kMaxNew, tok.eos_id());
+    auto res = (*with)->Run({id, ids, "", "", {}}, kMaxNew, tok.eos_id());
     if (!res.ok()) return Failure(res.status());
     (*with)->ReleaseFinished(true);
     (*manager)->WaitForSaves();  // written through to G4 before the next worker looks

@@ -350,7 +350,7 @@ Result<MultiWorkerResult> RunMultiWorkerReplay(const ReplayTrace& trace,
       FillBlockContent(keys[b], 0, content.data(), block_bytes);
       wk.g1_area->Scatter(blocks[b], content.data());
     }
-    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, m.Lookup({id, prompt, "", ""}, g1_hit * tpb));
+    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, m.Lookup({id, prompt, "", "", {}}, g1_hit * tpb));
     KVTIER_ASSIGN_OR_RETURN(uint32_t planned, m.PrepareLoad(id, blocks, lr.num_tokens));
     KVTIER_RETURN_IF_ERROR(m.StartLoad());
     for (uint32_t l = 0; l < layout.num_layers; ++l) (void)m.WaitLayer(l);

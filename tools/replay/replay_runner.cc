@@ -187,7 +187,7 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
     const uint32_t g1_used = static_cast<uint32_t>((prompt.size() + tpb - 1) / tpb);
     const std::span<const uint32_t> blocks(g1_blocks.data(), g1_used);
 
-    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, manager->Lookup({id, prompt, "", ""}, 0));
+    KVTIER_ASSIGN_OR_RETURN(LookupResult lr, manager->Lookup({id, prompt, "", "", {}}, 0));
     if (o.after_lookup) o.after_lookup(r, lr.blocks_by_tier[kTierG4]);
     KVTIER_ASSIGN_OR_RETURN(uint32_t planned, manager->PrepareLoad(id, blocks, lr.num_tokens));
     KVTIER_RETURN_IF_ERROR(manager->StartLoad());

@@ -13,34 +13,43 @@ Where things live (docs/vllm.md says why):
   G3 and G4. G1<->G2 copies are kvtier's own memcpy workers reading and writing vLLM's KV
   tensors in place: no copy passes through Python or a socket.
 - The scheduler side (engine-core process) keeps no tiers. It asks every rank's manager
-  "how much of this prompt can you load?" over a local lookup channel (kvtier/vllm/lookup.py)
-  answered from the in-memory index, and takes the smallest answer: a block counts only when
-  every rank holds its shard. Each step's plan (loads, newly computed tokens to save, finished
-  and preempted requests) travels to the workers in the connector metadata vLLM already sends.
-- Keys are kvtier's chained block keys over the token ids, the cache_salt and the LoRA name,
-  in a namespace holding the model, the KV layout (dtype, block size, heads), the CPU
-  instruction set the CPU backend's byte layout depends on, and the TP rank and size: a
-  restarted vLLM, or another vLLM process with the same model, finds the same blocks.
+  "how much of this prompt can you load?" over the lookup channel (kvtier/vllm/lookup.py) and
+  takes the smallest answer. Each step's plan (loads; the tokens to save, at absolute
+  positions; finished and preempted requests) travels to the workers in the connector
+  metadata vLLM already sends.
+- Keys: kvtier's chained block keys over the token ids, the per-block digests of whatever else
+  the block's KV depends on (multimodal inputs, prompt embeddings: kvtier/vllm/keys.py), under
+  a namespace of the model and its weights' fingerprint, the KV layout, the salt, the LoRA
+  adapter (name and path), the TP rank and size, and the DP rank.
+
+The rules that keep an answer right whatever vLLM does (docs/vllm.md, "Correctness"):
+
+1. The save frontier is clamped to the tokens that exist: under async scheduling
+   ``num_computed_tokens`` counts output placeholders, under speculative decoding draft
+   tokens; only ``all_token_ids`` is real. Saves carry absolute offsets, so a worker can never
+   append tokens in the wrong place.
+2. A block that failed to load is never saved as good: the worker commits nothing of a request
+   from its first block that failed to load in this step, and the scheduler moves the request's
+   save frontier back to that block, so the recomputed KV is saved when it exists. A request's
+   loads are retried at most ``max_load_failures`` times; it then computes.
+3. A request is reported finished once: in finished_recving when vLLM holds its blocks for a
+   load (WAITING_FOR_REMOTE_KVS), else in finished_sending when saves still read them.
+4. A preempted request is a new kvtier request (its id and vLLM's num_preemptions), noticed as
+   soon as vLLM looks it up again, so a preemption and a resume in one step keep the resumed
+   request's planned load.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
-from vllm.distributed.kv_events import (
-    MEDIUM_CPU,
-    MEDIUM_STORAGE,
-    BlockRemoved,
-    BlockStored,
-    KVCacheEvent,
-    KVConnectorKVEvents,
-    KVEventAggregator,
-)
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -50,12 +59,21 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
 )
+from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvtier
-from vllm.logger import init_logger
+from kvtier.vllm.keys import UnkeyableRequest, adapter_id, block_extras, model_fingerprint
 from kvtier.vllm.layouts import KvCacheLayout, describe_kv_caches
 from kvtier.vllm.lookup import LookupClient, LookupServer
+from kvtier.vllm.observe import (
+    KvtierConnectorStats,
+    KvtierKVEvents,
+    KvtierPromMetrics,
+    vllm_events,
+    worker_stats,
+)
+from kvtier.vllm.params import RequestControls
 from kvtier.vllm.settings import ConnectorSettings
 
 if TYPE_CHECKING:
@@ -75,10 +93,8 @@ _TIER_HIT_SOURCE = {
     "G3": CacheHitSource.DISK,
     "G4": CacheHitSource.EXTERNAL_UNSPECIFIED,
 }
-# vLLM's medium names (vllm/distributed/kv_events.py); G3 and G4 are both storage, told apart
-# by locality.
-_TIER_MEDIUM = {"G2": (MEDIUM_CPU, None), "G3": (MEDIUM_STORAGE, "LOCAL"),
-                "G4": (MEDIUM_STORAGE, "REMOTE")}
+_NO_HIT: Tuple[int, int, int, int] = (0, 0, 0, 0)
+_FINISHED_KEYS_KEPT = 65536  # late lookups for these keys are answered 0 without the manager
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +104,7 @@ _TIER_MEDIUM = {"G2": (MEDIUM_CPU, None), "G3": (MEDIUM_STORAGE, "LOCAL"),
 
 @dataclasses.dataclass
 class LoadSpec:
-    key: str  # the request's id in kvtier (vLLM's id and a generation; see _SchedReq)
+    key: str  # the request's id in kvtier: vLLM's id and its preemption count
     block_ids: List[int]  # the request's whole G1 block table
     num_tokens: int  # tokens to load past num_computed_tokens
     num_computed_tokens: int  # what vLLM's own prefix cache supplied
@@ -98,162 +114,58 @@ class LoadSpec:
 @dataclasses.dataclass
 class SaveSpec:
     key: str
-    new_tokens: List[int]  # token ids past what earlier steps sent (whole blocks only)
-    new_block_ids: List[int]  # block-table entries past what earlier steps sent
+    token_start: int  # the absolute position of tokens[0] in the request
+    tokens: List[int]  # real token ids (whole blocks only)
+    block_start: int  # the absolute index of block_ids[0] in the request's block table
+    block_ids: List[int]
+
+
+# How a finished request is reported back (rule 3 of the module docstring).
+REPORT_NONE, REPORT_SENDING, REPORT_RECVING = "none", "sending", "recving"
+
+
+@dataclasses.dataclass
+class FinishSpec:
+    key: str
+    report: str  # REPORT_NONE | REPORT_SENDING | REPORT_RECVING
 
 
 @dataclasses.dataclass
 class KvtierMetadata(KVConnectorMetadata):
     loads: List[LoadSpec] = dataclasses.field(default_factory=list)
     saves: List[SaveSpec] = dataclasses.field(default_factory=list)
-    # (key, delay_free): requests vLLM finished; delay_free means the scheduler waits for the
-    # worker to list the request in get_finished()'s sending set before freeing its blocks.
-    finished: List[Tuple[str, bool]] = dataclasses.field(default_factory=list)
-    preempted: List[str] = dataclasses.field(default_factory=list)
+    finished: List[FinishSpec] = dataclasses.field(default_factory=list)
+    preempted: List[str] = dataclasses.field(default_factory=list)  # kvtier keys
+
+
+def vllm_id(key: str) -> str:
+    return key.rsplit("#", 1)[0]
 
 
 # ---------------------------------------------------------------------------------------------
-# Stats, Prometheus metrics and events that travel from workers to the scheduler
-# ---------------------------------------------------------------------------------------------
-
-_COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2",
-             "hit_blocks_g3", "hit_blocks_g4", "miss_blocks", "load_failures", "saved_blocks",
-             "dropped_saves", "corrupt_blocks", "bytes_loaded", "bytes_saved",
-             "load_error_blocks", "evicted_blocks", "demoted_blocks", "g4_saved_blocks",
-             "g4_failures")
-# Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
-# figures kvtier's own /metrics exports as kvtier_*_total).
-_MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
-                     "demotions_not_admitted", "demotions_first_sighting",
-                     "demotion_failures", "evicted_blocks_g2",
-                     "evicted_blocks_g3", "promoted_blocks", "g3_quarantines", "staged_via_pool",
-                     "events_emitted", "events_published", "events_publish_dropped",
-                     "g4_lookup_blocks", "g4_skipped_lookups", "g4_lookup_failures",
-                     "g4_lookup_timeouts", "g4_save_failures", "g4_dropped_saves",
-                     "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts")
-# Occupancy and state: gauges (summed over TP workers, set once per step that reports them).
-_GAUGES = ("g2_blocks", "g2_slots", "g2_free_slots", "g3_blocks", "g3_slots", "pinned_blocks",
-           "g3_quarantined", "g3_admitting_first_sightings", "g4_breaker_open")  # summed over the workers of one step
-_GAUGE_PREFIX = "gauge:"
-
-
-def _path_name(path: str) -> str:
-    """ "G2->G1" -> "bytes_g2_to_g1" (a counter of the bytes moved on that path)."""
-    src, _, dst = path.partition("->")
-    return f"bytes_{src.lower()}_to_{dst.lower()}"
-
-
-_PATHS = tuple(_path_name(f"G{a}->G{b}") for a in range(1, 5) for b in range(1, 5) if a != b)
-
-
-@dataclasses.dataclass
-class KvtierConnectorStats(KVConnectorStats):
-    """Counters since the last report, summed over workers (vLLM aggregates them)."""
-
-    def __post_init__(self) -> None:
-        for k in _COUNTERS:
-            self.data.setdefault(k, 0)
-
-    def reset(self) -> None:
-        self.data = {k: 0 for k in _COUNTERS}
-
-    def aggregate(self, other: KVConnectorStats) -> "KvtierConnectorStats":
-        for k, v in other.data.items():
-            self.data[k] = self.data.get(k, 0) + v
-        return self
-
-    def reduce(self) -> Dict[str, int | float]:
-        return dict(self.data)
-
-    def is_empty(self) -> bool:
-        return not any(self.data.values())
-
-
-class KvtierPromMetrics(KVConnectorPromMetrics):
-    """kvtier's counters in vLLM's own /metrics, as vllm:kvtier_* counters."""
-
-    def __init__(self, vllm_config: "VllmConfig", metric_types: Dict[type, type],
-                 labelnames: List[str], per_engine_labelvalues: Dict[int, List[object]]) -> None:
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._counters: Dict[str, Dict[int, Any]] = {}
-        self._gauges: Dict[str, Dict[int, Any]] = {}
-        for name in _COUNTERS + _MANAGER_COUNTERS + _PATHS:
-            counter = self._counter_cls(
-                name=f"vllm:kvtier_{name}",
-                documentation=f"kvtier connector: {name.replace('_', ' ')}",
-                labelnames=labelnames)
-            self._counters[name] = {idx: counter.labels(*values)
-                                    for idx, values in per_engine_labelvalues.items()}
-        for name in _GAUGES:
-            gauge = self._gauge_cls(
-                name=f"vllm:kvtier_{name}",
-                documentation=f"kvtier connector (gauge, summed over workers): "
-                              f"{name.replace('_', ' ')}",
-                labelnames=labelnames, multiprocess_mode="mostrecent")
-            self._gauges[name] = {idx: gauge.labels(*values)
-                                  for idx, values in per_engine_labelvalues.items()}
-
-    def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
-        for name, value in transfer_stats_data.items():
-            if name.startswith(_GAUGE_PREFIX):
-                per_engine = self._gauges.get(name[len(_GAUGE_PREFIX):])
-                if per_engine is not None:
-                    per_engine[engine_idx].set(value)
-                continue
-            per_engine = self._counters.get(name)
-            if per_engine is not None and value:
-                per_engine[engine_idx].inc(value)
-
-
-class KvtierKVEvents(KVConnectorKVEvents):
-    """kvtier's store/remove events from the workers, on their way to take_events()."""
-
-    def __init__(self, num_workers: int) -> None:
-        self._aggregator = KVEventAggregator(num_workers)
-
-    def add_events(self, events: List[KVCacheEvent]) -> None:
-        self._aggregator.add_events(events)
-
-    def aggregate(self) -> "KvtierKVEvents":
-        # Only rank 0 publishes (every rank's keys differ: the rank is in the namespace), so
-        # there is nothing to intersect across workers.
-        return self
-
-    def increment_workers(self, count: int = 1) -> None:
-        self._aggregator.increment_workers(count)
-
-    def get_all_events(self) -> List[KVCacheEvent]:
-        return self._aggregator.get_all_events()
-
-    def get_number_of_workers(self) -> int:
-        return self._aggregator.get_number_of_workers()
-
-    def clear_events(self) -> None:
-        self._aggregator.clear_events()
-        self._aggregator.reset_workers()
-
-
-# ---------------------------------------------------------------------------------------------
-# The connector
+# The scheduler's view of a request
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class _SchedReq:
-    """The scheduler's view of one request."""
-
     request: "Request"
-    generation: int = 0  # bumped at each preemption: a resumed request is a new kvtier request
+    controls: RequestControls
+    generation: int = 0  # vLLM's num_preemptions when this state was (re)started
     block_ids: List[int] = dataclasses.field(default_factory=list)
     block_ids_sent: int = 0
-    tokens_sent: int = 0
+    tokens_sent: int = 0  # the save frontier: tokens the workers were sent to commit
     lookup_computed: int = 0  # num_computed_tokens the last lookup was given
     lookup_tokens: int = 0
-    lookup_by_tier: Tuple[int, int, int, int] = (0, 0, 0, 0)
+    lookup_by_tier: Tuple[int, int, int, int] = _NO_HIT
     lookup_async: bool = False
     pending_load: Optional[LoadSpec] = None
-    # A lookup still out: (what was asked, a sequence number per rank, when it was sent).
-    pending_lookup: Optional[Tuple[Tuple[int, int, str, str], List[int], float]] = None
+    load_block_ids: List[int] = dataclasses.field(default_factory=list)  # of the last load
+    load_in_flight: bool = False  # an async load planned and not yet in finished_recving
+    load_failures: int = 0  # loads of this request that lost blocks (all generations)
+    extras: Optional[List[bytes]] = None
+    refused: str = ""  # why kvtier neither loads nor saves this request
+    pending_lookup: Optional[Tuple[Tuple[Any, ...], List[int], float]] = None
 
     @property
     def key(self) -> str:
@@ -278,16 +190,56 @@ class KvtierConnector(KVConnectorBase_V1):
         self._settings = ConnectorSettings.parse(extra)
         self._block_size = vllm_config.cache_config.block_size
         self._engine_id = str(self._kv_transfer_config.engine_id)
-        self._tp_size = vllm_config.parallel_config.tensor_parallel_size
+        pc = vllm_config.parallel_config
+        self._tp_size = pc.tensor_parallel_size
+        self._pp_size = pc.pipeline_parallel_size
+        # data_parallel_index: the replica's rank even where vLLM resets data_parallel_rank to
+        # 0 (dense models).
+        self._dp_rank = int(getattr(pc, "data_parallel_index", None)
+                            or getattr(pc, "data_parallel_rank", 0) or 0)
+        self._dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
+        self._check_deployment(vllm_config)
         self._model_name = self._settings.model_id or str(vllm_config.model_config.model)
         self._manager: Optional[kvtier.BlockManager] = None  # worker side only
         if role == KVConnectorRole.SCHEDULER:
-            # kvtier is a cache: a block that fails to load is recomputed, never fatal. vLLM
-            # reads this right after building the scheduler's connector.
-            self._kv_transfer_config.kv_load_failure_policy = self._settings.load_failure_policy
+            self._apply_load_failure_policy()
             self._init_scheduler()
         else:
             self._init_worker()
+
+    def _check_deployment(self, vllm_config: "VllmConfig") -> None:
+        pc = vllm_config.parallel_config
+        try:
+            nnodes = int(getattr(pc, "nnodes_within_dp", None) or getattr(pc, "nnodes", 1) or 1)
+        except ValueError:
+            nnodes = int(getattr(pc, "nnodes", 1) or 1)
+        if nnodes > 1 and self._tp_size * self._pp_size > 1:
+            # The lookup channel is a local socket: a rank on another node cannot answer it, and
+            # every lookup would silently miss.
+            raise ValueError(
+                f"kvtier: tensor/pipeline parallelism across {nnodes} nodes is not supported "
+                f"(the lookup channel is local to a host); run one engine per node, or "
+                f"without kvtier")
+
+    def _instance(self, pp_rank: int) -> str:
+        """The lookup channel's name: one per engine instance, DP rank and PP stage."""
+        return f"{self._engine_id}-dp{self._dp_rank}-pp{pp_rank}"
+
+    def _apply_load_failure_policy(self) -> None:
+        # vLLM reads kv_load_failure_policy right after building the scheduler's connector. Its
+        # default is "fail", and it cannot say whether the user chose it: kvtier keeps an
+        # explicit "recompute", or its own load_failure_policy setting when given, and
+        # otherwise recomputes (kvtier is a cache: a lost block is a miss).
+        chosen = self._settings.load_failure_policy
+        if chosen == "auto":
+            current = getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail")
+            if current != "recompute":
+                logger.info("kvtier: kv_load_failure_policy is 'fail' (vLLM's default); "
+                            "kvtier recomputes blocks that fail to load instead. Set "
+                            "load_failure_policy='fail' in kv_connector_extra_config to fail "
+                            "such requests.")
+            chosen = "recompute"
+        self._kv_transfer_config.kv_load_failure_policy = chosen
 
     # ======================= scheduler side =======================
 
@@ -298,40 +250,90 @@ class KvtierConnector(KVConnectorBase_V1):
         return False
 
     def _init_scheduler(self) -> None:
-        self._clients = [LookupClient(self._engine_id, r) for r in range(self._tp_size)]
+        pp_stages = range(self._pp_size)
+        self._clients = [LookupClient(self._instance(pp), r)
+                         for pp in pp_stages for r in range(self._tp_size)]
         self._reqs: Dict[str, _SchedReq] = {}
-        self._finished: List[Tuple[str, bool]] = []
+        self._finished: List[FinishSpec] = []
         self._preempted: List[str] = []
         self._events: Optional[KvtierKVEvents] = None
         # Since the last get_kv_connector_stats (the scheduler's share of the stats).
-        self._lookup_failures = 0
+        self._sched_counts: Dict[str, int] = collections.Counter()
         self._lookup_seconds = 0.0
-        # Bumped by reset_cache: later requests key under a new namespace (see reset_cache).
-        self._epoch = 0
+        self._warned: Set[str] = set()
+        # Bumped by reset_cache (persistent: kept in g3.dir; see reset_cache).
+        self._epoch = self._settings.load_epoch(dp_rank=self._dp_rank, dp_size=self._dp_size)
+
+    def _state(self, request: "Request") -> _SchedReq:
+        state = self._reqs.get(request.request_id)
+        if state is None:
+            controls = RequestControls.parse(getattr(request, "kv_transfer_params", None))
+            state = self._reqs[request.request_id] = _SchedReq(
+                request, controls, generation=int(getattr(request, "num_preemptions", 0)))
+            if controls.error:
+                state.refused = controls.error
+                self._warn_once("params", f"kvtier: request {request.request_id}: "
+                                          f"{controls.error}; kvtier ignores this request")
+        self._sync_generation(state)
+        return state
+
+    def _sync_generation(self, state: _SchedReq) -> None:
+        """A preempted request starts again as a new kvtier request (rule 4)."""
+        gen = int(getattr(state.request, "num_preemptions", 0))
+        if gen == state.generation:
+            return
+        self._preempted.append(state.key)
+        self._forget_lookup(state)
+        state.generation = gen
+        state.block_ids, state.block_ids_sent, state.tokens_sent = [], 0, 0
+        state.pending_load, state.load_block_ids, state.load_in_flight = None, [], False
+        state.lookup_tokens, state.lookup_by_tier, state.lookup_async = 0, _NO_HIT, False
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning(message)
+
+    def _keying(self, state: _SchedReq) -> Optional[List[bytes]]:
+        if state.extras is None and not state.refused:
+            try:
+                state.extras = block_extras(state.request, self._block_size)
+            except UnkeyableRequest as e:
+                state.refused = str(e)
+                self._warn_once("unkeyable", f"kvtier: request {state.request.request_id} is "
+                                             f"neither loaded nor saved: {e}")
+        return state.extras
 
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> Tuple[Optional[int], bool]:
-        state = self._reqs.get(request.request_id)
-        if state is None:
-            state = self._reqs[request.request_id] = _SchedReq(request)
+        state = self._state(request)
+        extras = self._keying(state)
+        c = state.controls
+        if (state.refused or not c.load or extras is None
+                or getattr(request, "skip_reading_prefix_cache", False)):
+            return 0, False
+        if state.load_failures >= self._settings.max_load_failures:
+            self._sched_counts["load_retries_exhausted"] += 1
+            return 0, False
         tokens = list(request.all_token_ids)
         salt = request.cache_salt or ""
         if self._epoch:
             salt = f"{salt}\x00kvtier-epoch-{self._epoch}"
-        lora = request.lora_request.lora_name if request.lora_request is not None else ""
-        signature = (len(tokens), num_computed_tokens, salt, lora)
+        lora = adapter_id(request)
+        signature = (state.key, len(tokens), num_computed_tokens, salt, lora, c.load_tiers)
         t0 = time.perf_counter()
         pending = state.pending_lookup
         if pending is None or pending[0] != signature:
             self._forget_lookup(state)
-            query = (state.key, tokens, num_computed_tokens, salt, lora)
-            pending = state.pending_lookup = (signature, [c.submit(query) for c in self._clients],
+            query = (state.key, tokens, num_computed_tokens, salt, lora, extras, c.load_tiers)
+            pending = state.pending_lookup = (signature, [cl.submit(query)
+                                                          for cl in self._clients],
                                               time.monotonic())
         # Wait a little for the answers (a lookup is normally well under a millisecond); a
         # slower one (a G4 query) is asked about again at the next step: (None, False).
         wait_until = time.monotonic() + self._settings.lookup_wait_ms / 1000.0
-        results = [c.result(seq, wait_until - time.monotonic())
-                   for c, seq in zip(self._clients, pending[1])]
+        results = [cl.result(seq, wait_until - time.monotonic())
+                   for cl, seq in zip(self._clients, pending[1])]
         self._lookup_seconds += time.perf_counter() - t0
         state.lookup_computed = num_computed_tokens
         statuses = {r[0] for r in results}
@@ -344,11 +346,13 @@ class KvtierConnector(KVConnectorBase_V1):
             why = next((r[1] for r in results if r[0] == LookupClient.FAILED), "timed out")
             logger.warning("kvtier: lookup for %s failed (counted as a miss): %s",
                            request.request_id, why)
-            self._lookup_failures += 1
-            state.lookup_tokens, state.lookup_by_tier, state.lookup_async = 0, (0, 0, 0, 0), False
+            self._sched_counts["lookup_failures"] += 1
+            state.lookup_tokens, state.lookup_by_tier, state.lookup_async = 0, _NO_HIT, False
             return 0, False
         answers = [r[1] for r in results]
         num = min(a[0] for a in answers)
+        if c.max_load_tokens is not None:
+            num = min(num, c.max_load_tokens - c.max_load_tokens % self._block_size)
         # Tiers as rank 0 reports them (ranks hold the same blocks unless one lost some).
         by_tier = answers[0][1]
         slow = by_tier[2] + by_tier[3] > 0
@@ -358,8 +362,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _forget_lookup(self, state: _SchedReq) -> None:
         if state.pending_lookup is not None:
-            for c, seq in zip(self._clients, state.pending_lookup[1]):
-                c.forget(seq)
+            for cl, seq in zip(self._clients, state.pending_lookup[1]):
+                cl.forget(seq)
             state.pending_lookup = None
 
     def get_external_cache_hit_sources(self, request: "Request",
@@ -387,30 +391,32 @@ class KvtierConnector(KVConnectorBase_V1):
         state = self._reqs.get(request.request_id)
         if state is None or num_external_tokens == 0:
             return
+        self._sync_generation(state)
         block_ids = list(blocks.get_block_ids()[0])
         # request.num_computed_tokens can be 0 here: keep what the lookup was given.
+        first = state.lookup_computed // self._block_size
         state.pending_load = LoadSpec(state.key, block_ids, num_external_tokens,
                                       state.lookup_computed, state.lookup_async)
+        state.load_block_ids = block_ids[first:first + num_external_tokens // self._block_size]
+        # An async load puts the request in WAITING_FOR_REMOTE_KVS: vLLM holds its blocks until
+        # the worker lists it in finished_recving.
+        state.load_in_flight = state.lookup_async
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
-        meta = KvtierMetadata(finished=self._finished, preempted=self._preempted)
-        self._finished, self._preempted = [], []
         for rid in scheduler_output.preempted_req_ids or ():
             state = self._reqs.get(rid)
             if state is not None:
-                meta.preempted.append(state.key)
-                state.generation += 1
-                state.block_ids, state.block_ids_sent, state.tokens_sent = [], 0, 0
-                state.pending_load = None
+                self._sync_generation(state)  # a no-op when a lookup already noticed it
+        meta = KvtierMetadata(finished=self._finished, preempted=self._preempted)
+        self._finished, self._preempted = [], []
         for state in self._reqs.values():
             if state.pending_load is not None:
                 meta.loads.append(state.pending_load)
                 state.pending_load = None
-        # Saves: every full block whose KV exists once this step has run.
-        new_reqs = {r.req_id: r for r in scheduler_output.scheduled_new_reqs}
+        # Saves: every full block whose KV exists once this step has run (rule 1).
         cached = scheduler_output.scheduled_cached_reqs
         updates: List[Tuple[str, Optional[List[int]], bool]] = [
-            (r.req_id, list(r.block_ids[0]), True) for r in new_reqs.values()]
+            (r.req_id, list(r.block_ids[0]), True) for r in scheduler_output.scheduled_new_reqs]
         for i, rid in enumerate(cached.req_ids):
             new_ids = cached.new_block_ids[i]
             resumed = rid in cached.resumed_req_ids
@@ -423,18 +429,30 @@ class KvtierConnector(KVConnectorBase_V1):
                 state.block_ids, state.block_ids_sent = list(new_ids or []), 0
             elif new_ids:
                 state.block_ids.extend(new_ids)
-            req = state.request
-            after = req.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(rid, 0)
-            full = min(after, len(state.block_ids) * self._block_size)
-            full -= full % self._block_size
-            if full <= state.tokens_sent:
+            if state.refused or not state.controls.save or state.extras is None:
                 continue
-            all_ids = req.all_token_ids
-            meta.saves.append(SaveSpec(state.key, list(all_ids[state.tokens_sent:full]),
-                                       state.block_ids[state.block_ids_sent:]))
-            state.tokens_sent = full
-            state.block_ids_sent = len(state.block_ids)
+            save = self._next_save(state, scheduler_output.num_scheduled_tokens.get(rid, 0))
+            if save is not None:
+                meta.saves.append(save)
         return meta
+
+    def _next_save(self, state: _SchedReq, num_scheduled: int) -> Optional[SaveSpec]:
+        req = state.request
+        all_ids = req.all_token_ids
+        # num_computed_tokens counts output placeholders (async scheduling) and this step's
+        # drafts count in num_scheduled (speculative decoding): only all_token_ids is real.
+        frontier = min(req.num_computed_tokens + num_scheduled, len(all_ids),
+                       len(state.block_ids) * self._block_size)
+        if not self._settings.save_decode_tokens:
+            frontier = min(frontier, req.num_prompt_tokens)
+        full = frontier - frontier % self._block_size
+        if full <= state.tokens_sent:
+            return None
+        save = SaveSpec(state.key, state.tokens_sent, list(all_ids[state.tokens_sent:full]),
+                        state.block_ids_sent, state.block_ids[state.block_ids_sent:])
+        state.tokens_sent = full
+        state.block_ids_sent = len(state.block_ids)
+        return save
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         events = connector_output.kv_cache_events
@@ -444,6 +462,29 @@ class KvtierConnector(KVConnectorBase_V1):
             else:
                 self._events.add_events(events.get_all_events())
                 self._events.increment_workers(events.get_number_of_workers())
+        for rid in connector_output.finished_recving or ():
+            state = self._reqs.get(rid)
+            if state is not None:
+                state.load_in_flight = False
+        invalid = connector_output.invalid_block_ids
+        if invalid:
+            self._on_load_errors(set(invalid))
+
+    def _on_load_errors(self, invalid: Set[int]) -> None:
+        """Blocks that did not arrive intact (rule 2): the loads that lost them count against
+        their requests' retries, and every request whose sent save range holds one moves its
+        frontier back to it, so the recomputed KV is saved."""
+        bs = self._block_size
+        for state in self._reqs.values():
+            if state.load_block_ids and not invalid.isdisjoint(state.load_block_ids):
+                state.load_failures += 1
+                state.load_block_ids = []
+                self._sched_counts["failed_loads"] += 1
+            for i, b in enumerate(state.block_ids[:state.tokens_sent // bs]):
+                if b in invalid:
+                    state.tokens_sent = i * bs
+                    self._sched_counts["save_rollbacks"] += 1
+                    break
 
     def request_finished(self, request: "Request",
                          block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
@@ -451,10 +492,16 @@ class KvtierConnector(KVConnectorBase_V1):
         if state is None:
             return False, None
         self._forget_lookup(state)
+        if state.load_in_flight:
+            # WAITING_FOR_REMOTE_KVS: vLLM itself keeps the blocks until finished_recving, which
+            # the worker sends once the load (if it started at all) has ended. Never also in
+            # finished_sending: vLLM frees the request at the first of the two (rule 3).
+            self._finished.append(FinishSpec(state.key, REPORT_RECVING))
+            return False, None
         # Blocks saved by earlier steps may still be copying out of G1: the worker lists the
         # request in finished_sending when kvtier no longer reads them.
         delay = state.tokens_sent > 0
-        self._finished.append((state.key, delay))
+        self._finished.append(FinishSpec(state.key, REPORT_SENDING if delay else REPORT_NONE))
         return delay, None
 
     def take_events(self) -> Iterable[KVCacheEvent]:
@@ -473,21 +520,31 @@ class KvtierConnector(KVConnectorBase_V1):
         self._layout: Optional[KvCacheLayout] = None
         self._layer_index: Dict[str, int] = {}
         self._wreqs: Dict[str, _WorkerReq] = {}
-        self._sync_loads: List[Tuple[LoadSpec, int]] = []  # (spec, tokens planned)
+        self._sync_loads: List[Tuple[LoadSpec, int]] = []  # this step's (spec, tokens planned)
         self._async_loads: Dict[str, Tuple[LoadSpec, int]] = {}
-        self._load_errors: Set[int] = set()
+        self._loads_reported: Set[str] = set()  # keys whose async load was in finished_recving
+        self._recving_on_done: Set[str] = set()  # finished keys to report when their load ends
+        self._recving_now: Set[str] = set()  # vLLM ids to report in finished_recving
+        self._load_errors: Set[int] = set()  # to report in get_block_ids_with_load_errors
+        self._step_failed: Set[int] = set()  # G1 blocks that failed to load in this step
         self._sending_done: Set[str] = set()  # vLLM ids whose saves no longer read G1
-        self._held: Set[str] = set()  # kvtier keys kept for saves (RequestFinished -> True)
+        self._held: Set[str] = set()  # keys finished while saves read their blocks
+        self._finished_keys: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        self._finished_lock = threading.Lock()
         self._layer_error: Optional[str] = None
         self._stats_prev: Dict[str, int] = {}
-        self._load_error_count = 0  # G1 blocks reported to vLLM as failed loads
+        self._worker_counts: Dict[str, int] = collections.Counter()
         self._rank = 0
-        self._lock = threading.Lock()
+        self._pp_rank = 0
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        from vllm.distributed.parallel_state import (
+            get_pp_group,
+            get_tensor_model_parallel_rank,
+        )
 
         self._rank = get_tensor_model_parallel_rank() if self._tp_size > 1 else 0
+        self._pp_rank = get_pp_group().rank_in_group if self._pp_size > 1 else 0
         model_config = self._vllm_config.model_config
         layout = describe_kv_caches(
             kv_caches, block_size=self._block_size,
@@ -495,12 +552,17 @@ class KvtierConnector(KVConnectorBase_V1):
             head_size=model_config.get_head_size())
         self._layout = layout
         self._layer_index = {name: i for i, name in enumerate(layout.layer_names)}
-        config = self._settings.kvtier_config(tp_rank=self._rank, tp_size=self._tp_size)
+        config = self._settings.kvtier_config(
+            tp_rank=self._rank, tp_size=self._tp_size, pp_rank=self._pp_rank,
+            pp_size=self._pp_size, dp_rank=self._dp_rank, dp_size=self._dp_size)
         # With kvtier's own publisher on (events.endpoint), its events go out there; handing them
         # to vLLM's stream as well would make a subscriber of both hear every block twice.
         self._own_publisher = bool(config.get("events.endpoint"))
-        model_id = (f"{self._model_name}|{layout.namespace_tag}"
-                    f"|tp{self._rank}of{self._tp_size}")
+        t0 = time.perf_counter()
+        weights = model_fingerprint(self._vllm_config, self._settings.weights_id)
+        took = time.perf_counter() - t0
+        model_id = (f"{self._model_name}|w{weights}|{layout.namespace_tag}"
+                    f"|tp{self._rank}of{self._tp_size}|pp{self._pp_rank}of{self._pp_size}")
         # vLLM's CPU worker pins this thread to its OpenMP cores, and threads inherit the
         # mask: kvtier's copy, disk and lookup threads would then compete with the model for
         # the compute cores. They are started on the cores vLLM left free (all cores when it
@@ -515,17 +577,23 @@ class KvtierConnector(KVConnectorBase_V1):
             self._manager = kvtier.BlockManager(layout.layout, model_id, config)
             self._manager.register_memory(layout.layout, layout.num_blocks, layout.regions,
                                           layout.on_device)
-            self._server = LookupServer(self._engine_id, self._rank, self._lookup)
+            self._server = LookupServer(self._instance(self._pp_rank), self._rank, self._lookup)
         finally:
             os.sched_setaffinity(0, pinned)
-        logger.info("kvtier: rank %d of %d, %s, %d G1 blocks, model id %r", self._rank,
-                    self._tp_size, layout.layout, layout.num_blocks, model_id)
+        logger.info("kvtier: rank %d of %d (pp %d, dp %d), %s, %d G1 blocks, model id %r "
+                    "(weights fingerprint in %.0f ms)", self._rank, self._tp_size,
+                    self._pp_rank, self._dp_rank, layout.layout, layout.num_blocks, model_id,
+                    took * 1e3)
 
-    def _lookup(self, key: str, tokens: List[int], num_computed: int, salt: str,
-                lora: str) -> Tuple[int, Tuple[int, int, int, int]]:
+    def _lookup(self, key: str, tokens: List[int], num_computed: int, salt: str, lora: str,
+                extras: List[bytes], load_tiers: str) -> Tuple[int, Tuple[int, int, int, int]]:
         assert self._manager is not None, "lookup before register_kv_caches"
+        with self._finished_lock:
+            if key in self._finished_keys:
+                return 0, _NO_HIT  # arrived after the request's end: nothing to remember
         return self._manager.lookup(key, tokens, num_computed, cache_salt=salt,
-                                    adapter_id=lora)
+                                    adapter_id=lora, block_extra=extras,
+                                    **({"load_tiers": load_tiers} if load_tiers else {}))
 
     def _meta(self) -> Optional[KvtierMetadata]:
         if not self.has_connector_metadata():
@@ -533,36 +601,46 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         return meta if isinstance(meta, KvtierMetadata) else None
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._role == KVConnectorRole.WORKER:
+            self._step_failed = set()
+            self._layer_error = None
+
+    def _forget_key(self, key: str) -> None:
+        self._wreqs.pop(key, None)
+        with self._finished_lock:
+            self._finished_keys[key] = None
+            while len(self._finished_keys) > _FINISHED_KEYS_KEPT:
+                self._finished_keys.popitem(last=False)
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
-        if not isinstance(kv_connector_metadata, KvtierMetadata) or self._manager is None:
+        m = self._manager
+        if not isinstance(kv_connector_metadata, KvtierMetadata) or m is None:
             return
-        if not kv_connector_metadata.preempted:
-            return
-        # A preempted request's blocks are freed and reused at once: saves still reading them
-        # must end first. Preemption is rare; this waits for all saves in flight.
-        self._manager.wait_for_saves()
         for key in kv_connector_metadata.preempted:
-            self._wreqs.pop(key, None)
-            self._manager.request_finished(key)
+            # Its blocks are freed and reused at once: its saves still reading them end first
+            # (only its own: other requests' saves, demotions and G4 writes go on).
+            wait = getattr(m, "wait_for_request_saves", None)
+            if wait is not None:
+                wait(key)
+            else:
+                m.wait_for_saves()
+            self._forget_key(key)
+            m.request_finished(key)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._meta()
         m = self._manager
         if meta is None or m is None:
             return
-        for key, delay_free in meta.finished:
-            self._wreqs.pop(key, None)
-            kept = m.request_finished(key)
-            if kept:
-                self._held.add(key)
-            elif delay_free:
-                self._sending_done.add(key.rsplit("#", 1)[0])
-        self._layer_error = None
+        for fin in meta.finished:
+            self._finish(fin)
         if not meta.loads:
             return
         for spec in meta.loads:
             try:
-                planned = m.prepare_load(spec.key, spec.block_ids, spec.num_tokens)
+                planned = self._prepare_load(m, spec)
             except kvtier.KvtierError as e:
                 logger.warning("kvtier: prepare_load(%s) failed: %s", spec.key, e)
                 planned = 0
@@ -571,6 +649,31 @@ class KvtierConnector(KVConnectorBase_V1):
             else:
                 self._sync_loads.append((spec, planned))
         m.start_load()
+
+    @staticmethod
+    def _prepare_load(m: Any, spec: LoadSpec) -> int:
+        try:
+            return m.prepare_load(spec.key, spec.block_ids, spec.num_tokens,
+                                  async_load=spec.is_async)
+        except TypeError:  # a kvtier without async_load: WaitLayer waits for every load
+            return m.prepare_load(spec.key, spec.block_ids, spec.num_tokens)
+
+    def _finish(self, fin: FinishSpec) -> None:
+        m = self._manager
+        assert m is not None
+        self._forget_key(fin.key)
+        kept = m.request_finished(fin.key)
+        if fin.report == REPORT_RECVING:
+            if fin.key in self._async_loads:
+                self._recving_on_done.add(fin.key)  # reported when the load ends
+            elif fin.key not in self._loads_reported:
+                self._recving_now.add(vllm_id(fin.key))  # the load never started
+        elif fin.report == REPORT_SENDING:
+            if kept:
+                self._held.add(fin.key)
+            else:
+                self._sending_done.add(vllm_id(fin.key))
+        self._loads_reported.discard(fin.key)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._sync_loads or self._manager is None:
@@ -589,29 +692,59 @@ class KvtierConnector(KVConnectorBase_V1):
         # kvtier saves whole blocks once every layer is computed (wait_for_save).
         return
 
-    def _note_load_errors(self, spec: LoadSpec, planned: int, loaded: int) -> None:
+    def _failed_blocks(self, spec: LoadSpec, planned: int, loaded: int) -> List[int]:
         first = spec.num_computed_tokens // self._block_size
         ok_blocks = min(planned, loaded) // self._block_size
         want_blocks = spec.num_tokens // self._block_size
-        failed = spec.block_ids[first + ok_blocks:first + want_blocks]
-        self._load_errors.update(failed)
-        self._load_error_count += len(failed)
+        return spec.block_ids[first + ok_blocks:first + want_blocks]
+
+    def _settle_sync_loads(self) -> None:
+        """This step's synchronous loads, whose blocks the forward pass has used by now: the
+        blocks that did not arrive are reported in this step's output (vLLM then discards the
+        step's tokens of their requests), even when wait_for_save comes later (speculative
+        decoding defers it past get_block_ids_with_load_errors)."""
+        m = self._manager
+        if not self._sync_loads or m is None:
+            return
+        for spec, planned in self._sync_loads:
+            loaded = m.loaded_tokens(spec.key) if planned else 0
+            failed = self._failed_blocks(spec, planned, loaded)
+            if failed:
+                self._load_errors.update(failed)
+                self._step_failed.update(failed)
+                self._worker_counts["load_error_blocks"] += len(failed)
+        self._sync_loads = []
 
     def wait_for_save(self) -> None:
         m = self._manager
         if m is None:
             return
-        for spec, planned in self._sync_loads:
-            loaded = m.loaded_tokens(spec.key) if planned else 0
-            self._note_load_errors(spec, planned, loaded)
-        self._sync_loads = []
+        self._settle_sync_loads()
         meta = self._meta()
         if meta is None or not meta.saves:
             return
+        bs = self._block_size
         for save in meta.saves:
             req = self._wreqs.setdefault(save.key, _WorkerReq())
-            req.tokens.extend(save.new_tokens)
-            req.block_ids.extend(save.new_block_ids)
+            if save.token_start > len(req.tokens) or save.block_start > len(req.block_ids):
+                # Tokens this worker did not commit (a failed load cut them): the scheduler
+                # sends them again from the failed block once they are recomputed.
+                self._worker_counts["save_gaps"] += 1
+                continue
+            del req.tokens[save.token_start:]
+            req.tokens.extend(save.tokens)
+            del req.block_ids[save.block_start:]
+            req.block_ids.extend(save.block_ids)
+            if self._step_failed:
+                # Rule 2: nothing from a block that failed to load in this step (this step's
+                # forward pass computed what follows it from a wrong KV).
+                for i, b in enumerate(req.block_ids[:len(req.tokens) // bs]):
+                    if b in self._step_failed:
+                        del req.tokens[i * bs:]
+                        self._worker_counts["saves_cut_by_load_errors"] += 1
+                        break
+            if not req.tokens:
+                continue
             try:
                 m.commit(save.key, req.tokens, req.block_ids)
             except kvtier.KvtierError as e:
@@ -624,30 +757,37 @@ class KvtierConnector(KVConnectorBase_V1):
         m = self._manager
         if m is None:
             return None, None
+        self._settle_sync_loads()
         saves_done, loads_done = m.finished()
         for key in saves_done:
             if key in self._held:
                 self._held.discard(key)
-                self._sending_done.add(key.rsplit("#", 1)[0])
-        recving: Set[str] = set()
-        for key in loads_done:
+                self._sending_done.add(vllm_id(key))
+        recving = self._recving_now
+        self._recving_now = set()
+        done = [k for k in loads_done if k in self._async_loads]
+        # Async loads that planned nothing never start a transfer: done at once.
+        done += [k for k, (_, planned) in self._async_loads.items() if planned == 0]
+        for key in done:
             entry = self._async_loads.pop(key, None)
             if entry is None:
                 continue
             spec, planned = entry
-            self._note_load_errors(spec, planned, m.loaded_tokens(key) if planned else 0)
-            recving.add(key.rsplit("#", 1)[0])
-        # Async loads that planned nothing never start a transfer: done at once.
-        for key, (spec, planned) in list(self._async_loads.items()):
-            if planned == 0:
-                del self._async_loads[key]
-                self._note_load_errors(spec, 0, 0)
-                recving.add(key.rsplit("#", 1)[0])
+            if key in self._recving_on_done:
+                self._recving_on_done.discard(key)  # finished meanwhile: no errors to report
+            else:
+                loaded = m.loaded_tokens(key) if planned else 0
+                failed = self._failed_blocks(spec, planned, loaded)
+                self._load_errors.update(failed)
+                self._worker_counts["load_error_blocks"] += len(failed)
+                self._loads_reported.add(key)
+            recving.add(vllm_id(key))
         sending = self._sending_done
         self._sending_done = set()
         return (sending or None), (recving or None)
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
+        self._settle_sync_loads()
         errors = self._load_errors
         self._load_errors = set()
         return errors
@@ -655,78 +795,29 @@ class KvtierConnector(KVConnectorBase_V1):
     def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
         if self._role == KVConnectorRole.SCHEDULER:
             # Whole microseconds: vLLM's offline metrics reader truncates counters to integers.
-            data = {"lookup_failures": self._lookup_failures,
-                    "lookup_microseconds": int(self._lookup_seconds * 1e6)}
-            self._lookup_failures, self._lookup_seconds = 0, 0.0
+            data = dict(self._sched_counts)
+            data["lookup_microseconds"] = int(self._lookup_seconds * 1e6)
+            self._sched_counts, self._lookup_seconds = collections.Counter(), 0.0
             stats = KvtierConnectorStats(data=data)
             return None if stats.is_empty() else stats
         if self._manager is None:
             return None
-        s = self._manager.stats()
-        now = {
-            "lookups": s["lookups"],
-            "hit_blocks_g2": s["hit_blocks"]["G2"],
-            "hit_blocks_g3": s["hit_blocks"]["G3"],
-            "hit_blocks_g4": s["hit_blocks"]["G4"],
-            "miss_blocks": s["miss_blocks"],
-            "load_failures": s["load_failures"],
-            "saved_blocks": s["saved_blocks"],
-            "dropped_saves": s["dropped_saves"],
-            "corrupt_blocks": s["corrupt_blocks"] + s["g4_corrupt_blocks"],
-            "bytes_loaded": sum(v for k, v in s["bytes_by_path"].items() if k.endswith("G1")),
-            "bytes_saved": s["bytes_by_path"]["G1->G2"],
-            "load_error_blocks": self._load_error_count,
-            "evicted_blocks": s["evicted_blocks_g2"] + s["evicted_blocks_g3"],
-            "demoted_blocks": s["demoted_blocks"],
-            "g4_saved_blocks": s["g4_saved_blocks"],
-            "g4_failures": (s["g4_lookup_failures"] + s["g4_save_failures"]
-                            + s["g4_load_failures"] + s["g4_dropped_saves"]),
-        }
-        for k in _MANAGER_COUNTERS:
-            now[k] = int(s.get(k, 0))
-        for path, n in s["bytes_by_path"].items():
-            now[_path_name(path)] = n
-        delta = {k: v - self._stats_prev.get(k, 0) for k, v in now.items()}
-        self._stats_prev = now
-        # Gauges travel with every step's stats, from every worker, so vLLM's per-step sum over
-        # the workers is the engine's total.
-        for k in _GAUGES:
-            delta[_GAUGE_PREFIX + k] = int(s[k])
+        counts = dict(self._worker_counts)
+        delta = worker_stats(self._manager.stats(), counts.pop("load_error_blocks", 0), counts,
+                             self._stats_prev)
         stats = KvtierConnectorStats(data=delta)
         return None if stats.is_empty() else stats
 
-    def get_kv_connector_kv_cache_events(self) -> Optional[KVConnectorKVEvents]:
+    def get_kv_connector_kv_cache_events(self) -> Optional[KvtierKVEvents]:
         if self._manager is None or self._layout is None:
             return None
         raw = self._manager.take_events(details=True)
-        if self._rank != 0 or getattr(self, "_own_publisher", False):
+        if self._rank != 0 or self._pp_rank != 0 or getattr(self, "_own_publisher", False):
             return None
         if not raw:
             return None
-        events: List[KVCacheEvent] = []
-        for e in raw:
-            tier = e["tier"]
-            medium, locality = _TIER_MEDIUM.get(tier, (MEDIUM_STORAGE, None))
-            if e["kind"] == "stored":
-                # vLLM's fields, so that any consumer (kvtier router, Dynamo, llm-d) can compute
-                # its own hashes: the block's token ids, the parent's name (None for a first
-                # block), the salt in the first block's extra keys. The reset epoch is kvtier's
-                # own business and stays out of the salt published.
-                salt = (e["cache_salt"] or "").split("\x00kvtier-epoch-")[0]
-                first = bool(e["parent_is_root"])
-                events.append(BlockStored(
-                    block_hashes=[e["key"]], parent_block_hash=None if first else e["parent"],
-                    token_ids=list(e["token_ids"]), block_size=self._block_size, lora_id=None,
-                    medium=medium, lora_name=e["lora_name"] or None,
-                    # vLLM's order: the LoRA name (when lora_name is set), then the salt.
-                    extra_keys=([tuple(x for x in (e["lora_name"], salt) if x)]
-                                if first and (salt or e["lora_name"]) else None),
-                    locality=locality, ownership=f"kvtier:{tier}"))
-            else:
-                events.append(BlockRemoved(block_hashes=[e["key"]], medium=medium,
-                                           locality=locality, ownership=f"kvtier:{tier}"))
         out = KvtierKVEvents(num_workers=1)
-        out.add_events(events)
+        out.add_events(vllm_events(raw, self._block_size))
         return out
 
     def shutdown(self) -> None:
@@ -742,11 +833,13 @@ class KvtierConnector(KVConnectorBase_V1):
     def reset_cache(self) -> Optional[bool]:
         """vLLM's reset_prefix_cache(reset_connector=True). Every block stored so far becomes
         unreachable for this engine: later requests key under a new namespace (an epoch in the
-        salt), and the old blocks leave the tiers as eviction takes them. A restarted vLLM
-        starts again at epoch 0. (vLLM's plain reset_prefix_cache() leaves kvtier alone.)"""
+        salt, kept in g3.dir so a restart does not revive the keys from before the reset), and
+        the old blocks leave the tiers as eviction takes them. (vLLM's plain
+        reset_prefix_cache() leaves kvtier alone.)"""
         if self._role != KVConnectorRole.SCHEDULER:
             return None
-        self._epoch += 1
+        self._epoch = self._settings.bump_epoch(self._epoch, dp_rank=self._dp_rank,
+                                                dp_size=self._dp_size)
         return True
 
     # ======================= both =======================
@@ -763,4 +856,8 @@ class KvtierConnector(KVConnectorBase_V1):
                            ) -> Optional[KVConnectorPromMetrics]:
         return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
-
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Dict[str, Any]) -> bool:
+        # G2 loads are layer-pipelined (wait_for_layer_load between the layers' attention):
+        # a full CUDA graph would replay the layers without those waits.
+        return True

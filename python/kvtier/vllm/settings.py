@@ -10,9 +10,13 @@ the same places as everywhere else: the TOML file named by ``config_file`` (or
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from typing import Any, Dict, Mapping
 
 import kvtier
+
+_log = logging.getLogger("kvtier.vllm")
 
 # The connector's own keys, with their defaults.
 _OWN = {
@@ -29,8 +33,19 @@ _OWN = {
     # The model's name in kvtier's key namespace (default: vLLM's model path or name).
     "model_id": "",
     # vLLM's kv_load_failure_policy, set by the connector: "recompute" (a block that fails to
-    # load is computed again) or "fail" (the request fails).
-    "load_failure_policy": "recompute",
+    # load is computed again), "fail" (the request fails), or "auto": vLLM's own setting when it
+    # is "recompute", else "recompute" (vLLM's default is "fail", and it cannot say whether the
+    # user chose it).
+    "load_failure_policy": "auto",
+    # Loads of one request that may lose blocks before kvtier stops offering it any (it then
+    # computes): no request can loop on a block that keeps failing.
+    "max_load_failures": 2,
+    # Save the blocks of generated tokens too (a follow-up turn's prompt holds them), not only
+    # the prompt's.
+    "save_decode_tokens": True,
+    # Names the weights in the key namespace instead of their fingerprint (kvtier/vllm/keys.py):
+    # for weights kvtier cannot read, or to version them by hand.
+    "weights_id": "",
 }
 
 
@@ -53,6 +68,9 @@ class ConnectorSettings:
     async_load: str
     model_id: str
     load_failure_policy: str
+    max_load_failures: int
+    save_decode_tokens: bool
+    weights_id: str
     kvtier_values: Dict[str, Any]
 
     @staticmethod
@@ -75,6 +93,9 @@ class ConnectorSettings:
             async_load=str(own.get("async_load", _OWN["async_load"])),
             model_id=str(own.get("model_id", _OWN["model_id"])),
             load_failure_policy=str(own.get("load_failure_policy", _OWN["load_failure_policy"])),
+            max_load_failures=own.get("max_load_failures", _OWN["max_load_failures"]),
+            save_decode_tokens=own.get("save_decode_tokens", _OWN["save_decode_tokens"]),
+            weights_id=str(own.get("weights_id", _OWN["weights_id"])),
             kvtier_values=flat,
         )
         if (not isinstance(s.lookup_timeout_ms, int) or isinstance(s.lookup_timeout_ms, bool)
@@ -87,22 +108,88 @@ class ConnectorSettings:
                              f"({s.lookup_timeout_ms}), not {s.lookup_wait_ms!r}")
         if s.async_load not in ("auto", "never"):
             raise ValueError(f"kvtier: async_load must be 'auto' or 'never', not {s.async_load!r}")
-        if s.load_failure_policy not in ("recompute", "fail"):
-            raise ValueError(f"kvtier: load_failure_policy must be 'recompute' or 'fail', not "
-                             f"{s.load_failure_policy!r}")
+        if s.load_failure_policy not in ("auto", "recompute", "fail"):
+            raise ValueError(f"kvtier: load_failure_policy must be 'auto', 'recompute' or "
+                             f"'fail', not {s.load_failure_policy!r}")
+        if (not isinstance(s.max_load_failures, int) or isinstance(s.max_load_failures, bool)
+                or not 0 <= s.max_load_failures <= 100):
+            raise ValueError(f"kvtier: max_load_failures must be an integer in 0..100, not "
+                             f"{s.max_load_failures!r}")
+        if not isinstance(s.save_decode_tokens, bool):
+            raise ValueError(f"kvtier: save_decode_tokens must be true or false, not "
+                             f"{s.save_decode_tokens!r}")
         s.kvtier_config()  # refuse a bad kvtier setting at start-up, in every process
         return s
 
-    def kvtier_config(self, tp_rank: int = 0, tp_size: int = 1) -> kvtier.Config:
-        """The manager's configuration: defaults < file < environment < extra config. With
-        tensor parallelism each rank keeps its G3 in its own subdirectory of g3.dir, and serves
-        its /metrics on metrics.port + rank (the ports of one engine are consecutive)."""
+    def kvtier_config(self, tp_rank: int = 0, tp_size: int = 1, pp_rank: int = 0,
+                      pp_size: int = 1, dp_rank: int = 0, dp_size: int = 1) -> kvtier.Config:
+        """The manager's configuration: defaults < file < environment < extra config. Each
+        data-parallel replica, pipeline stage and tensor-parallel rank keeps its G3 in its own
+        subdirectory of g3.dir (dpD/ppP/tpT, each level only when there is more than one), and
+        serves its /metrics on metrics.port + its index among the instance's workers (the ports
+        of one instance are consecutive)."""
         config = kvtier.load_config(self.kvtier_values, file=self.config_file or None)
-        if tp_size > 1:
-            config.set("g3.dir", f"{config.get('g3.dir')}/tp{tp_rank}")
-            port = int(config.get("metrics.port") or 0)
-            if port:
-                if port + tp_size - 1 > 65535:
-                    raise ValueError(f"kvtier: metrics.port {port} + {tp_size} ranks passes 65535")
-                config.set("metrics.port", str(port + tp_rank))
+        sub = self.rank_subdir(tp_rank, tp_size, pp_rank, pp_size, dp_rank, dp_size)
+        if sub:
+            config.set("g3.dir", os.path.join(config.get("g3.dir"), sub))
+        port = int(config.get("metrics.port") or 0)
+        workers = tp_size * pp_size * dp_size
+        if port and workers > 1:
+            index = (dp_rank * pp_size + pp_rank) * tp_size + tp_rank
+            if port + workers - 1 > 65535:
+                raise ValueError(f"kvtier: metrics.port {port} + {workers} workers passes 65535")
+            config.set("metrics.port", str(port + index))
         return config
+
+    @staticmethod
+    def rank_subdir(tp_rank: int, tp_size: int, pp_rank: int, pp_size: int, dp_rank: int,
+                    dp_size: int) -> str:
+        parts = [f"dp{dp_rank}" if dp_size > 1 else "", f"pp{pp_rank}" if pp_size > 1 else "",
+                 f"tp{tp_rank}" if tp_size > 1 else ""]
+        return os.path.join(*[p for p in parts if p]) if any(parts) else ""
+
+    # ---- the reset epoch (vLLM's reset_prefix_cache(reset_connector=True)) ----
+
+    def _epoch_file(self, dp_rank: int, dp_size: int) -> str:
+        config = kvtier.load_config(self.kvtier_values, file=self.config_file or None)
+        base = config.get("g3.dir")
+        if dp_size > 1:
+            base = os.path.join(base, f"dp{dp_rank}")
+        return os.path.join(base, "kvtier-reset-epoch")
+
+    def load_epoch(self, dp_rank: int = 0, dp_size: int = 1) -> int:
+        """The reset epoch a previous run left (0 when none). A file that cannot be read as a
+        number is reported and read as 0."""
+        path = self._epoch_file(dp_rank, dp_size)
+        try:
+            with open(path) as f:
+                text = f.read(64).strip()
+        except FileNotFoundError:
+            return 0
+        except OSError as e:
+            _log.warning("kvtier: cannot read the reset epoch in %s (%s); starting at 0",
+                         path, e)
+            return 0
+        if not text.isdigit() or len(text) > 18:
+            _log.warning("kvtier: %s does not hold a reset epoch (%r); starting at 0", path,
+                         text[:32])
+            return 0
+        return int(text)
+
+    def bump_epoch(self, epoch: int, dp_rank: int = 0, dp_size: int = 1) -> int:
+        """epoch + 1, written (atomically) where the next run reads it; a write that fails is
+        reported, and the new epoch holds for this run only."""
+        epoch += 1
+        path = self._epoch_file(dp_rank, dp_size)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(f"{epoch}\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            _log.warning("kvtier: cannot keep the reset epoch in %s (%s): a restart will find "
+                         "the blocks stored before this reset", path, e)
+        return epoch

@@ -1,0 +1,215 @@
+"""KvtierConnector's figures on their way into vLLM: per-step stats (KVConnectorStats),
+vLLM's Prometheus metrics (vllm:kvtier_*), and kvtier's store/remove events in vLLM's
+KVCacheEvent format."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Dict, List
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+from vllm.distributed.kv_events import (
+    MEDIUM_CPU,
+    MEDIUM_STORAGE,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    KVConnectorKVEvents,
+    KVEventAggregator,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+
+from kvtier.vllm.keys import published_lora_name
+
+_COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2",
+             "hit_blocks_g3", "hit_blocks_g4", "miss_blocks", "load_failures", "saved_blocks",
+             "dropped_saves", "corrupt_blocks", "bytes_loaded", "bytes_saved",
+             "load_error_blocks", "evicted_blocks", "demoted_blocks", "g4_saved_blocks",
+             "g4_failures")
+# Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
+# figures kvtier's own /metrics exports as kvtier_*_total).
+_MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
+                     "demotions_not_admitted", "demotions_first_sighting",
+                     "demotion_failures", "evicted_blocks_g2",
+                     "evicted_blocks_g3", "promoted_blocks", "g3_quarantines", "staged_via_pool",
+                     "events_emitted", "events_published", "events_publish_dropped",
+                     "g4_lookup_blocks", "g4_skipped_lookups", "g4_lookup_failures",
+                     "g4_lookup_timeouts", "g4_save_failures", "g4_dropped_saves",
+                     "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts")
+# Occupancy and state: gauges (summed over TP workers, set once per step that reports them).
+_GAUGES = ("g2_blocks", "g2_slots", "g2_free_slots", "g3_blocks", "g3_slots", "pinned_blocks",
+           "g3_quarantined", "g3_admitting_first_sightings", "g4_breaker_open")  # summed over the workers of one step
+_GAUGE_PREFIX = "gauge:"
+
+
+def _path_name(path: str) -> str:
+    """ "G2->G1" -> "bytes_g2_to_g1" (a counter of the bytes moved on that path)."""
+    src, _, dst = path.partition("->")
+    return f"bytes_{src.lower()}_to_{dst.lower()}"
+
+
+_PATHS = tuple(_path_name(f"G{a}->G{b}") for a in range(1, 5) for b in range(1, 5) if a != b)
+
+
+@dataclasses.dataclass
+class KvtierConnectorStats(KVConnectorStats):
+    """Counters since the last report, summed over workers (vLLM aggregates them)."""
+
+    def __post_init__(self) -> None:
+        for k in _COUNTERS:
+            self.data.setdefault(k, 0)
+
+    def reset(self) -> None:
+        self.data = {k: 0 for k in _COUNTERS}
+
+    def aggregate(self, other: KVConnectorStats) -> "KvtierConnectorStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> Dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class KvtierPromMetrics(KVConnectorPromMetrics):
+    """kvtier's counters in vLLM's own /metrics, as vllm:kvtier_* counters."""
+
+    def __init__(self, vllm_config: "VllmConfig", metric_types: Dict[type, type],
+                 labelnames: List[str], per_engine_labelvalues: Dict[int, List[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters: Dict[str, Dict[int, Any]] = {}
+        self._gauges: Dict[str, Dict[int, Any]] = {}
+        for name in _COUNTERS + _MANAGER_COUNTERS + _PATHS:
+            counter = self._counter_cls(
+                name=f"vllm:kvtier_{name}",
+                documentation=f"kvtier connector: {name.replace('_', ' ')}",
+                labelnames=labelnames)
+            self._counters[name] = {idx: counter.labels(*values)
+                                    for idx, values in per_engine_labelvalues.items()}
+        for name in _GAUGES:
+            gauge = self._gauge_cls(
+                name=f"vllm:kvtier_{name}",
+                documentation=f"kvtier connector (gauge, summed over workers): "
+                              f"{name.replace('_', ' ')}",
+                labelnames=labelnames, multiprocess_mode="mostrecent")
+            self._gauges[name] = {idx: gauge.labels(*values)
+                                  for idx, values in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            if name.startswith(_GAUGE_PREFIX):
+                per_engine = self._gauges.get(name[len(_GAUGE_PREFIX):])
+                if per_engine is not None:
+                    per_engine[engine_idx].set(value)
+                continue
+            per_engine = self._counters.get(name)
+            if per_engine is not None and value:
+                per_engine[engine_idx].inc(value)
+
+
+class KvtierKVEvents(KVConnectorKVEvents):
+    """kvtier's store/remove events from the workers, on their way to take_events()."""
+
+    def __init__(self, num_workers: int) -> None:
+        self._aggregator = KVEventAggregator(num_workers)
+
+    def add_events(self, events: List[KVCacheEvent]) -> None:
+        self._aggregator.add_events(events)
+
+    def aggregate(self) -> "KvtierKVEvents":
+        # Only rank 0 publishes (every rank's keys differ: the rank is in the namespace), so
+        # there is nothing to intersect across workers.
+        return self
+
+    def increment_workers(self, count: int = 1) -> None:
+        self._aggregator.increment_workers(count)
+
+    def get_all_events(self) -> List[KVCacheEvent]:
+        return self._aggregator.get_all_events()
+
+    def get_number_of_workers(self) -> int:
+        return self._aggregator.get_number_of_workers()
+
+    def clear_events(self) -> None:
+        self._aggregator.clear_events()
+        self._aggregator.reset_workers()
+
+
+# vLLM's medium names (vllm/distributed/kv_events.py); G3 and G4 are both storage, told apart
+# by locality.
+_TIER_MEDIUM = {"G2": (MEDIUM_CPU, None), "G3": (MEDIUM_STORAGE, "LOCAL"),
+                "G4": (MEDIUM_STORAGE, "REMOTE")}
+
+
+def worker_stats(s: Dict[str, Any], load_error_blocks: int, extra: Dict[str, int],
+                 prev: Dict[str, int]) -> Dict[str, int]:
+    """The counters of one worker's ManagerStats `s` since `prev` (updated in place), plus the
+    gauges, as KvtierConnectorStats data."""
+    now = {
+        "lookups": s["lookups"],
+        "hit_blocks_g2": s["hit_blocks"]["G2"],
+        "hit_blocks_g3": s["hit_blocks"]["G3"],
+        "hit_blocks_g4": s["hit_blocks"]["G4"],
+        "miss_blocks": s["miss_blocks"],
+        "load_failures": s["load_failures"],
+        "saved_blocks": s["saved_blocks"],
+        "dropped_saves": s["dropped_saves"],
+        "corrupt_blocks": s["corrupt_blocks"] + s["g4_corrupt_blocks"],
+        "bytes_loaded": sum(v for k, v in s["bytes_by_path"].items() if k.endswith("G1")),
+        "bytes_saved": s["bytes_by_path"]["G1->G2"],
+        "load_error_blocks": load_error_blocks,
+        "evicted_blocks": s["evicted_blocks_g2"] + s["evicted_blocks_g3"],
+        "demoted_blocks": s["demoted_blocks"],
+        "g4_saved_blocks": s["g4_saved_blocks"],
+        "g4_failures": (s["g4_lookup_failures"] + s["g4_save_failures"]
+                        + s["g4_load_failures"] + s["g4_dropped_saves"]),
+    }
+    now.update(extra)
+    for k in _MANAGER_COUNTERS:
+        now[k] = int(s.get(k, 0))
+    for path, n in s["bytes_by_path"].items():
+        now[_path_name(path)] = n
+    delta = {k: v - prev.get(k, 0) for k, v in now.items()}
+    prev.clear()
+    prev.update(now)
+    # Gauges travel with every step's stats, from every worker, so vLLM's per-step sum over
+    # the workers is the engine's total.
+    for k in _GAUGES:
+        delta[_GAUGE_PREFIX + k] = int(s.get(k, 0))
+    return delta
+
+
+def vllm_events(raw: List[Dict[str, Any]], block_size: int) -> List[KVCacheEvent]:
+    """kvtier's events (BlockManager.take_events(details=True)) as vLLM's KVCacheEvents."""
+    events: List[KVCacheEvent] = []
+    for e in raw:
+        tier = e["tier"]
+        medium, locality = _TIER_MEDIUM.get(tier, (MEDIUM_STORAGE, None))
+        if e["kind"] == "stored":
+            # vLLM's fields, so that any consumer (kvtier router, Dynamo, llm-d) can compute its
+            # own hashes: the block's token ids, the parent's name (None for a first block), the
+            # salt in the first block's extra keys. The reset epoch is kvtier's own business and
+            # stays out of the salt published, as the adapter's path stays out of its name.
+            salt = (e["cache_salt"] or "").split("\x00kvtier-epoch-")[0]
+            lora = published_lora_name(e["lora_name"] or "")
+            first = bool(e["parent_is_root"])
+            events.append(BlockStored(
+                block_hashes=[e["key"]], parent_block_hash=None if first else e["parent"],
+                token_ids=list(e["token_ids"]), block_size=block_size, lora_id=None,
+                medium=medium, lora_name=lora or None,
+                # vLLM's order: the LoRA name (when lora_name is set), then the salt.
+                extra_keys=([tuple(x for x in (lora, salt) if x)]
+                            if first and (salt or lora) else None),
+                locality=locality, ownership=f"kvtier:{tier}"))
+        else:
+            events.append(BlockRemoved(block_hashes=[e["key"]], medium=medium,
+                                       locality=locality, ownership=f"kvtier:{tier}"))
+    return events

@@ -1,0 +1,62 @@
+"""Per-request controls, from a request's ``kv_transfer_params`` (vLLM passes
+``SamplingParams.extra_args["kv_transfer_params"]`` through to the connector)::
+
+    {"kvtier": {"save": false,             # do not save this request's blocks
+                "load": false,             # do not load (compute the whole prompt)
+                "max_load_tokens": 4096,   # load at most this many tokens
+                "load_tiers": ["G2", "G3"] # load only from these tiers (default: all)
+               }}
+
+A control kvtier does not know, or a value of the wrong type, makes kvtier leave the request
+alone (no load, no save) and says why once: a typo never silently changes what is cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+_TIERS = ("G2", "G3", "G4")
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestControls:
+    save: bool = True
+    load: bool = True
+    max_load_tokens: Optional[int] = None
+    load_tiers: str = ""  # "" = every tier; else e.g. "G2,G3"
+    error: str = ""  # why the controls were refused (the request is then left alone)
+
+    @staticmethod
+    def parse(params: Optional[Mapping[str, Any]]) -> "RequestControls":
+        if not params or "kvtier" not in params:
+            return RequestControls()
+        raw = params["kvtier"]
+        if not isinstance(raw, Mapping):
+            return RequestControls(error=f"kv_transfer_params.kvtier must be an object, not "
+                                         f"{type(raw).__name__}")
+        known = {"save", "load", "max_load_tokens", "load_tiers"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            return RequestControls(error=f"unknown kv_transfer_params.kvtier key(s) "
+                                         f"{', '.join(map(str, unknown))}; allowed: "
+                                         f"{', '.join(sorted(known))}")
+        for flag in ("save", "load"):
+            if flag in raw and not isinstance(raw[flag], bool):
+                return RequestControls(error=f"kv_transfer_params.kvtier.{flag} must be true or "
+                                             f"false, not {raw[flag]!r}")
+        cap = raw.get("max_load_tokens")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            return RequestControls(error=f"kv_transfer_params.kvtier.max_load_tokens must be a "
+                                         f"non-negative integer, not {cap!r}")
+        tiers = raw.get("load_tiers")
+        tier_list = ""
+        if tiers is not None:
+            if (not isinstance(tiers, (list, tuple)) or not tiers
+                    or any(t not in _TIERS for t in tiers)):
+                return RequestControls(error=f"kv_transfer_params.kvtier.load_tiers must be a "
+                                             f"non-empty list of {', '.join(_TIERS)}, not "
+                                             f"{tiers!r}")
+            tier_list = ",".join(t for t in _TIERS if t in tiers)
+        return RequestControls(save=raw.get("save", True), load=raw.get("load", True),
+                               max_load_tokens=cap, load_tiers=tier_list)
