@@ -117,9 +117,11 @@ class _RecordingManager:
 
 @dataclasses.dataclass
 class _RunnerReq:
-    tokens: List[int]  # the real tokens: prompt, then every token sampled and accepted
+    # The request's real tokens: the prompt, then the reference output (the runner feeds the
+    # right token at every position; when vLLM keeps a wrong one, the output shows it).
+    tokens: List[int]
+    prompt_len: int
     block_ids: List[int]
-    max_tokens: int
     drafts: List[int] = dataclasses.field(default_factory=list)
 
 
@@ -203,8 +205,11 @@ class Harness:
     # ---- requests ----
 
     def add(self, req_id: str, prompt: List[int], max_tokens: int = 8,
-            cache_salt: Optional[str] = None) -> None:
-        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            cache_salt: Optional[str] = None,
+            kv_transfer_params: Optional[Dict[str, Any]] = None) -> None:
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            extra_args=extra)
         sp.update_from_generation_config({}, None)
         req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
                       pooling_params=None, cache_salt=cache_salt,
@@ -286,7 +291,6 @@ class Harness:
         return ok
 
     def _write(self, r: _RunnerReq, tokens: List[int], start: int) -> None:
-        fps = fingerprints(tokens[:start + 1] if start < len(tokens) else tokens)
         fps = fingerprints(tokens)
         for p in range(start, len(tokens)):
             b = r.block_ids[p // self.block_size]
@@ -303,8 +307,7 @@ class Harness:
             self.reqs.pop(rid, None)
         # The runner's view of each scheduled request (block tables, computed counts).
         for nr in so.scheduled_new_reqs:
-            self.reqs[nr.req_id] = _RunnerReq(list(nr.prompt_token_ids), list(nr.block_ids[0]),
-                                              self.max_tokens[nr.req_id])
+            self.reqs[nr.req_id] = self._runner_req(nr.req_id, list(nr.block_ids[0]))
         cached = so.scheduled_cached_reqs
         computed: Dict[str, int] = {nr.req_id: nr.num_computed_tokens
                                     for nr in so.scheduled_new_reqs}
@@ -312,12 +315,8 @@ class Harness:
             r = self.reqs.get(rid)
             new_ids = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids:
-                # Resumed after preemption: a new block table; the tokens are what vLLM
-                # holds (the runner's own list may hold more in async mode).
-                req = self.scheduler.requests[rid]
-                r = self.reqs[rid] = _RunnerReq(list(req.all_token_ids),
-                                                list(new_ids[0]) if new_ids else [],
-                                                self.max_tokens[rid])
+                # Resumed after preemption: a new block table.
+                r = self.reqs[rid] = self._runner_req(rid, list(new_ids[0]) if new_ids else [])
             elif new_ids is not None and r is not None:
                 r.block_ids.extend(new_ids[0])
             computed[rid] = cached.num_computed_tokens[i]
@@ -349,26 +348,26 @@ class Harness:
             r = self.reqs[rid]
             start = computed[rid]
             drafts = list(so.scheduled_spec_decode_tokens.get(rid, ()))
+            if any(d < 0 for d in drafts):  # async placeholders: the runner's own drafts
+                drafts = r.drafts[:len(drafts)]
             real_end = start + n - len(drafts)
             kv_ok = self._check(rid, r, start)
-            # Positions [start, real_end) are real tokens; the drafts follow them.
+            # Positions [start, real_end) hold real tokens; the drafts follow them.
             seq = r.tokens[:real_end] + drafts
             self._write(r, seq, start)
             out: List[int] = []
-            if real_end >= len(r.tokens):
-                # The step reached the end of the known tokens: sample (and verify drafts).
-                fps = fingerprints(seq)
+            if real_end >= r.prompt_len:
+                # The step reached the end of the prompt: sample, and verify the drafts.
                 pos = real_end - 1
                 while True:
-                    t = _next_token(fps[pos]) if kv_ok else POISON
+                    t = r.tokens[pos + 1] if kv_ok else POISON
                     out.append(t)
                     k = pos + 1 - real_end
                     if k < len(drafts) and drafts[k] == t:
                         pos += 1
                         continue
                     break
-                r.tokens.extend(out)
-                r.drafts = self._propose(r) if self.num_spec_tokens else []
+                r.drafts = self._propose(r, pos + 1) if self.num_spec_tokens else []
             sampled[rid] = out
         w.save_kv_layer  # saves are taken in wait_for_save, as vLLM's runner calls it
         w.wait_for_save()
@@ -389,16 +388,18 @@ class Harness:
                                  sampled_token_ids=[sampled[r] for r in req_ids],
                                  kv_connector_output=kv_out)
 
-    def _propose(self, r: _RunnerReq) -> List[int]:
-        fps = fingerprints(r.tokens)
-        h = fps[-1]
+    def _runner_req(self, rid: str, block_ids: List[int]) -> _RunnerReq:
+        p = self.prompts[rid]
+        return _RunnerReq(p + reference_output(p, self.max_tokens[rid] + 16), len(p), block_ids)
+
+    def _propose(self, r: _RunnerReq, next_pos: int) -> List[int]:
+        """Drafts for the positions after next_pos: right with draft_accuracy, else random."""
         drafts = []
-        for _ in range(self.num_spec_tokens):
-            right = _next_token(h)
+        for k in range(self.num_spec_tokens):
+            right = r.tokens[next_pos + 1 + k]
             t = right if self.rng.random() < self.draft_accuracy else 2 + self.rng.randrange(
                 VOCAB - 2)
             drafts.append(t)
-            h = _mix(h, t)
         return drafts
 
     # ---- what the tests assert ----
