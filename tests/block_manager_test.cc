@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "hang_guard.h"
 #include "manager/block_manager_impl.h"
 #include "manager_test_util.h"
 #include "tier/fault_injecting_io.h"
@@ -284,20 +285,7 @@ TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
   engine.Run("a", prompt);
   for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(40 + i, 16 * 4 + 1));
   mgr->WaitForSaves();
-  const uint64_t stride = (4096 + TestLayout().BlockBytes() + 4095) / 4096 * 4096;
-  int corrupted = 0;
-  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
-    if (f.path().extension() != ".kvt") continue;
-    const int fd = open(f.path().c_str(), O_WRONLY);
-    ASSERT_GE(fd, 0);
-    for (uint64_t k = 0; k < 64; ++k) {
-      const uint8_t junk[8] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4};
-      if (pwrite(fd, junk, sizeof(junk), 8192 + k * stride + 4096 + 1000) == sizeof(junk))
-        ++corrupted;
-    }
-    close(fd);
-  }
-  ASSERT_GT(corrupted, 0);
+  ASSERT_GT(testing::CorruptG3Payloads(dir.path()), 0);
   const uint64_t g2_hits_before = mgr->Stats().hit_blocks[kTierG2];
   auto r = engine.Run("again", prompt);
   EXPECT_EQ(r.mismatched_blocks, 0u) << "no corrupt byte was ever delivered as a hit";
@@ -309,6 +297,45 @@ TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
     EXPECT_GT(s.load_failures, 0u);
   }
   EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+// A G3 block that fails verification leaves the index (Invalidate) when its load fails, so the
+// next Lookup stops before it instead of offering a load that would fail again, forever.
+TEST(BlockManagerTest, ACorruptG3BlockIsNeverOfferedAgain) {
+  TempDirectory dir;
+  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(45, 16 * 4 + 1);
+  engine.Run("a", prompt);
+  for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(45 + i, 16 * 4 + 1));
+  mgr->WaitForSaves();
+  auto probe = mgr->Lookup({"probe", prompt, "", ""}, 0);
+  ASSERT_TRUE(probe.ok());
+  ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt is in G3 only";
+  EXPECT_FALSE(mgr->RequestFinished("probe"));
+  ASSERT_GT(testing::CorruptG3Payloads(dir.path()), 0);
+
+  // Loaded and refused, nothing committed (so nothing is saved again).
+  auto lr = mgr->Lookup({"load", prompt, "", ""}, 0);
+  ASSERT_TRUE(lr.ok());
+  ASSERT_EQ(lr->num_tokens, 16u * 4);
+  const std::vector<uint32_t> blocks = engine.AllocBlocks(5);
+  ASSERT_TRUE(mgr->PrepareLoad("load", blocks, lr->num_tokens).ok());
+  ASSERT_TRUE(mgr->StartLoad().ok());
+  for (uint32_t l = 0; l < TestLayout().num_layers; ++l) (void)mgr->WaitLayer(l);
+  EXPECT_EQ(mgr->LoadedTokens("load"), 0u);
+  EXPECT_FALSE(mgr->RequestFinished("load"));
+  engine.FreeBlocks(blocks);
+  ManagerStats s = mgr->Stats();
+  EXPECT_GE(s.corrupt_blocks, 1u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+
+  auto again = mgr->Lookup({"again", prompt, "", ""}, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->blocks_by_tier[kTierG3], 0u) << "a block refused once is never offered again";
+  EXPECT_EQ(again->num_tokens, 0u);
+  EXPECT_FALSE(mgr->RequestFinished("again"));
+  EXPECT_EQ(mgr->Stats().load_failures, s.load_failures);
 }
 
 // A quarantined G3 fails every load at once: Lookup must not offer its blocks (they would be
@@ -366,6 +393,210 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   s = manager.Stats();
   EXPECT_EQ(s.load_failures, failures_before) << "no load was planned from the quarantined G3";
   EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+// Polls `done` every 5 ms for up to 30 s.
+template <typename F>
+bool WaitFor(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A manager over G2 (12 slots: 4 staging, 8 cache) and a G3 in `dir` whose I/O goes through a
+// FaultInjectingIo (*faults).
+std::unique_ptr<BlockManager> FaultyG3Manager(const Config& config, FaultInjectingIo** faults) {
+  ManagerOptions options;
+  options.layout = TestLayout();
+  options.model_id = "test-model";
+  options.config = config;
+  DiskTier::OpenOptions open;
+  open.wrap_io = [faults](std::unique_ptr<DiskIo> inner) -> std::unique_ptr<DiskIo> {
+    auto f = std::make_unique<FaultInjectingIo>(std::move(inner));
+    *faults = f.get();
+    return f;
+  };
+  auto impl = BlockManager::Impl::Create(options, open);
+  EXPECT_TRUE(impl.ok()) << impl.status().ToString();
+  if (!impl.ok()) return nullptr;
+  return std::make_unique<BlockManager>(std::move(impl).value());
+}
+
+// The engine aborts a request while its load is in flight. RequestFinished answers about saves
+// only (none read its blocks: false); the load keeps its pins and lands; Finished().loads_done
+// lists the request once it has (the engine frees the G1 blocks the load was writing then),
+// LoadedTokens still answers in that step, and the entry is gone at the next Finished(): no
+// pin and no request entry left behind.
+TEST(BlockManagerTest, ARequestFinishedWithItsLoadInFlightIsReportedThenForgotten) {
+  TempDirectory dir;
+  FaultInjectingIo* faults = nullptr;
+  auto mgr = FaultyG3Manager(SmallConfig(dir.path(), 12, 64), &faults);
+  ASSERT_NE(mgr, nullptr);
+  ASSERT_NE(faults, nullptr);
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(80, 16 * 4 + 1);
+  engine.Run("a", prompt);
+  for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(80 + i, 16 * 4 + 1));
+  mgr->WaitForSaves();
+  auto probe = mgr->Lookup({"probe", prompt, "", ""}, 0);
+  ASSERT_TRUE(probe.ok());
+  ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt is in G3 only";
+  EXPECT_FALSE(mgr->RequestFinished("probe"));
+  EXPECT_EQ(mgr->Stats().tracked_requests, 0u);
+
+  FaultPlan stall;
+  stall.stall = 1.0;  // G3 reads complete only once released
+  faults->SetPlan(stall);
+  auto lr = mgr->Lookup({"x", prompt, "", ""}, 0);
+  ASSERT_TRUE(lr.ok());
+  const std::vector<uint32_t> blocks = engine.AllocBlocks(5);
+  ASSERT_EQ(*mgr->PrepareLoad("x", blocks, lr->num_tokens), 16u * 4);
+  ASSERT_TRUE(mgr->StartLoad().ok());
+  EXPECT_FALSE(mgr->RequestFinished("x")) << "no save reads its blocks; the load is not a save";
+  EXPECT_EQ(mgr->Stats().pinned_blocks, 4u) << "the load keeps its pins";
+  EXPECT_EQ(mgr->Stats().tracked_requests, 1u) << "kept while its load is in flight";
+  EXPECT_TRUE(mgr->Finished().loads_done.empty());
+
+  faults->SetPlan(FaultPlan{});
+  faults->ReleaseStalled();
+  std::vector<std::string> loads_done, saves_done;
+  ASSERT_TRUE(WaitFor([&] {
+    FinishedRequests f = mgr->Finished();
+    loads_done.insert(loads_done.end(), f.loads_done.begin(), f.loads_done.end());
+    saves_done.insert(saves_done.end(), f.saves_done.begin(), f.saves_done.end());
+    return !loads_done.empty();
+  }));
+  EXPECT_EQ(loads_done, std::vector<std::string>{"x"});
+  EXPECT_TRUE(saves_done.empty()) << "RequestFinished said false: no saves_done to wait for";
+  EXPECT_EQ(mgr->LoadedTokens("x"), 16u * 4) << "still answered in the step that listed it";
+  const std::vector<BlockKey> keys = engine.Keys(prompt);
+  std::vector<uint8_t> expect(TestLayout().BlockBytes());
+  for (uint32_t i = 0; i < 4; ++i) {
+    KeyContent(keys[i], expect.data(), expect.size());
+    EXPECT_EQ(engine.BlockBytes(blocks[i]), expect) << "block " << i;
+  }
+  engine.FreeBlocks(blocks);
+  EXPECT_TRUE(mgr->Finished().loads_done.empty()) << "listed once";
+  const ManagerStats s = mgr->Stats();
+  EXPECT_EQ(s.pinned_blocks, 0u);
+  EXPECT_EQ(s.tracked_requests, 0u) << "no request entry leaked";
+  EXPECT_EQ(mgr->LoadedTokens("x"), 0u) << "forgotten";
+}
+
+// vLLM preemption: the engine is about to reuse a request's G1 blocks. WaitForRequestSaves
+// drops that request's saves that have not started (here: deferred behind demotions to a G3
+// whose writes are held) and returns, while another request's deferred saves still wait; after
+// it returns kvtier never reads those G1 blocks again (overwritten by the test, they never
+// reach a tier: what is stored is the original bytes or nothing).
+TEST(BlockManagerTest, WaitForRequestSavesReturnsWhileOtherRequestsSavesWait) {
+  TempDirectory dir;
+  Config config = SmallConfig(dir.path(), 12, 64);
+  ASSERT_TRUE(config.Set("transfer.max_defer_ms", "60000").ok());  // deferred until released
+  FaultInjectingIo* faults = nullptr;
+  auto mgr = FaultyG3Manager(config, &faults);
+  ASSERT_NE(mgr, nullptr);
+  ASSERT_NE(faults, nullptr);
+  MiniEngine engine(mgr.get(), 64);
+  engine.Run("a", Prompt(100, 16 * 8 + 1));  // G2's 8 cache slots full
+  mgr->WaitForSaves();
+  FaultPlan stall;
+  stall.stall = 1.0;  // demotion writes to G3 never complete until released
+  faults->SetPlan(stall);
+  engine.Run("other", Prompt(101, 16 * 2 + 1), "", /*wait_saves=*/false);
+  const uint64_t deferred_other = mgr->Stats().deferred_saves;
+  ASSERT_GT(deferred_other, 0u) << "the other request's saves wait for demotions";
+
+  // The preempted request: computed into its G1 blocks, committed, saves deferred.
+  const auto prompt = Prompt(102, 16 * 4 + 1);
+  ASSERT_TRUE(mgr->Lookup({"p", prompt, "", ""}, 0).ok());
+  const std::vector<uint32_t> blocks = engine.AllocBlocks(5);
+  ASSERT_TRUE(mgr->PrepareLoad("p", blocks, 0).ok());
+  for (uint32_t i = 0; i < 5; ++i) engine.FillBlock(blocks[i], static_cast<uint8_t>(0x10 + i));
+  std::vector<std::vector<uint8_t>> original;
+  for (uint32_t i = 0; i < 4; ++i) original.push_back(engine.BlockBytes(blocks[i]));
+  ASSERT_TRUE(mgr->Commit("p", prompt, blocks).ok());
+  ASSERT_TRUE(mgr->StartSave().ok());
+  const ManagerStats before = mgr->Stats();
+  ASSERT_EQ(before.deferred_saves, deferred_other + 4) << "all 4 of its saves deferred";
+
+  const auto call =
+      testing::RunGuarded([&] { mgr->WaitForRequestSaves("p"); }, std::chrono::seconds(5),
+                          [&] {
+                            faults->SetPlan(FaultPlan{});
+                            faults->ReleaseStalled();
+                          });
+  EXPECT_TRUE(call.returned_in_time)
+      << "WaitForRequestSaves waited " << call.took.count()
+      << " ms for other requests' saves and demotions (released by the test)";
+  const ManagerStats after = mgr->Stats();
+  if (call.returned_in_time) {
+    EXPECT_EQ(after.dropped_saves, before.dropped_saves + 4) << "its unstarted saves dropped";
+    engine.DrainFinished(false);
+    EXPECT_EQ(engine.held_requests(), 1u) << "the other request's saves still wait";
+  }
+  // The engine reuses the blocks at once.
+  for (uint32_t b : blocks) engine.FillBlock(b, 0xee);
+  EXPECT_FALSE(mgr->RequestFinished("p")) << "no save of it is left";
+
+  faults->SetPlan(FaultPlan{});
+  faults->ReleaseStalled();
+  mgr->WaitForSaves();
+  engine.DrainFinished(false);
+  EXPECT_EQ(engine.held_requests(), 0u);
+  // Whatever of `prompt` a tier holds is the bytes computed before the reuse.
+  auto lr = mgr->Lookup({"check", prompt, "", ""}, 0);
+  ASSERT_TRUE(lr.ok());
+  const std::vector<uint32_t> into = engine.AllocBlocks(5);
+  ASSERT_TRUE(mgr->PrepareLoad("check", into, lr->num_tokens).ok());
+  ASSERT_TRUE(mgr->StartLoad().ok());
+  const uint32_t loaded = mgr->LoadedTokens("check") / 16;
+  if (call.returned_in_time) {
+    EXPECT_EQ(loaded, 0u) << "its saves were dropped";
+  }
+  for (uint32_t i = 0; i < loaded; ++i) {
+    EXPECT_EQ(engine.BlockBytes(into[i]), original[i]) << "block " << i << " is a torn mix";
+  }
+  EXPECT_FALSE(mgr->RequestFinished("check"));
+  engine.FreeBlocks(into);
+  EXPECT_EQ(mgr->Stats().pinned_blocks, 0u);
+}
+
+// A Lookup whose request the engine never finishes (it arrived after the request's end, over a
+// channel) does not stay forever: after manager.idle_request_ttl_ms with nothing in flight and
+// no call for it, a later Lookup drops its entry (counted). An entry called for since stays.
+TEST(BlockManagerTest, LookupsNeverFinishedExpireAfterTheIdleTtl) {
+  Config config = SmallConfig("", 32, 0);
+  ASSERT_TRUE(config.Set("manager.idle_request_ttl_ms", "300").ok());
+  auto mgr = MakeManager(config);
+  MiniEngine engine(mgr.get(), 64);
+  constexpr uint32_t kOrphans = 50;
+  for (uint32_t i = 0; i < kOrphans; ++i) {
+    ASSERT_TRUE(
+        mgr->Lookup({"orphan" + std::to_string(i), Prompt(110 + i, 16 * 2 + 1), "", ""}, 0).ok());
+  }
+  const auto busy_prompt = Prompt(109, 16 * 2 + 1);
+  ASSERT_TRUE(mgr->Lookup({"busy", busy_prompt, "", ""}, 0).ok());
+  const std::vector<uint32_t> blocks = engine.AllocBlocks(3);
+  ASSERT_TRUE(mgr->PrepareLoad("busy", blocks, 0).ok());
+  EXPECT_EQ(mgr->Stats().tracked_requests, kOrphans + 1);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  // The busy request is called for again; then any Lookup sweeps.
+  ASSERT_TRUE(mgr->Commit("busy", busy_prompt, blocks).ok());
+  ASSERT_TRUE(mgr->StartSave().ok());
+  ASSERT_TRUE(mgr->Lookup({"next", Prompt(108, 16 * 2 + 1), "", ""}, 0).ok());
+  ManagerStats s = mgr->Stats();
+  EXPECT_EQ(s.expired_requests, kOrphans);
+  EXPECT_EQ(s.tracked_requests, 2u) << "busy and next";
+  EXPECT_TRUE(mgr->PrepareLoad("orphan0", blocks, 0).status().Is(StatusCode::kNotFound));
+  mgr->WaitForSaves();
+  EXPECT_FALSE(mgr->RequestFinished("busy"));
+  EXPECT_FALSE(mgr->RequestFinished("next"));
+  EXPECT_EQ(mgr->Stats().tracked_requests, 0u);
+  engine.FreeBlocks(blocks);
 }
 
 TEST(BlockManagerTest, RequestFinishedHoldsG1BlocksUntilSavesEnd) {

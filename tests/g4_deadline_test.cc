@@ -74,6 +74,17 @@ Status WaitAllLayers(BlockManager* m) {
   return first;
 }
 
+// Polls `done` every 10 ms for up to 30 s.
+template <typename F>
+bool WaitFor(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 // The reproduction: the lookup stat()s a regular file; before the load opens it, a
 // FIFO takes its name. The load used to block in open(2) for good, and so did WaitLayer.
 TEST(G4Deadline, AFifoSwappedInUnderAnObjectNameDoesNotHoldTheEngine) {
@@ -113,11 +124,15 @@ TEST(G4Deadline, AFifoSwappedInUnderAnObjectNameDoesNotHoldTheEngine) {
   EXPECT_FALSE(b->RequestFinished("b"));
   eb.FreeBlocks(blocks);
 
-  // Removing the FIFO and closing leave nothing behind (ASan checks the rest).
-  ASSERT_EQ(::unlink(fifo.c_str()), 0);
+  // A FIFO is no object (the load ended Corruption): the manager deletes it from the store,
+  // off the engine's path, and closing leaves nothing behind (ASan checks the rest).
+  EXPECT_TRUE(WaitFor([&] { return !std::filesystem::exists(fifo); }))
+      << "the bad object is deleted";
   b->WaitForSaves();
   const ManagerStats s = b->Stats();
   EXPECT_GE(s.g4_load_failures, 1u);
+  EXPECT_EQ(s.g4_removed_corrupt, 1u);
+  EXPECT_EQ(s.g4_rejected_keys, 1u) << "and not offered again";
   EXPECT_EQ(s.pinned_blocks, 0u);
   EXPECT_EQ(s.g2_free_slots + s.g2_blocks + s.g2_staging_slots, s.g2_slots) << "no slot leaked";
 }
@@ -192,17 +207,6 @@ uint64_t LoadAndCheck(BlockManager* m, MiniEngine* e, const std::string& id,
   EXPECT_FALSE(m->RequestFinished(id));
   e->FreeBlocks(blocks);
   return bad;
-}
-
-// Polls `done` every 10 ms for up to 30 s.
-template <typename F>
-bool WaitFor(F done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 // The deadline holds while the store's call is stuck in a syscall: WaitLayer fails by the
@@ -295,6 +299,213 @@ TEST(G4Deadline, ALoadsDeadlineHoldsWhileTheStoreCallIsStuck) {
   EXPECT_EQ(s.pinned_blocks, 0u);
   EXPECT_EQ(s.g2_free_slots + s.g2_blocks + s.g2_staging_slots, s.g2_slots)
       << "the lent slot came back once the call returned";
+}
+
+// Keeps releasing the FIFO's stalled reader until the StallingStore says it returned, so a
+// test that fails half-way never leaves a remote thread in open(2) (the manager's destructor
+// would wait for it).
+struct Unstall {
+  std::string fifo;
+  StallingStore* stall;
+  ~Unstall() {
+    (void)WaitFor([&] {
+      ReleaseFifoReaders(fifo);
+      return stall == nullptr || !stall->stalled();
+    });
+  }
+};
+
+// A manager built from `config` whose G4 store is wrapped in a StallingStore on the FIFO at
+// `fifo` (*stall points to it).
+std::unique_ptr<BlockManager> StallingManager(const Config& config, const std::string& fifo,
+                                              StallingStore** stall) {
+  ManagerOptions options;
+  options.layout = TestLayout();
+  options.model_id = "test-model";
+  options.config = config;
+  auto impl = BlockManager::Impl::Create(
+      options, {}, [&](std::unique_ptr<RemoteStore> inner) -> std::unique_ptr<RemoteStore> {
+        auto s = std::make_unique<StallingStore>(std::move(inner), fifo);
+        *stall = s.get();
+        return s;
+      });
+  EXPECT_TRUE(impl.ok()) << impl.status().ToString();
+  if (!impl.ok()) return nullptr;
+  return std::make_unique<BlockManager>(std::move(impl).value());
+}
+
+// A G3 block that one load finds corrupt while its batch is still running (held open by a
+// stalled G4 load in the same batch) is invalidated at once: the batch keeps its pin until it
+// ends, but a Lookup meanwhile never offers the block, and a Commit of the recomputed block
+// meanwhile saves it (a pinned key that no tier holds is not "already stored").
+TEST(G4Deadline, ACorruptG3BlockStillPinnedByItsBatchIsNotOfferedAndIsSavedAgain) {
+  TempDirectory dir;
+  const std::string g4 = dir.path() + "/g4";
+  const std::string g3 = dir.path() + "/g3";
+  std::filesystem::create_directories(g3);
+  const std::vector<TokenId> remote = Prompt(41, 1 * kTpb + 3);
+  PublishToG4(FsConfig(g4), remote);
+
+  Config config = SmallConfig(g3, 12, 64);  // 4 staging + 8 cache slots
+  ASSERT_TRUE(config.Set("g4.backend", "fs").ok());
+  ASSERT_TRUE(config.Set("g4.dir", g4).ok());
+  ASSERT_TRUE(config.Set("g4.load_deadline_ms", "20000").ok());  // the stall, not the deadline
+  ASSERT_TRUE(config.Set("g4.lookup_deadline_ms", "5000").ok());
+  const std::string fifo = dir.path() + "/stall";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  StallingStore* stall = nullptr;
+  auto b = StallingManager(config, fifo, &stall);
+  ASSERT_NE(b, nullptr);
+  ASSERT_NE(stall, nullptr);
+  Unstall unstall{fifo, stall};
+  MiniEngine eb(b.get(), kG1Blocks);
+  const std::vector<TokenId> local = Prompt(42, 4 * kTpb + 1);
+  eb.Run("p", local);
+  for (uint32_t i = 1; i <= 3; ++i) eb.Run("f" + std::to_string(i), Prompt(42 + i, 4 * kTpb + 1));
+  b->WaitForSaves();
+  // The write-through put `local` in G4 too: out of it, so only G3 can supply it.
+  for (const BlockKey& k : eb.Keys(local)) std::filesystem::remove(ObjectPath(g4, k));
+  auto probe = b->Lookup({"probe", local, "", ""}, 0);
+  ASSERT_TRUE(probe.ok());
+  ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "`local` is in G3 only";
+  EXPECT_FALSE(b->RequestFinished("probe"));
+  ASSERT_GT(testing::CorruptG3Payloads(g3), 0);
+
+  // One batch: the G4 block of `remote` (stalls) and the G3 blocks of `local` (corrupt).
+  stall->Arm();
+  auto lq = b->Lookup({"q", remote, "", ""}, 0);
+  ASSERT_TRUE(lq.ok());
+  ASSERT_EQ(lq->blocks_by_tier[kTierG4], 1u);
+  const std::vector<uint32_t> q_blocks = eb.AllocBlocks(2);
+  ASSERT_TRUE(b->PrepareLoad("q", q_blocks, lq->num_tokens).ok());
+  auto lp = b->Lookup({"l", local, "", ""}, 0);
+  ASSERT_TRUE(lp.ok());
+  ASSERT_EQ(lp->blocks_by_tier[kTierG3], 4u);
+  const std::vector<uint32_t> l_blocks = eb.AllocBlocks(5);
+  ASSERT_TRUE(b->PrepareLoad("l", l_blocks, lp->num_tokens).ok());
+  ASSERT_TRUE(b->StartLoad().ok());
+  ASSERT_TRUE(WaitFor([&] { return b->Stats().corrupt_blocks >= 4 && stall->stalled(); }));
+  EXPECT_GT(b->Stats().pinned_blocks, 0u) << "the batch still runs and holds its pins";
+
+  auto again = b->Lookup({"again", local, "", ""}, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->blocks_by_tier[kTierG3], 0u) << "invalidated while pinned: never offered";
+  EXPECT_EQ(again->num_tokens, 0u);
+  // The engine recomputed the blocks for another request and commits them now.
+  const std::vector<uint32_t> c_blocks = eb.AllocBlocks(5);
+  for (uint32_t blk : c_blocks) eb.FillBlock(blk, 0x3c);
+  const ManagerStats before = b->Stats();
+  ASSERT_TRUE(b->PrepareLoad("again", c_blocks, 0).ok());
+  ASSERT_TRUE(b->Commit("again", local, c_blocks).ok());
+  ASSERT_TRUE(b->StartSave().ok());
+  // (StartSave again: a save deferred for a G2 slot starts once a demotion frees one.)
+  ASSERT_TRUE(WaitFor([&] {
+    EXPECT_TRUE(b->StartSave().ok());
+    return b->Stats().saved_blocks >= before.saved_blocks + 4;
+  })) << "saved "
+      << b->Stats().saved_blocks - before.saved_blocks << " of 4; deduplicated "
+      << b->Stats().dedup_blocks - before.dedup_blocks << "; dropped "
+      << b->Stats().dropped_saves - before.dropped_saves;
+  EXPECT_EQ(b->Stats().dedup_blocks, before.dedup_blocks);
+
+  ASSERT_TRUE(WaitFor([&] {
+    ReleaseFifoReaders(fifo);
+    return !stall->stalled();
+  }));
+  EXPECT_EQ(b->LoadedTokens("q"), kTpb) << "the stalled G4 load landed once released";
+  EXPECT_EQ(b->LoadedTokens("l"), 0u);
+  for (const std::string id : {"q", "l", "again"}) (void)b->RequestFinished(id);
+  b->WaitForSaves();
+  eb.DrainFinished(false);
+  eb.FreeBlocks(q_blocks);
+  eb.FreeBlocks(l_blocks);
+  EXPECT_EQ(b->Stats().pinned_blocks, 0u);
+  auto served = b->Lookup({"served", local, "", ""}, 0);
+  ASSERT_TRUE(served.ok());
+  EXPECT_EQ(served->num_tokens, 4 * kTpb) << "the saved copy is offered";
+  EXPECT_FALSE(b->RequestFinished("served"));
+}
+
+// An asynchronous load (vLLM's load_kv_async: the engine polls Finished().loads_done) never
+// holds WaitLayer: a G4 load started in one step whose store call stalls (held 5 s by the
+// test) does not delay the next step's synchronous G2 load, which WaitLayer returns for at
+// once. The async load lands when the store answers, and loads_done lists it then.
+TEST(G4Deadline, WaitLayerNeverWaitsForAnAsyncLoad) {
+  TempDirectory dir;
+  const std::string g4 = dir.path() + "/g4";
+  const std::vector<TokenId> remote = Prompt(51, 1 * kTpb + 3);
+  PublishToG4(FsConfig(g4), remote);
+  Config config = FsConfig(g4, 32);
+  ASSERT_TRUE(config.Set("g4.load_deadline_ms", "20000").ok());  // the stall, not the deadline
+  ASSERT_TRUE(config.Set("g4.lookup_deadline_ms", "5000").ok());
+  const std::string fifo = dir.path() + "/stall";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  StallingStore* stall = nullptr;
+  auto b = StallingManager(config, fifo, &stall);
+  ASSERT_NE(b, nullptr);
+  ASSERT_NE(stall, nullptr);
+  Unstall unstall{fifo, stall};
+  MiniEngine eb(b.get(), kG1Blocks);
+  const std::vector<TokenId> local = Prompt(52, 4 * kTpb + 1);
+  eb.Run("warm", local);  // into G2
+  b->WaitForSaves();
+
+  // Step 1: an async G4 load; its store call stalls.
+  stall->Arm();
+  auto la = b->Lookup({"async", remote, "", ""}, 0);
+  ASSERT_TRUE(la.ok());
+  ASSERT_EQ(la->blocks_by_tier[kTierG4], 1u);
+  const std::vector<uint32_t> a_blocks = eb.AllocBlocks(2);
+  ASSERT_EQ(*b->PrepareLoad("async", a_blocks, la->num_tokens, /*async_load=*/true), kTpb);
+  ASSERT_TRUE(b->StartLoad().ok());
+  ASSERT_TRUE(WaitFor([&] { return stall->stalled(); }));
+  const auto stalled_at = std::chrono::steady_clock::now();
+  std::jthread releaser([&] {  // joined on any exit
+    std::this_thread::sleep_until(stalled_at + std::chrono::seconds(5));
+    (void)WaitFor([&] {
+      ReleaseFifoReaders(fifo);
+      return !stall->stalled();
+    });
+  });
+
+  // Step 2: a synchronous G2 load, waited for layer by layer.
+  auto ls = b->Lookup({"sync", local, "", ""}, 0);
+  ASSERT_TRUE(ls.ok());
+  ASSERT_EQ(ls->blocks_by_tier[kTierG2], 4u);
+  const std::vector<uint32_t> s_blocks = eb.AllocBlocks(5);
+  ASSERT_EQ(*b->PrepareLoad("sync", s_blocks, ls->num_tokens), 4 * kTpb);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(b->StartLoad().ok());
+  const Status waited = WaitAllLayers(b.get());
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const bool still_stalled = stall->stalled();
+  EXPECT_TRUE(waited.ok()) << waited.ToString();
+  EXPECT_LT(took, std::chrono::seconds(1))
+      << "WaitLayer took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+      << " ms: it waited for the async load";
+  EXPECT_TRUE(still_stalled) << "the async load was still held when WaitLayer returned";
+  EXPECT_EQ(b->LoadedTokens("sync"), 4 * kTpb) << "its own load only";
+  const std::vector<BlockKey> keys = eb.Keys(local);
+  std::vector<uint8_t> expect(TestLayout().BlockBytes());
+  for (uint32_t i = 0; i < 4; ++i) {
+    testing::KeyContent(keys[i], expect.data(), expect.size());
+    EXPECT_EQ(eb.BlockBytes(s_blocks[i]), expect) << "block " << i;
+  }
+
+  // The async load lands once the store answers; the engine learns it from loads_done.
+  bool listed = false;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const std::string& id : b->Finished().loads_done) listed = listed || id == "async";
+    return listed;
+  }));
+  EXPECT_EQ(b->LoadedTokens("async"), kTpb);
+  testing::KeyContent(eb.Keys(remote)[0], expect.data(), expect.size());
+  EXPECT_EQ(eb.BlockBytes(a_blocks[0]), expect);
+  EXPECT_FALSE(b->RequestFinished("async"));
+  EXPECT_FALSE(b->RequestFinished("sync"));
+  eb.FreeBlocks(a_blocks);
+  eb.FreeBlocks(s_blocks);
+  EXPECT_EQ(b->Stats().pinned_blocks, 0u);
 }
 
 }  // namespace

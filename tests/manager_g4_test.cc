@@ -8,9 +8,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <vector>
 
+#include "manager/rejected_keys.h"
 #include "manager_test_util.h"
 #include "redis_test_util.h"
 #include "tier/block_format.h"
@@ -278,6 +281,253 @@ TEST(ManagerG4Redis, CorruptObjectInRedisIsRefused) {
   EXPECT_EQ(out.loaded_tokens, 0u);
   EXPECT_EQ(out.mismatched_blocks, 0u);
   EXPECT_EQ(b->Stats().g4_corrupt_blocks, 1u);
+}
+
+// What a test does to a G4 store behind the managers' backs.
+struct G4Backdoor {
+  std::function<void(const std::string& name)> corrupt;  // the object no longer verifies
+  std::function<bool(const std::string& name)> exists;
+};
+
+G4Backdoor FsBackdoor(const std::string& dir) {
+  auto path = [dir](const std::string& name) {
+    return dir + "/" + name.substr(22, 2) + "/" + name;
+  };
+  G4Backdoor b;
+  b.corrupt = [path](const std::string& name) {
+    std::fstream f(path(name), std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path(name);
+    f.seekg(kBlockHeaderBytes + 1234);
+    const char c = static_cast<char>(f.get());
+    f.seekp(kBlockHeaderBytes + 1234);
+    f.put(static_cast<char>(c ^ 0x01));
+  };
+  b.exists = [path](const std::string& name) { return std::filesystem::exists(path(name)); };
+  return b;
+}
+
+G4Backdoor RedisBackdoor(uint16_t port) {
+  G4Backdoor b;
+  b.corrupt = [port](const std::string& name) {
+    // A byte of the header's token area.
+    auto r = RedisCommand(port, {"SETRANGE", name, "200", std::string("\x7f", 1)});
+    ASSERT_TRUE(r.ok && !r.IsError()) << r.text;
+  };
+  b.exists = [port](const std::string& name) {
+    auto r = RedisCommand(port, {"EXISTS", name});
+    EXPECT_TRUE(r.ok && !r.IsError()) << r.text;
+    return r.text == "1";
+  };
+  return b;
+}
+
+// The namespace id of "test-model" on TestLayout() without salt or adapter.
+uint64_t TestNamespace() {
+  KeyNamespace kn{"test-model", TestLayout().Fingerprint(), "", ""};
+  return BlockHasher::Create(kn, kTpb)->root().hi;
+}
+
+// Polls `done` every 10 ms for up to 30 s.
+template <typename F>
+bool WaitFor(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+struct LoadOnlyOutcome {
+  uint32_t offered_tokens = 0;
+  uint32_t loaded_tokens = 0;
+};
+
+// One request that loads what kvtier offers and commits nothing (so nothing is written back to
+// G4 that could heal a bad object), then finishes and frees its G1 blocks.
+LoadOnlyOutcome LoadOnly(BlockManager* m, MiniEngine* e, const std::string& id,
+                         const std::vector<TokenId>& prompt) {
+  LoadOnlyOutcome out;
+  auto lr = m->Lookup({id, prompt, "", ""}, 0);
+  EXPECT_TRUE(lr.ok()) << lr.status().ToString();
+  if (!lr.ok()) return out;
+  out.offered_tokens = lr->num_tokens;
+  const std::vector<uint32_t> blocks =
+      e->AllocBlocks(static_cast<uint32_t>((prompt.size() + kTpb - 1) / kTpb));
+  auto planned = m->PrepareLoad(id, blocks, lr->num_tokens);
+  EXPECT_TRUE(planned.ok()) << planned.status().ToString();
+  EXPECT_TRUE(m->StartLoad().ok());
+  for (uint32_t l = 0; l < TestLayout().num_layers; ++l) (void)m->WaitLayer(l);
+  out.loaded_tokens = m->LoadedTokens(id);
+  EXPECT_FALSE(m->RequestFinished(id));
+  e->FreeBlocks(blocks);
+  return out;
+}
+
+// The livelock the review found: Contains cannot see corruption, so a G4 object that fails
+// verification used to be offered by every later Lookup, loaded, refused and recomputed,
+// forever. Now the failed load deletes it from the store, and the key is remembered so that
+// Lookup stops before it even if the object comes back, until this manager writes the block
+// to G4 again (the recomputed block's write-through), which makes it offerable again.
+void CorruptObjectIsDeletedAndNeverOfferedAgain(const Config& config, const G4Backdoor& g4) {
+  const std::vector<TokenId> prompt = Prompt(13, 6 * kTpb + 5);
+  std::vector<BlockKey> keys;
+  {
+    auto a = MakeManager(config);
+    ASSERT_NE(a, nullptr);
+    MiniEngine ea(a.get(), kG1Blocks);
+    ea.Run("a", prompt);
+    a->WaitForSaves();
+    ASSERT_EQ(a->Stats().g4_saved_blocks, 6u);
+    keys = ea.Keys(prompt);
+  }
+  const std::string bad = RemoteObjectName(TestNamespace(), keys[3]);
+  g4.corrupt(bad);
+  auto b = MakeManager(config);
+  ASSERT_NE(b, nullptr);
+  MiniEngine eb(b.get(), kG1Blocks);
+  LoadOnlyOutcome first = LoadOnly(b.get(), &eb, "b1", prompt);
+  EXPECT_EQ(first.offered_tokens, 6 * kTpb) << "Contains cannot see corruption; the load does";
+  EXPECT_EQ(first.loaded_tokens, 3 * kTpb) << "blocks 0-2 intact; 3 refused; 4-5 after it";
+  EXPECT_TRUE(WaitFor([&] { return !g4.exists(bad); })) << "the corrupt object is deleted";
+  for (int round = 2; round <= 4; ++round) {
+    LoadOnlyOutcome again = LoadOnly(b.get(), &eb, "b" + std::to_string(round), prompt);
+    EXPECT_EQ(again.offered_tokens, 3 * kTpb) << "round " << round << ": offered again";
+    EXPECT_EQ(again.loaded_tokens, 3 * kTpb) << "round " << round;
+  }
+  ManagerStats s = b->Stats();
+  EXPECT_EQ(s.g4_corrupt_blocks, 1u) << "refused once, not once per round";
+  EXPECT_EQ(s.g4_load_failures, 1u);
+  EXPECT_EQ(s.g4_rejected_keys, 1u);
+  EXPECT_EQ(s.g4_removed_corrupt, 1u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+
+  // Recomputed and committed: the write-through replaces the object, whole, for everyone.
+  auto healed = eb.Run("b-commit", prompt);
+  EXPECT_EQ(healed.loaded_tokens, 3 * kTpb);
+  b->WaitForSaves();
+  EXPECT_TRUE(g4.exists(bad));
+  EXPECT_EQ(b->Stats().g4_rejected_keys, 0u) << "written again: offerable again";
+  auto c = MakeManager(config);
+  ASSERT_NE(c, nullptr);
+  MiniEngine ec(c.get(), kG1Blocks);
+  auto out = ec.Run("c", prompt);
+  EXPECT_EQ(out.loaded_tokens, 6 * kTpb);
+  EXPECT_EQ(out.mismatched_blocks, 0u);
+}
+
+TEST(ManagerG4Fs, ACorruptObjectIsDeletedAndNeverOfferedAgain) {
+  TempDirectory dir;
+  CorruptObjectIsDeletedAndNeverOfferedAgain(PatientReads(FsConfig(dir.path() + "/g4")),
+                                             FsBackdoor(dir.path() + "/g4"));
+}
+
+TEST(ManagerG4Redis, ACorruptObjectIsDeletedAndNeverOfferedAgain) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  CorruptObjectIsDeletedAndNeverOfferedAgain(PatientReads(RedisConfig(server.endpoint())),
+                                             RedisBackdoor(server.port()));
+}
+
+// A corrupt object that comes back after the manager deleted it (another worker's stale copy,
+// a replica catching up) is still not offered: the key is remembered, not just deleted.
+TEST(ManagerG4Fs, ACorruptObjectThatComesBackIsStillNotOffered) {
+  TempDirectory dir;
+  const std::string g4 = dir.path() + "/g4";
+  const Config config = PatientReads(FsConfig(g4));
+  const std::vector<TokenId> prompt = Prompt(14, 4 * kTpb + 5);
+  std::vector<BlockKey> keys;
+  {
+    auto a = MakeManager(config);
+    MiniEngine ea(a.get(), kG1Blocks);
+    ea.Run("a", prompt);
+    a->WaitForSaves();
+    keys = ea.Keys(prompt);
+  }
+  const std::string name = RemoteObjectName(TestNamespace(), keys[1]);
+  const std::string path = g4 + "/" + name.substr(22, 2) + "/" + name;
+  FsBackdoor(g4).corrupt(name);
+  const std::string copy = dir.path() + "/corrupt-copy";
+  std::filesystem::copy_file(path, copy);
+  auto b = MakeManager(config);
+  MiniEngine eb(b.get(), kG1Blocks);
+  EXPECT_EQ(LoadOnly(b.get(), &eb, "b1", prompt).loaded_tokens, 1 * kTpb);
+  ASSERT_TRUE(WaitFor([&] { return !std::filesystem::exists(path); }));
+  std::filesystem::copy_file(copy, path);  // back, still corrupt
+  LoadOnlyOutcome again = LoadOnly(b.get(), &eb, "b2", prompt);
+  EXPECT_EQ(again.offered_tokens, 1 * kTpb) << "the remembered key stops the match";
+  EXPECT_EQ(b->Stats().g4_corrupt_blocks, 1u);
+}
+
+// NotFound after a positive Contains (the object vanished between the Lookup and the load, or
+// the store evicted it): the key is remembered like a corrupt one, so an object that flickers
+// is not offered, loaded and missed in a loop.
+TEST(ManagerG4Fs, AnObjectThatVanishedBeforeItsLoadIsNotOfferedAgain) {
+  TempDirectory dir;
+  const std::string g4 = dir.path() + "/g4";
+  const Config config = PatientReads(FsConfig(g4));
+  const std::vector<TokenId> prompt = Prompt(15, 5 * kTpb + 5);
+  std::vector<BlockKey> keys;
+  {
+    auto a = MakeManager(config);
+    MiniEngine ea(a.get(), kG1Blocks);
+    ea.Run("a", prompt);
+    a->WaitForSaves();
+    keys = ea.Keys(prompt);
+  }
+  const std::string name = RemoteObjectName(TestNamespace(), keys[2]);
+  const std::string path = g4 + "/" + name.substr(22, 2) + "/" + name;
+  auto b = MakeManager(config);
+  MiniEngine eb(b.get(), kG1Blocks);
+  auto lr = b->Lookup({"b1", prompt, "", ""}, 0);
+  ASSERT_TRUE(lr.ok());
+  ASSERT_EQ(lr->blocks_by_tier[kTierG4], 5u);
+  const std::vector<uint32_t> blocks = eb.AllocBlocks(6);
+  ASSERT_TRUE(b->PrepareLoad("b1", blocks, lr->num_tokens).ok());
+  std::filesystem::rename(path, path + ".away");  // gone between the Lookup and the load
+  ASSERT_TRUE(b->StartLoad().ok());
+  EXPECT_EQ(b->LoadedTokens("b1"), 2 * kTpb);
+  EXPECT_FALSE(b->RequestFinished("b1"));
+  eb.FreeBlocks(blocks);
+  std::filesystem::rename(path + ".away", path);  // and back
+  LoadOnlyOutcome again = LoadOnly(b.get(), &eb, "b2", prompt);
+  EXPECT_EQ(again.offered_tokens, 2 * kTpb) << "not offered again";
+  const ManagerStats s = b->Stats();
+  EXPECT_EQ(s.g4_load_failures, 1u);
+  EXPECT_EQ(s.g4_rejected_keys, 1u);
+  EXPECT_EQ(s.g4_removed_corrupt, 0u) << "nothing to delete";
+  EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+BlockKey KeyN(uint64_t n) { return BlockKey{n, ~n}; }
+
+// The bound on remembered keys: the oldest goes first, a key added again becomes the newest,
+// a forgotten key leaves at once, and churn never grows the bookkeeping past the bound.
+TEST(RejectedKeys, HoldsAtMostItsCapacityOldestForgottenFirst) {
+  RejectedKeys set(4);
+  for (uint64_t i = 0; i < 4; ++i) set.Add(KeyN(i));
+  EXPECT_EQ(set.size(), 4u);
+  set.Add(KeyN(0));  // again: now the newest
+  set.Add(KeyN(4));  // full: 1, the oldest, goes
+  EXPECT_FALSE(set.Contains(KeyN(1)));
+  EXPECT_TRUE(set.Contains(KeyN(0)));
+  EXPECT_TRUE(set.Contains(KeyN(4)));
+  EXPECT_EQ(set.size(), 4u);
+  set.Forget(KeyN(2));
+  EXPECT_FALSE(set.Contains(KeyN(2)));
+  EXPECT_EQ(set.size(), 3u);
+  const std::vector<BlockKey> prompt = {KeyN(9), KeyN(8), KeyN(3), KeyN(4)};
+  EXPECT_EQ(set.FirstIn(prompt), 2u) << "the match stops before key 3";
+  EXPECT_EQ(set.FirstIn(std::span<const BlockKey>(prompt).first(2)), 2u);
+  // Add/Forget churn: bounded, and the newest survive.
+  for (uint64_t i = 100; i < 100000; ++i) {
+    set.Add(KeyN(i));
+    if (i % 3 == 0) set.Forget(KeyN(i));
+  }
+  EXPECT_LE(set.size(), 4u);
+  EXPECT_TRUE(set.Contains(KeyN(99998)));
+  EXPECT_EQ(RejectedKeys().capacity(), RejectedKeys::kDefaultCapacity);
 }
 
 // A manager destroyed right after its last Commit, with the saves and their write-through G4

@@ -4,7 +4,9 @@
 // byte a load delivers can be checked against what the key implies.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -264,6 +266,27 @@ inline std::vector<TokenId> Prompt(uint32_t seed, size_t n, size_t shared_prefix
     t[i] = static_cast<TokenId>(Mix(s * 1000003ull + i) % 50000);
   }
   return t;
+}
+
+// Overwrites 8 bytes of the payload of each of the first `slots` slots of every G3 slot file
+// in `dir` (SmallConfig's layout), so every block G3 holds there fails verification. Returns
+// how many slots were hit.
+inline int CorruptG3Payloads(const std::string& dir, uint64_t slots = 64) {
+  const uint64_t stride = (4096 + TestLayout().BlockBytes() + 4095) / 4096 * 4096;
+  int corrupted = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().extension() != ".kvt") continue;
+    const int fd = ::open(f.path().c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    for (uint64_t k = 0; k < slots; ++k) {
+      const uint8_t junk[8] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4};
+      if (::pwrite(fd, junk, sizeof(junk), 8192 + k * stride + 4096 + 1000) == sizeof(junk)) {
+        ++corrupted;
+      }
+    }
+    ::close(fd);
+  }
+  return corrupted;
 }
 
 // A BlockManager on TestLayout() for model "test-model" with `config`; a test failure and

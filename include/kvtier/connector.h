@@ -9,7 +9,13 @@
 //   scheduler  RequestFinished ──> true: keep the G1 blocks until Finished() lists the request
 //
 // Threads: scheduler-side and worker-side methods may run on different threads; each method is
-// thread-safe. Nothing here waits on I/O except WaitLayer and WaitForSaves, which exist to wait.
+// thread-safe. Nothing here waits on I/O except WaitLayer, LoadedTokens, WaitForSaves and
+// WaitForRequestSaves, which exist to wait.
+//
+// Request entries: Lookup creates one per request id; RequestFinished forgets it once nothing
+// of the request is in flight. An entry the engine never finishes (a Lookup that arrived after
+// the request's end) is dropped after manager.idle_request_ttl_ms without a call for it
+// (ManagerStats::expired_requests), so entries never pile up.
 #pragma once
 
 #include <array>
@@ -65,7 +71,9 @@ struct FinishedRequests {
   // Requests that RequestFinished() kept (it returned true) whose saves are now done: the
   // engine may free their G1 blocks.
   std::vector<std::string> saves_done;
-  // Requests whose loads ended since the last call (successfully or not).
+  // Requests whose loads ended since the last call (successfully or not), finished ones
+  // included: an engine that finished a request with a load in flight frees the G1 blocks the
+  // load was writing once it is listed here.
   std::vector<std::string> loads_done;
 };
 
@@ -125,6 +133,17 @@ struct ManagerStats {
   // to the call until it returns; g4_late_returns counts those that have (results discarded).
   uint64_t g4_abandoned_loads = 0;
   uint64_t g4_late_returns = 0;
+  // G4 keys remembered now as bad: their object failed verification, or vanished after a
+  // Lookup found it. Lookup never offers them (a gauge; at most 65536, oldest forgotten first)
+  // until this manager writes the block to G4 again.
+  uint64_t g4_rejected_keys = 0;
+  uint64_t g4_removed_corrupt = 0;  // corrupt G4 objects deleted from the store
+  // Request entries held now (Lookup creates them, RequestFinished or the idle TTL ends them).
+  // 0 when every request has finished and nothing is in flight: a leak check.
+  uint64_t tracked_requests = 0;
+  // Entries dropped after manager.idle_request_ttl_ms with nothing in flight and no call for
+  // them (the engine never called RequestFinished).
+  uint64_t expired_requests = 0;
 };
 
 class BlockManager {
@@ -154,10 +173,13 @@ class BlockManager {
   // (from the last Lookup) to their G1 blocks and pins their sources. Returns the tokens that
   // will actually load, which may be fewer than asked when blocks left kvtier since the Lookup
   // or no G2 slot was free to stage a G3 block; the engine computes the rest.
+  // `async_load` (vLLM's load_kv_async): for an engine that polls Finished().loads_done before
+  // it uses the blocks. StartLoad submits it apart from the synchronous loads, WaitLayer never
+  // waits for it, and LoadedTokens(request_id) still waits for it.
   // NotFound for a request without a Lookup; InvalidArgument for too few G1 block ids.
   Result<uint32_t> PrepareLoad(const std::string& request_id,
-                               std::span<const uint32_t> g1_block_ids,
-                               uint32_t num_external_tokens);
+                               std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
+                               bool async_load = false);
 
   // The engine finished computing more of the request: `tokens` is everything so far (prompt
   // and generated), `g1_block_ids` its block table. Full blocks not committed before are keyed;
@@ -171,8 +193,12 @@ class BlockManager {
                 std::span<const uint32_t> g1_block_ids);
 
   // vLLM request_finished. True when saves still read the request's G1 blocks: the engine must
-  // keep them until Finished() lists the request in saves_done. False: free them now. Forgets
-  // the request either way (unknown ids return false).
+  // keep them until Finished() lists the request in saves_done. False: no save reads them.
+  // The return value is about saves only: a load still in flight (the engine aborted a request
+  // it was loading) keeps its pins and keeps writing into its G1 blocks until it ends, and
+  // Finished().loads_done lists the request then; the engine frees those blocks only after
+  // that. Forgets the request once nothing of it is in flight; after a load, LoadedTokens
+  // still answers until the Finished() call after the one that listed it. Unknown ids: false.
   bool RequestFinished(const std::string& request_id);
 
   // ---- worker side ----
@@ -182,13 +208,14 @@ class BlockManager {
   Status RegisterDeviceMemory(const G1Memory& g1);
 
   // vLLM start_load_kv. Starts every load that PrepareLoad bound since the last call (by any
-  // thread), as one batch at load priority. Returns at once.
+  // thread) at load priority: the synchronous ones as one batch, the asynchronous ones as
+  // another. Returns at once.
   Status StartLoad();
 
-  // vLLM wait_for_layer_load. Blocks until layer `layer` of every load started so far has
-  // landed in G1. Ok, or the first failure: then LoadedTokens() says how much of each request
-  // arrived intact, and the engine computes the rest. InvalidArgument for a layer past the
-  // layout's.
+  // vLLM wait_for_layer_load. Blocks until layer `layer` of every synchronous load started so
+  // far has landed in G1; asynchronous loads (PrepareLoad's async_load) are never waited for.
+  // Ok, or the first failure: then LoadedTokens() says how much of each request arrived
+  // intact, and the engine computes the rest. InvalidArgument for a layer past the layout's.
   Status WaitLayer(uint32_t layer);
 
   // Waits for the request's loads to end, then returns how many tokens past its
@@ -202,6 +229,12 @@ class BlockManager {
   // Blocks until every save (deferred ones included) and every demotion to G3 started so far
   // has ended (for tests, benchmarks and shutdown).
   void WaitForSaves();
+  // The engine is about to free or reuse this request's G1 blocks (vLLM preemption): drops the
+  // request's saves that have not started (deferred, or queued for StartSave; counted as
+  // dropped_saves) and blocks until none of its saves still reads G1 (a save batch holding
+  // some of them ends). Other requests' saves, demotions and G4 writes are not waited for.
+  // Returns at once for an unknown request or one without saves.
+  void WaitForRequestSaves(const std::string& request_id);
 
   // vLLM get_finished. Also starts deferred saves whose G2 slot has freed (an engine polls
   // this each step, so deferred saves progress without another call).

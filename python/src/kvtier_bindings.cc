@@ -198,6 +198,12 @@ py::dict StatsDict(const ManagerStats& s) {
   d["g4_load_failures"] = s.g4_load_failures;
   d["g4_corrupt_blocks"] = s.g4_corrupt_blocks;
   d["g4_timeouts"] = s.g4_timeouts;
+  d["g4_abandoned_loads"] = s.g4_abandoned_loads;
+  d["g4_late_returns"] = s.g4_late_returns;
+  d["g4_rejected_keys"] = s.g4_rejected_keys;
+  d["g4_removed_corrupt"] = s.g4_removed_corrupt;
+  d["tracked_requests"] = s.tracked_requests;
+  d["expired_requests"] = s.expired_requests;
   return d;
 }
 
@@ -365,13 +371,17 @@ PYBIND11_MODULE(_kvtier, mod) {
       .def(
           "prepare_load",
           [](PyBlockManager& self, const std::string& request_id,
-             const std::vector<uint32_t>& g1_block_ids, uint32_t num_external_tokens) {
+             const std::vector<uint32_t>& g1_block_ids, uint32_t num_external_tokens,
+             bool async_load) {
             BlockManager& m = self.m();
-            Result<uint32_t> r = WithoutGil(
-                [&] { return m.PrepareLoad(request_id, g1_block_ids, num_external_tokens); });
+            Result<uint32_t> r = WithoutGil([&] {
+              return m.PrepareLoad(request_id, g1_block_ids, num_external_tokens, async_load);
+            });
             return Take(std::move(r));
           },
-          py::arg("request_id"), py::arg("g1_block_ids"), py::arg("num_external_tokens"))
+          py::arg("request_id"), py::arg("g1_block_ids"), py::arg("num_external_tokens"),
+          py::arg("async_load") = false,
+          "async_load: the engine polls finished() for it; wait_layer never waits for it.")
       .def(
           "commit",
           [](PyBlockManager& self, const std::string& request_id,
@@ -438,6 +448,17 @@ PYBIND11_MODULE(_kvtier, mod) {
              py::gil_scoped_release release;
              m.WaitForSaves();
            })
+      .def(
+          "wait_for_request_saves",
+          [](PyBlockManager& self, const std::string& request_id) {
+            BlockManager& m = self.m();
+            py::gil_scoped_release release;
+            m.WaitForRequestSaves(request_id);
+          },
+          py::arg("request_id"),
+          "Before the engine reuses the request's G1 blocks (preemption): drops its saves that "
+          "have not started and waits until none of its saves reads G1; other requests' saves "
+          "are not waited for.")
       .def("finished",
            [](PyBlockManager& self) {
              BlockManager& m = self.m();

@@ -145,6 +145,15 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        0,
        60000,
        {}},
+      // The connector API's request table (docs/connector.md).
+      {"manager.idle_request_ttl_ms",
+       T::kUint,
+       "600000",
+       "a request entry with nothing in flight and no call for it this long is dropped (a "
+       "Lookup the engine never finished); later calls for it are NotFound",
+       1,
+       604800000,
+       {}},
       // G4: networked storage shared by workers (docs/g4.md).
       {"g4.backend",
        T::kChoice,

@@ -24,6 +24,9 @@ uint64_t NowNs() {
 // for every request it cannot schedule yet; each fresh answer is a round trip).
 constexpr auto kG4LookupReuse = std::chrono::seconds(1);
 
+// Idle request entries one Lookup drops at most (the sweep's bound per call).
+constexpr int kSweepBatch = 64;
+
 Result<PolicyKind> PolicyFromConfig(const Config& config, const char* field) {
   return ParsePolicyKind(config.GetString(field));
 }
@@ -163,6 +166,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     g3_gate_ = std::move(*gate);
   }
 
+  idle_ttl_ = std::chrono::milliseconds(cfg.GetUint("manager.idle_request_ttl_ms"));
   // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
   max_defer_ = std::chrono::milliseconds(cfg.GetUint("transfer.max_defer_ms"));
   max_deferred_saves_ = static_cast<uint32_t>(std::min<uint64_t>(
@@ -235,6 +239,7 @@ BlockManager::Impl::~Impl() {
   if (g4_ != nullptr) WaitForSaves();
   // The engine drains first: its callbacks use the index, the arena and the request table.
   engine_.reset();
+  g4_remover_.reset();  // its thread calls g4_; what is still queued is dropped
   if (g3_) {
     Status s = g3_->Close();
     if (!s.ok()) KVTIER_LOG(kWarn) << "G3 close: " << s.ToString();
@@ -593,6 +598,11 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
           reused = true;
         }
       }
+      if (reused) {
+        // A block whose load failed since the answer is not offered again.
+        in_g4 = static_cast<uint32_t>(
+            g4_rejected_.FirstIn(std::span<const BlockKey>(keys).subspan(local, in_g4)));
+      }
       if (!reused) {
         in_g4 = MatchInG4(std::span<const BlockKey>(keys).subspan(local, max_blocks - local),
                           hasher->root().hi);
@@ -609,8 +619,12 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   result.num_tokens = loadable * tpb_;
 
   MutexLock lock(&mu_);
-  Request& r = requests_[spec.request_id];
-  if (!reuse_keys) {
+  SweepIdleRequests(std::chrono::steady_clock::now());
+  bool made = false;
+  Request& r = ActiveRequest(spec.request_id, &made);
+  if (!reuse_keys || made) {
+    // (made: the entry whose keys were reused went meanwhile; these are the prompt's.)
+    keys.resize(std::min<size_t>(keys.size(), prompt_blocks));
     r.tokens.assign(spec.prompt.begin(), spec.prompt.end());
     r.keys = std::move(keys);
     r.block_extra = spec.block_extra;
@@ -628,7 +642,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
 
 Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
                                                  std::span<const uint32_t> g1_block_ids,
-                                                 uint32_t num_external_tokens) {
+                                                 uint32_t num_external_tokens, bool async_load) {
   if (num_external_tokens % tpb_ != 0) {
     return Status::InvalidArgument(
         "PrepareLoad: num_external_tokens = " + std::to_string(num_external_tokens) +
@@ -703,6 +717,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     for (; planned < want; ++planned) {
       const uint32_t i = start + static_cast<uint32_t>(planned);
       if (i < g4_first || i >= g4_end) break;
+      if (g4_rejected_.Contains(keys[planned])) break;  // its load failed since the Lookup
       std::optional<uint32_t> staging = AllocateStagingSlot();
       if (!staging) break;
       PlannedLoad p;
@@ -730,9 +745,11 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
           index_->Unpin(std::span<const BlockKey>(keys).subspan(0, pinned_planned)));
       return Status::NotFound("PrepareLoad: request '" + request_id + "' finished meanwhile");
     }
+    Touch(it);
     Request& r = it->second;
     for (PlannedLoad& p : plan) {
       p.parent = p.block_index == 0 ? r.hasher->root() : r.keys[p.block_index - 1];
+      p.async = async_load;
     }
     r.load_first = start;
     r.load_planned = static_cast<uint32_t>(plan.size());
@@ -761,6 +778,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     if (it == requests_.end()) {
       return Status::NotFound("Commit: request '" + request_id + "' had no Lookup");
     }
+    Touch(it);
     Request& r = it->second;
     ns = r.namespace_id;
     // Adopt the engine's view of the tokens; re-key from the first block that changed.
@@ -801,7 +819,10 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<Candidate> to_save;
   std::vector<BlockKey> reused;
   for (Candidate& c : candidates) {
-    if (index_->Get(c.key).has_value()) {
+    // A key that no tier holds but a running load still pins (it failed verification and was
+    // invalidated) is not stored: it is saved again.
+    const std::optional<BlockInfo> info = index_->Get(c.key);
+    if (info.has_value() && info->tier_mask != 0) {
       reused.push_back(c.key);
     } else {
       to_save.push_back(std::move(c));
@@ -836,6 +857,20 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     saves.push_back(PendingSave{request_id, c.key, c.parent, c.g1_block, *slot});
   }
   MutexLock lock(&mu_);
+  if (DrainingSaves(request_id)) {
+    // WaitForRequestSaves runs: the engine is reusing the blocks; nothing of them starts.
+    for (const PendingSave& s : saves) {
+      ReleaseG2Slot(s.g2_slot);
+      saving_keys_.erase(s.key);
+    }
+    c_.dropped_saves.fetch_add(saves.size(), std::memory_order_relaxed);
+    released += static_cast<uint32_t>(saves.size());
+    saves.clear();
+    for (Candidate& c : no_slot) saving_keys_.erase(c.key);
+    c_.dropped_saves.fetch_add(no_slot.size(), std::memory_order_relaxed);
+    released += static_cast<uint32_t>(no_slot.size());
+    no_slot.clear();
+  }
   for (auto& s : saves) pending_saves_.push_back(std::move(s));
   // Blocks without a slot wait for one while a slot can free: G2's victims are being demoted
   // (a slot frees when each write ends) or saves are in flight (their blocks become evictable
@@ -874,13 +909,23 @@ void BlockManager::Impl::RetryDeferredSaves() {
     saves.push_back(PendingSave{d.request_id, d.key, d.parent, d.g1_block, *slot});
   }
   MutexLock lock(&mu_);
-  for (auto& s : saves) pending_saves_.push_back(std::move(s));
-  // Still no slot and none coming, or waited too long: drop, so the engine gets its G1 blocks
-  // back.
+  for (auto& s : saves) {
+    if (DrainingSaves(s.request_id)) {
+      // Its request's WaitForRequestSaves took the deferred list while this call held it.
+      ReleaseG2Slot(s.g2_slot);
+      c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+      saving_keys_.erase(s.key);
+      ReleaseSaveHolds(s.request_id, 1);
+      continue;
+    }
+    pending_saves_.push_back(std::move(s));
+  }
+  // Still no slot and none coming, or waited too long (or its request is being drained):
+  // drop, so the engine gets its G1 blocks back.
   const bool slot_coming = SlotComing();
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = waiting.size(); i-- > given;) {
-    if (slot_coming && now < waiting[i].deadline) {
+    if (slot_coming && now < waiting[i].deadline && !DrainingSaves(waiting[i].request_id)) {
       deferred_saves_.push_front(std::move(waiting[i]));
     } else {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
@@ -895,10 +940,60 @@ void BlockManager::Impl::ReleaseSaveHolds(const std::string& request_id, uint32_
   if (it == requests_.end()) return;
   Request& r = it->second;
   r.saves_in_flight -= std::min(n, r.saves_in_flight);
-  if (r.finished && r.saves_in_flight == 0 && !r.load_in_flight) {
-    saves_done_.push_back(request_id);
-    requests_.erase(it);
+  if (r.saves_in_flight != 0) return;
+  request_saves_cv_.notify_all();
+  Touch(it);
+  RetireIfDone(it);
+}
+
+BlockManager::Impl::Request& BlockManager::Impl::ActiveRequest(const std::string& id, bool* made) {
+  auto [it, inserted] = requests_.try_emplace(id);
+  if (inserted) it->second.by_activity = by_activity_.insert(by_activity_.end(), id);
+  *made = inserted;
+  Touch(it);
+  return it->second;
+}
+
+void BlockManager::Impl::Touch(RequestMap::iterator it) {
+  it->second.last_active = std::chrono::steady_clock::now();
+  by_activity_.splice(by_activity_.end(), by_activity_, it->second.by_activity);
+}
+
+void BlockManager::Impl::EraseRequest(RequestMap::iterator it) {
+  by_activity_.erase(it->second.by_activity);
+  requests_.erase(it);
+}
+
+void BlockManager::Impl::RetireIfDone(RequestMap::iterator it) {
+  Request& r = it->second;
+  if (!r.finished || !Idle(r)) return;
+  if (r.kept_for_saves) {
+    saves_done_.push_back(it->first);
+    r.kept_for_saves = false;
   }
+  if (!r.load_unreported && !r.retiring) EraseRequest(it);
+}
+
+void BlockManager::Impl::SweepIdleRequests(std::chrono::steady_clock::time_point now) {
+  for (int n = 0; n < kSweepBatch && !by_activity_.empty(); ++n) {
+    auto it = requests_.find(by_activity_.front());
+    if (it == requests_.end()) {  // cannot happen (the invariant); heal rather than spin
+      by_activity_.pop_front();
+      continue;
+    }
+    if (now - it->second.last_active < idle_ttl_) return;  // the rest is more recent
+    if (Idle(it->second)) {
+      EraseRequest(it);
+      c_.expired_requests.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      Touch(it);  // a load or saves in flight: not idle; looked at again a TTL later
+    }
+  }
+}
+
+bool BlockManager::Impl::DrainingSaves(const std::string& id) const {
+  auto it = requests_.find(id);
+  return it != requests_.end() && it->second.save_drains > 0;
 }
 
 void BlockManager::Impl::EndSave(const std::string& request_id, const BlockKey& key) {
@@ -914,12 +1009,13 @@ bool BlockManager::Impl::RequestFinished(const std::string& request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return false;
   Request& r = it->second;
-  if (r.saves_in_flight == 0 && !r.load_in_flight) {
-    requests_.erase(it);
-    return false;
-  }
   r.finished = true;
-  return true;
+  // About saves only: a load in flight keeps the entry (and its pins) until it ends, and
+  // loads_done tells the engine when (see the contract).
+  r.kept_for_saves = r.saves_in_flight > 0;
+  const bool kept = r.kept_for_saves;
+  RetireIfDone(it);
+  return kept;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1023,6 +1119,47 @@ void BlockManager::Impl::WaitForSaves() {
   }
 }
 
+void BlockManager::Impl::WaitForRequestSaves(const std::string& request_id) {
+  MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  ++it->second.save_drains;
+  // Its saves that have not started are dropped: deferred ones, and queued ones (their G2
+  // slots go back). A RetryDeferredSaves holding the deferred list now drops its share itself.
+  uint32_t dropped = 0;
+  for (auto d = deferred_saves_.begin(); d != deferred_saves_.end();) {
+    if (d->request_id != request_id) {
+      ++d;
+      continue;
+    }
+    saving_keys_.erase(d->key);
+    d = deferred_saves_.erase(d);
+    ++dropped;
+  }
+  for (auto q = pending_saves_.begin(); q != pending_saves_.end();) {
+    if (q->request_id != request_id) {
+      ++q;
+      continue;
+    }
+    ReleaseG2Slot(q->g2_slot);
+    saving_keys_.erase(q->key);
+    q = pending_saves_.erase(q);
+    ++dropped;
+  }
+  if (dropped > 0) {
+    c_.dropped_saves.fetch_add(dropped, std::memory_order_relaxed);
+    ReleaseSaveHolds(request_id, dropped);
+  }
+  // What is left was submitted: a save batch still reading G1.
+  for (;;) {
+    it = requests_.find(request_id);
+    if (it == requests_.end()) return;  // finished and done: erased
+    if (it->second.saves_in_flight == 0) break;
+    CondWait(&request_saves_cv_, &mu_);
+  }
+  --it->second.save_drains;
+}
+
 void BlockManager::Impl::EndDemotion() {
   MutexLock lock(&mu_);
   demotions_in_flight_.fetch_sub(1);
@@ -1038,6 +1175,17 @@ Status BlockManager::Impl::StartLoad() {
   }
   if (loads.empty()) return Status::Ok();
   if (!g1_registered_) return Status::FailedPrecondition("StartLoad before RegisterDeviceMemory");
+  // Two batches: the engine's next forward pass waits on the synchronous one (WaitLayer);
+  // nothing waits on the asynchronous one but its own requests' LoadedTokens.
+  std::vector<PlannedLoad> sync, async;
+  for (PlannedLoad& p : loads) (p.async ? async : sync).push_back(std::move(p));
+  const Status s = SubmitLoads(std::move(sync), /*async=*/false);
+  const Status a = SubmitLoads(std::move(async), /*async=*/true);
+  return s.ok() ? a : s;
+}
+
+Status BlockManager::Impl::SubmitLoads(std::vector<PlannedLoad> loads, bool async) {
+  if (loads.empty()) return Status::Ok();
   std::vector<BlockTransfer> moves;
   moves.reserve(loads.size());
   for (const PlannedLoad& p : loads) {
@@ -1075,10 +1223,12 @@ Status BlockManager::Impl::StartLoad() {
         // engine's release_lent_slot once the call has returned, not now.
         if (HoldsCacheSlot(p) && !job.SlotLent(i)) ReleaseG2Slot(p.g2_slot);
         if (p.source == kTierG4) {
-          // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt object is
-          // replaced when some worker commits the block again (write-through).
+          // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt or vanished
+          // object is not offered by this manager again (g4_rejected_) until it writes the
+          // block again; a corrupt one is also deleted from the store, off this thread.
           c_.g4_load_failures.fetch_add(1, std::memory_order_relaxed);
           if (st.Is(StatusCode::kCorruption)) c_.g4_corrupt.fetch_add(1, std::memory_order_relaxed);
+          RejectG4Load(p, st);
           return;
         }
         if (st.Is(StatusCode::kCorruption) || st.Is(StatusCode::kNotFound)) {
@@ -1105,7 +1255,7 @@ Status BlockManager::Impl::StartLoad() {
   }
   MutexLock lock(&mu_);
   std::erase_if(load_jobs_, [](const auto& j) { return j->Done(); });
-  load_jobs_.push_back(*job);
+  if (!async) load_jobs_.push_back(*job);
   for (const PlannedLoad& p : *shared) {
     auto it = requests_.find(p.request_id);
     if (it != requests_.end() && it->second.load_in_flight) it->second.load_job = *job;
@@ -1158,10 +1308,11 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     r.load_in_flight = false;
     r.load_job.reset();
     loads_done_.push_back(id);
-    if (r.finished && r.saves_in_flight == 0) {
-      saves_done_.push_back(id);
-      requests_.erase(it);
-    }
+    // Finished while loading: kept until the engine has been told (loads_done) and has had a
+    // step to ask LoadedTokens.
+    if (r.finished) r.load_unreported = true;
+    Touch(it);
+    RetireIfDone(it);
   }
 }
 
@@ -1225,8 +1376,23 @@ FinishedRequests BlockManager::Impl::Finished() {
   }
   FinishedRequests f;
   MutexLock lock(&mu_);
+  // Finished requests the last call listed in loads_done: their step has passed.
+  for (const std::string& id : retiring_) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second.retiring) continue;
+    it->second.retiring = false;
+    RetireIfDone(it);
+  }
+  retiring_.clear();
   f.saves_done.swap(saves_done_);
   f.loads_done.swap(loads_done_);
+  for (const std::string& id : f.loads_done) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second.load_unreported) continue;
+    it->second.load_unreported = false;
+    it->second.retiring = true;
+    retiring_.push_back(id);
+  }
   return f;
 }
 
@@ -1288,6 +1454,13 @@ ManagerStats BlockManager::Impl::Stats() {
   s.g4_timeouts = ts.remote_timeouts;
   s.g4_abandoned_loads = ts.remote_abandoned;
   s.g4_late_returns = ts.remote_late_returns;
+  s.g4_rejected_keys = g4_rejected_.size();
+  s.expired_requests = c_.expired_requests.load();
+  s.g4_removed_corrupt = g4_remover_ ? g4_remover_->removed() : 0;
+  {
+    MutexLock lock(&mu_);
+    s.tracked_requests = requests_.size();
+  }
   return s;
 }
 
@@ -1308,8 +1481,8 @@ Result<LookupResult> BlockManager::Lookup(const RequestSpec& request,
 }
 Result<uint32_t> BlockManager::PrepareLoad(const std::string& request_id,
                                            std::span<const uint32_t> g1_block_ids,
-                                           uint32_t num_external_tokens) {
-  return impl_->PrepareLoad(request_id, g1_block_ids, num_external_tokens);
+                                           uint32_t num_external_tokens, bool async_load) {
+  return impl_->PrepareLoad(request_id, g1_block_ids, num_external_tokens, async_load);
 }
 Status BlockManager::Commit(const std::string& request_id, std::span<const TokenId> tokens,
                             std::span<const uint32_t> g1_block_ids) {
@@ -1328,6 +1501,9 @@ uint32_t BlockManager::LoadedTokens(const std::string& request_id) {
 }
 Status BlockManager::StartSave() { return impl_->StartSave(); }
 void BlockManager::WaitForSaves() { impl_->WaitForSaves(); }
+void BlockManager::WaitForRequestSaves(const std::string& request_id) {
+  impl_->WaitForRequestSaves(request_id);
+}
 FinishedRequests BlockManager::Finished() { return impl_->Finished(); }
 ManagerStats BlockManager::Stats() { return impl_->Stats(); }
 void BlockManager::SubscribeEvents(KvEventCallback callback) {

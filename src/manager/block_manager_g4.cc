@@ -90,6 +90,11 @@ Status BlockManager::Impl::InitG4() {
   rc.release_lent_slot = [this](uint32_t slot) { ReleaseG2Slot(slot); };
   KVTIER_RETURN_IF_ERROR(engine_->RegisterRemote(opened->get(), rc));
   g4_ = std::move(opened).value();
+  G4Remover::Options removal;
+  removal.deadline = rc.save_timeout;
+  // Only what is still remembered as bad: a block written to G4 again since is whole.
+  g4_remover_ = std::make_unique<G4Remover>(
+      g4_.get(), removal, [this](const BlockKey& key) { return g4_rejected_.Contains(key); });
   KVTIER_LOG(kInfo) << "G4: " << g4_->Describe()
                     << (g4_write_through_ ? " (write-through)" : " (fed by eviction)");
   return Status::Ok();
@@ -97,6 +102,9 @@ Status BlockManager::Impl::InitG4() {
 
 uint32_t BlockManager::Impl::MatchInG4(std::span<const BlockKey> keys, uint64_t namespace_id) {
   if (!g4_ || keys.empty()) return 0;
+  // Never past a block whose object failed a load of ours (not even asked about).
+  keys = keys.first(g4_rejected_.FirstIn(keys));
+  if (keys.empty()) return 0;
   std::vector<std::string> names;
   names.reserve(keys.size());
   for (const BlockKey& k : keys) names.push_back(RemoteObjectName(namespace_id, k));
@@ -168,6 +176,7 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
   auto end_one = [this, release](const G4Write& w, const Status& s) {
     if (s.ok()) {
       c_.g4_saved.fetch_add(1, std::memory_order_relaxed);
+      g4_rejected_.Forget(w.key);  // the object is whole again: offerable
       Emit({StoredEvent(w.key, w.parent, kTierG4, w.namespace_id, w.tokens)});
     } else {
       c_.g4_save_failures.fetch_add(1, std::memory_order_relaxed);
@@ -223,6 +232,14 @@ void BlockManager::Impl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
   std::vector<G4Write> one;
   one.push_back(std::move(w));
   SubmitG4Writes(std::move(one));
+}
+
+void BlockManager::Impl::RejectG4Load(const PlannedLoad& p, const Status& st) {
+  if (!st.Is(StatusCode::kCorruption) && !st.Is(StatusCode::kNotFound)) return;  // transient
+  g4_rejected_.Add(p.key);
+  if (st.Is(StatusCode::kCorruption) && g4_remover_) {
+    g4_remover_->Enqueue(RemoteObjectName(p.namespace_id, p.key), p.key);
+  }
 }
 
 void BlockManager::Impl::EndG4Write() {

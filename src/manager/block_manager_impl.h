@@ -19,6 +19,12 @@
 //    number of G3 blocks can load in one batch. A G3 load staged through a free cache slot
 //    instead promotes the block into G2; one staged through the pool does not.
 //  - Every key pinned by PrepareLoad is unpinned exactly once, when its load batch ends.
+//  - requests_ and by_activity_ hold the same ids; by_activity_ is in order of last activity
+//    (Request::last_active), so the idle sweep finds expired entries at its front.
+//  - A request entry is erased when it is finished (RequestFinished) and idle (no load, no
+//    save hold), unless a load ended after RequestFinished and the Finished() call after the
+//    one that listed it in loads_done has not come yet (so LoadedTokens still answers); or
+//    when it stayed idle past idle_ttl_.
 #pragma once
 
 #include <atomic>
@@ -26,6 +32,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -40,7 +47,9 @@
 #include "index/block_index.h"
 #include "index/first_sighting_gate.h"
 #include "kvtier/connector.h"
+#include "manager/g4_remover.h"
 #include "manager/manager_metrics.h"
+#include "manager/rejected_keys.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 #include "tier/remote_store.h"
@@ -64,8 +73,8 @@ class BlockManager::Impl {
   Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens)
       EXCLUDES(mu_);
   Result<uint32_t> PrepareLoad(const std::string& request_id,
-                               std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens)
-      EXCLUDES(mu_);
+                               std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
+                               bool async_load) EXCLUDES(mu_);
   Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
                 std::span<const uint32_t> g1_block_ids) EXCLUDES(mu_);
   bool RequestFinished(const std::string& request_id) EXCLUDES(mu_);
@@ -75,6 +84,7 @@ class BlockManager::Impl {
   uint32_t LoadedTokens(const std::string& request_id) EXCLUDES(mu_);
   Status StartSave() EXCLUDES(mu_);
   void WaitForSaves() EXCLUDES(mu_);
+  void WaitForRequestSaves(const std::string& request_id) EXCLUDES(mu_);
   FinishedRequests Finished() EXCLUDES(mu_);
   ManagerStats Stats();
   void SubscribeEvents(KvEventCallback callback) EXCLUDES(events_mu_);
@@ -95,8 +105,16 @@ class BlockManager::Impl {
     bool load_in_flight = false;
     std::shared_ptr<TransferJob> load_job;  // the batch carrying this request's loads
     uint32_t committed_blocks = 0;
-    uint32_t saves_in_flight = 0;
-    bool finished = false;  // RequestFinished returned true; erased when nothing is in flight
+    uint32_t saves_in_flight = 0;  // save holds: its G1 blocks may still be read
+    bool finished = false;         // RequestFinished was called
+    bool kept_for_saves = false;   // RequestFinished returned true: saves_done will list it
+    // Finished while its load was in flight, the load has ended, and Finished() has not listed
+    // it in loads_done yet (retiring: listed by the last call; erased at the next one).
+    bool load_unreported = false;
+    bool retiring = false;
+    uint32_t save_drains = 0;  // WaitForRequestSaves calls in progress: no save of it starts
+    std::chrono::steady_clock::time_point last_active{};
+    std::list<std::string>::iterator by_activity;  // its place in by_activity_
     // G4: the last Lookup found blocks [g4_first, g4_first + g4_blocks) in G4, past the local
     // prefix; asked at g4_asked_at (a repeated Lookup within kG4LookupReuse reuses the answer).
     uint32_t g4_first = 0;
@@ -114,6 +132,7 @@ class BlockManager::Impl {
     uint32_t g2_slot = 0;  // G2 source, or the staging slot of a G3/G4 load
     uint32_t g1_block = 0;
     std::vector<TokenId> tokens;  // G3/G4 loads: checked against the stored header
+    bool async = false;           // PrepareLoad's async_load: a batch WaitLayer does not wait on
   };
   // One block to write to G4 from a G2 slot.
   struct G4Write {
@@ -206,6 +225,24 @@ class BlockManager::Impl {
   bool SlotComing() const REQUIRES(mu_) {
     return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
   }
+  using RequestMap = std::unordered_map<std::string, Request>;
+  // The entry of `id`, made (empty; *made = true) when there is none; marked active now.
+  Request& ActiveRequest(const std::string& id, bool* made) REQUIRES(mu_);
+  // Marks the entry active now (the idle sweep leaves it alone for idle_ttl_ more).
+  void Touch(RequestMap::iterator it) REQUIRES(mu_);
+  void EraseRequest(RequestMap::iterator it) REQUIRES(mu_);
+  static bool Idle(const Request& r) { return !r.load_in_flight && r.saves_in_flight == 0; }
+  // A finished request that is idle: lists it in saves_done when RequestFinished kept it for
+  // its saves, and erases it unless its load's report is pending (see the invariants).
+  void RetireIfDone(RequestMap::iterator it) REQUIRES(mu_);
+  // Drops entries idle for longer than idle_ttl_ (at most kSweepBatch per call, from the least
+  // recently active): O(1) per call, and per Lookup no more entries are made than dropped.
+  void SweepIdleRequests(std::chrono::steady_clock::time_point now) REQUIRES(mu_);
+  // True while a WaitForRequestSaves of `id` runs: its saves are dropped instead of started.
+  bool DrainingSaves(const std::string& id) const REQUIRES(mu_);
+  // Submits `loads` as one batch (a sync one: WaitLayer waits on it).
+  Status SubmitLoads(std::vector<PlannedLoad> loads, bool async) REQUIRES(start_load_mu_)
+      EXCLUDES(mu_);
   // `started`: when StartLoad submitted the batch (the load latency's start).
   void OnLoadBatchDone(const std::vector<PlannedLoad>& loads, const TransferJob& job,
                        std::chrono::steady_clock::time_point started) EXCLUDES(mu_);
@@ -242,6 +279,9 @@ class BlockManager::Impl {
   void WriteEvictedToG4(uint32_t slot, const BlockKey& key, const BlockKey& parent)
       EXCLUDES(slot_mu_);
   void EndG4Write() EXCLUDES(mu_);
+  // A G4 load of `p` ended `st` (not Ok): a Corruption or a NotFound remembers the key as bad
+  // (Lookup stops before it), and a Corruption queues the object's deletion.
+  void RejectG4Load(const PlannedLoad& p, const Status& st);
 
   const ManagerOptions options_;
   const KvLayout layout_;
@@ -264,6 +304,11 @@ class BlockManager::Impl {
   // (g4.load_gbps and g4.recompute_tokens_per_s both given); false: always offered.
   bool g4_slower_than_recompute_ = false;
   std::atomic<uint64_t> g4_writes_in_flight_{0};
+  // G4 keys whose object failed this manager (RejectedKeys); Lookup never offers them.
+  RejectedKeys g4_rejected_;
+  // Deletes corrupt G4 objects off the engine's paths; null without G4. Reset in ~Impl after
+  // engine_ (whose callbacks queue into it), before g4_.
+  std::unique_ptr<G4Remover> g4_remover_;
 
   Mutex hashers_mu_;
   std::map<std::pair<std::string, std::string>, std::unique_ptr<BlockHasher>> hashers_
@@ -284,14 +329,21 @@ class BlockManager::Impl {
   Mutex start_load_mu_ ACQUIRED_BEFORE(mu_);
   Mutex mu_;
   std::condition_variable saves_cv_;
-  std::unordered_map<std::string, Request> requests_ GUARDED_BY(mu_);
+  RequestMap requests_ GUARDED_BY(mu_);
+  // Request ids, least recently active first (see the invariants).
+  std::list<std::string> by_activity_ GUARDED_BY(mu_);
+  std::chrono::milliseconds idle_ttl_{600000};  // manager.idle_request_ttl_ms; set once in Init
+  // Finished requests that the last Finished() listed in loads_done: erased at the next one.
+  std::vector<std::string> retiring_ GUARDED_BY(mu_);
+  std::condition_variable request_saves_cv_;  // some request's save holds reached 0
   std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
   std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
   std::deque<DeferredSave> deferred_saves_ GUARDED_BY(mu_);
   uint32_t max_deferred_saves_ = 0;           // set once in Init
   std::chrono::milliseconds max_defer_{500};  // set once in Init
   std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
-  // Load batches started and not yet seen finished; WaitLayer waits on all of them.
+  // Synchronous load batches started and not yet seen finished; WaitLayer waits on all of them
+  // (asynchronous batches are only in their requests' load_job).
   std::vector<std::shared_ptr<TransferJob>> load_jobs_ GUARDED_BY(mu_);
   uint64_t saves_outstanding_ GUARDED_BY(mu_) = 0;  // save moves submitted, not ended
   std::vector<std::string> saves_done_ GUARDED_BY(mu_);
@@ -318,6 +370,7 @@ class BlockManager::Impl {
     std::atomic<uint64_t> g4_skipped_lookups{0};
     std::atomic<uint64_t> g4_saved{0}, g4_save_failures{0}, g4_dropped{0};
     std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};
+    std::atomic<uint64_t> expired_requests{0};
   };
   Counters c_;
   // Null when metrics are off. ~Impl stops its server first (scrapes read the tiers); the

@@ -86,6 +86,11 @@ void AddManagerStats(const ManagerStats& s, uint64_t block_bytes, MetricSink& si
           s.g4_abandoned_loads);
   counter("kvtier_g4_late_returns", "Abandoned G4 calls that returned since (results discarded).",
           s.g4_late_returns);
+  counter("kvtier_g4_removed_corrupt", "Corrupt G4 objects deleted from the store.",
+          s.g4_removed_corrupt);
+  counter("kvtier_expired_requests",
+          "Request entries dropped after manager.idle_request_ttl_ms idle (never finished).",
+          s.expired_requests);
 
   gauge("kvtier_blocks", "Blocks held now, by tier.", s.g2_blocks, {{"tier", "g2"}});
   gauge("kvtier_blocks", "Blocks held now, by tier.", s.g3_blocks, {{"tier", "g3"}});
@@ -100,6 +105,11 @@ void AddManagerStats(const ManagerStats& s, uint64_t block_bytes, MetricSink& si
   gauge("kvtier_free_slots", "G2 slots free now.", s.g2_free_slots, {{"tier", "g2"}});
   gauge("kvtier_staging_slots", "G2 slots in the staging pool.", s.g2_staging_slots);
   gauge("kvtier_pinned_blocks", "Pins held now (0 when idle).", s.pinned_blocks);
+  gauge("kvtier_tracked_requests", "Request entries held now (0 when idle: a leak check).",
+        s.tracked_requests);
+  gauge("kvtier_g4_rejected_keys",
+        "G4 keys remembered as bad (failed verification or vanished): never offered.",
+        s.g4_rejected_keys);
   gauge("kvtier_g3_admitting_first_sightings",
         "1 while the first-sighting gate admits blocks below g3.admit_min_seen, else 0.",
         s.g3_admitting_first_sightings ? 1 : 0);

@@ -190,6 +190,39 @@ def test_save_then_load_bytes_equal_and_stats_and_events() -> None:
     assert e.value.code == "FailedPrecondition"
 
 
+def test_async_load_preemption_wait_and_leak_stats() -> None:
+    m = kvtier.BlockManager(small_layout(), "test-model", small_config())
+    g1 = HostG1(m, 32)
+    tokens = prompt(3, 4)
+    compute_and_save(m, g1, "a", tokens, [0, 1, 2, 3, 4])
+    expected = [g1.read(b) for b in range(4)]
+    for b in range(10, 15):
+        g1.clear(b)
+    # An async load: polled through finished(), still answered by loaded_tokens.
+    n, _ = m.lookup("b", tokens, 0)
+    assert m.prepare_load("b", [10, 11, 12, 13, 14], n, async_load=True) == 4 * TPB
+    m.start_load()
+    assert m.loaded_tokens("b") == 4 * TPB
+    assert [g1.read(b) for b in range(10, 14)] == expected
+    assert "b" in m.finished()[1]
+    assert m.request_finished("b") is False
+    # Preemption: waits for this request's saves only (here: none left after commit + save).
+    m.lookup("p", prompt(4, 2), 0)
+    m.commit("p", prompt(4, 2), [20, 21, 22])
+    m.start_save()
+    m.wait_for_request_saves("p")
+    m.wait_for_request_saves("unknown")  # returns at once
+    m.request_finished("p")
+    m.wait_for_saves()
+    m.finished()
+    s = m.stats()
+    for key in ("g4_rejected_keys", "g4_removed_corrupt", "tracked_requests", "expired_requests"):
+        assert key in s
+    assert s["tracked_requests"] == 0
+    assert s["pinned_blocks"] == 0
+    m.close()
+
+
 def test_g3_survives_a_restart(tmp_path: Path) -> None:
     g3 = str(tmp_path / "g3")
     m = kvtier.BlockManager(small_layout(), "test-model", small_config(g3))
