@@ -309,14 +309,14 @@ TEST(BlockManagerTest, ACorruptG3BlockIsNeverOfferedAgain) {
   engine.Run("a", prompt);
   for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(45 + i, 16 * 4 + 1));
   mgr->WaitForSaves();
-  auto probe = mgr->Lookup({"probe", prompt, "", ""}, 0);
+  auto probe = mgr->Lookup({"probe", prompt, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt is in G3 only";
   EXPECT_FALSE(mgr->RequestFinished("probe"));
   ASSERT_GT(testing::CorruptG3Payloads(dir.path()), 0);
 
   // Loaded and refused, nothing committed (so nothing is saved again).
-  auto lr = mgr->Lookup({"load", prompt, "", ""}, 0);
+  auto lr = mgr->Lookup({"load", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   ASSERT_EQ(lr->num_tokens, 16u * 4);
   const std::vector<uint32_t> blocks = engine.AllocBlocks(5);
@@ -330,7 +330,7 @@ TEST(BlockManagerTest, ACorruptG3BlockIsNeverOfferedAgain) {
   EXPECT_GE(s.corrupt_blocks, 1u);
   EXPECT_EQ(s.pinned_blocks, 0u);
 
-  auto again = mgr->Lookup({"again", prompt, "", ""}, 0);
+  auto again = mgr->Lookup({"again", prompt, "", "", {}}, 0);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->blocks_by_tier[kTierG3], 0u) << "a block refused once is never offered again";
   EXPECT_EQ(again->num_tokens, 0u);
@@ -441,7 +441,7 @@ TEST(BlockManagerTest, ARequestFinishedWithItsLoadInFlightIsReportedThenForgotte
   engine.Run("a", prompt);
   for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(80 + i, 16 * 4 + 1));
   mgr->WaitForSaves();
-  auto probe = mgr->Lookup({"probe", prompt, "", ""}, 0);
+  auto probe = mgr->Lookup({"probe", prompt, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt is in G3 only";
   EXPECT_FALSE(mgr->RequestFinished("probe"));
@@ -450,7 +450,7 @@ TEST(BlockManagerTest, ARequestFinishedWithItsLoadInFlightIsReportedThenForgotte
   FaultPlan stall;
   stall.stall = 1.0;  // G3 reads complete only once released
   faults->SetPlan(stall);
-  auto lr = mgr->Lookup({"x", prompt, "", ""}, 0);
+  auto lr = mgr->Lookup({"x", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   const std::vector<uint32_t> blocks = engine.AllocBlocks(5);
   ASSERT_EQ(*mgr->PrepareLoad("x", blocks, lr->num_tokens), 16u * 4);
@@ -511,7 +511,7 @@ TEST(BlockManagerTest, WaitForRequestSavesReturnsWhileOtherRequestsSavesWait) {
 
   // The preempted request: computed into its G1 blocks, committed, saves deferred.
   const auto prompt = Prompt(102, 16 * 4 + 1);
-  ASSERT_TRUE(mgr->Lookup({"p", prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->Lookup({"p", prompt, "", "", {}}, 0).ok());
   const std::vector<uint32_t> blocks = engine.AllocBlocks(5);
   ASSERT_TRUE(mgr->PrepareLoad("p", blocks, 0).ok());
   for (uint32_t i = 0; i < 5; ++i) engine.FillBlock(blocks[i], static_cast<uint8_t>(0x10 + i));
@@ -547,7 +547,7 @@ TEST(BlockManagerTest, WaitForRequestSavesReturnsWhileOtherRequestsSavesWait) {
   engine.DrainFinished(false);
   EXPECT_EQ(engine.held_requests(), 0u);
   // Whatever of `prompt` a tier holds is the bytes computed before the reuse.
-  auto lr = mgr->Lookup({"check", prompt, "", ""}, 0);
+  auto lr = mgr->Lookup({"check", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   const std::vector<uint32_t> into = engine.AllocBlocks(5);
   ASSERT_TRUE(mgr->PrepareLoad("check", into, lr->num_tokens).ok());
@@ -575,10 +575,10 @@ TEST(BlockManagerTest, LookupsNeverFinishedExpireAfterTheIdleTtl) {
   constexpr uint32_t kOrphans = 50;
   for (uint32_t i = 0; i < kOrphans; ++i) {
     ASSERT_TRUE(
-        mgr->Lookup({"orphan" + std::to_string(i), Prompt(110 + i, 16 * 2 + 1), "", ""}, 0).ok());
+        mgr->Lookup({"orphan" + std::to_string(i), Prompt(110 + i, 16 * 2 + 1), "", "", {}}, 0).ok());
   }
   const auto busy_prompt = Prompt(109, 16 * 2 + 1);
-  ASSERT_TRUE(mgr->Lookup({"busy", busy_prompt, "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->Lookup({"busy", busy_prompt, "", "", {}}, 0).ok());
   const std::vector<uint32_t> blocks = engine.AllocBlocks(3);
   ASSERT_TRUE(mgr->PrepareLoad("busy", blocks, 0).ok());
   EXPECT_EQ(mgr->Stats().tracked_requests, kOrphans + 1);
@@ -587,7 +587,7 @@ TEST(BlockManagerTest, LookupsNeverFinishedExpireAfterTheIdleTtl) {
   // The busy request is called for again; then any Lookup sweeps.
   ASSERT_TRUE(mgr->Commit("busy", busy_prompt, blocks).ok());
   ASSERT_TRUE(mgr->StartSave().ok());
-  ASSERT_TRUE(mgr->Lookup({"next", Prompt(108, 16 * 2 + 1), "", ""}, 0).ok());
+  ASSERT_TRUE(mgr->Lookup({"next", Prompt(108, 16 * 2 + 1), "", "", {}}, 0).ok());
   ManagerStats s = mgr->Stats();
   EXPECT_EQ(s.expired_requests, kOrphans);
   EXPECT_EQ(s.tracked_requests, 2u) << "busy and next";

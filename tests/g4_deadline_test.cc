@@ -365,7 +365,7 @@ TEST(G4Deadline, ACorruptG3BlockStillPinnedByItsBatchIsNotOfferedAndIsSavedAgain
   b->WaitForSaves();
   // The write-through put `local` in G4 too: out of it, so only G3 can supply it.
   for (const BlockKey& k : eb.Keys(local)) std::filesystem::remove(ObjectPath(g4, k));
-  auto probe = b->Lookup({"probe", local, "", ""}, 0);
+  auto probe = b->Lookup({"probe", local, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "`local` is in G3 only";
   EXPECT_FALSE(b->RequestFinished("probe"));
@@ -373,12 +373,12 @@ TEST(G4Deadline, ACorruptG3BlockStillPinnedByItsBatchIsNotOfferedAndIsSavedAgain
 
   // One batch: the G4 block of `remote` (stalls) and the G3 blocks of `local` (corrupt).
   stall->Arm();
-  auto lq = b->Lookup({"q", remote, "", ""}, 0);
+  auto lq = b->Lookup({"q", remote, "", "", {}}, 0);
   ASSERT_TRUE(lq.ok());
   ASSERT_EQ(lq->blocks_by_tier[kTierG4], 1u);
   const std::vector<uint32_t> q_blocks = eb.AllocBlocks(2);
   ASSERT_TRUE(b->PrepareLoad("q", q_blocks, lq->num_tokens).ok());
-  auto lp = b->Lookup({"l", local, "", ""}, 0);
+  auto lp = b->Lookup({"l", local, "", "", {}}, 0);
   ASSERT_TRUE(lp.ok());
   ASSERT_EQ(lp->blocks_by_tier[kTierG3], 4u);
   const std::vector<uint32_t> l_blocks = eb.AllocBlocks(5);
@@ -387,7 +387,7 @@ TEST(G4Deadline, ACorruptG3BlockStillPinnedByItsBatchIsNotOfferedAndIsSavedAgain
   ASSERT_TRUE(WaitFor([&] { return b->Stats().corrupt_blocks >= 4 && stall->stalled(); }));
   EXPECT_GT(b->Stats().pinned_blocks, 0u) << "the batch still runs and holds its pins";
 
-  auto again = b->Lookup({"again", local, "", ""}, 0);
+  auto again = b->Lookup({"again", local, "", "", {}}, 0);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->blocks_by_tier[kTierG3], 0u) << "invalidated while pinned: never offered";
   EXPECT_EQ(again->num_tokens, 0u);
@@ -420,7 +420,7 @@ TEST(G4Deadline, ACorruptG3BlockStillPinnedByItsBatchIsNotOfferedAndIsSavedAgain
   eb.FreeBlocks(q_blocks);
   eb.FreeBlocks(l_blocks);
   EXPECT_EQ(b->Stats().pinned_blocks, 0u);
-  auto served = b->Lookup({"served", local, "", ""}, 0);
+  auto served = b->Lookup({"served", local, "", "", {}}, 0);
   ASSERT_TRUE(served.ok());
   EXPECT_EQ(served->num_tokens, 4 * kTpb) << "the saved copy is offered";
   EXPECT_FALSE(b->RequestFinished("served"));
@@ -452,7 +452,7 @@ TEST(G4Deadline, WaitLayerNeverWaitsForAnAsyncLoad) {
 
   // Step 1: an async G4 load; its store call stalls.
   stall->Arm();
-  auto la = b->Lookup({"async", remote, "", ""}, 0);
+  auto la = b->Lookup({"async", remote, "", "", {}}, 0);
   ASSERT_TRUE(la.ok());
   ASSERT_EQ(la->blocks_by_tier[kTierG4], 1u);
   const std::vector<uint32_t> a_blocks = eb.AllocBlocks(2);
@@ -469,7 +469,7 @@ TEST(G4Deadline, WaitLayerNeverWaitsForAnAsyncLoad) {
   });
 
   // Step 2: a synchronous G2 load, waited for layer by layer.
-  auto ls = b->Lookup({"sync", local, "", ""}, 0);
+  auto ls = b->Lookup({"sync", local, "", "", {}}, 0);
   ASSERT_TRUE(ls.ok());
   ASSERT_EQ(ls->blocks_by_tier[kTierG2], 4u);
   const std::vector<uint32_t> s_blocks = eb.AllocBlocks(5);

@@ -348,7 +348,7 @@ struct LoadOnlyOutcome {
 LoadOnlyOutcome LoadOnly(BlockManager* m, MiniEngine* e, const std::string& id,
                          const std::vector<TokenId>& prompt) {
   LoadOnlyOutcome out;
-  auto lr = m->Lookup({id, prompt, "", ""}, 0);
+  auto lr = m->Lookup({id, prompt, "", "", {}}, 0);
   EXPECT_TRUE(lr.ok()) << lr.status().ToString();
   if (!lr.ok()) return out;
   out.offered_tokens = lr->num_tokens;
@@ -480,7 +480,7 @@ TEST(ManagerG4Fs, AnObjectThatVanishedBeforeItsLoadIsNotOfferedAgain) {
   const std::string path = g4 + "/" + name.substr(22, 2) + "/" + name;
   auto b = MakeManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
-  auto lr = b->Lookup({"b1", prompt, "", ""}, 0);
+  auto lr = b->Lookup({"b1", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   ASSERT_EQ(lr->blocks_by_tier[kTierG4], 5u);
   const std::vector<uint32_t> blocks = eb.AllocBlocks(6);

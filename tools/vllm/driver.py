@@ -11,7 +11,11 @@ PLAN: {"model": DIR, "kvtier": {extra config} | null, "example_connector": DIR |
        "steps": [{"generate": [PROMPT, ...], "max_tokens": 8, "name": "..."},
                  {"reset_prefix_cache": true, "reset_connector": false},
                  {"signal": PID, "signum": 9}, ...]}
-PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]}, optional "cache_salt".
+PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]} or
+        {"embeds_seed": S, "embeds_len": N} (N prompt embeddings drawn from a seeded generator
+        at the scale of the model's own embeddings; the plan needs "prompt_embeds": true),
+        optional "cache_salt".
+Optional plan keys: "dtype" ("float32"), "block_size", "prompt_embeds".
 
 OUT: {"steps": [{"name", "outputs": [[token ids]], "texts": [...], "ttft_s": [...],
        "wall_s"}], "metrics": {name: value}} where metrics are vLLM's counters whose names
@@ -28,8 +32,18 @@ import time
 from typing import Any, Dict, List
 
 
-def _prompt(spec: Dict[str, Any], tokenizer: Any) -> Dict[str, Any]:
-    if "tokens" in spec:
+def _embeds(spec: Dict[str, Any], model_dir: str) -> Any:
+    import torch
+
+    hidden = json.load(open(os.path.join(model_dir, "config.json")))["hidden_size"]
+    g = torch.Generator().manual_seed(int(spec["embeds_seed"]))
+    return torch.randn(int(spec["embeds_len"]), hidden, generator=g) * 0.05
+
+
+def _prompt(spec: Dict[str, Any], tokenizer: Any, model_dir: str = "") -> Dict[str, Any]:
+    if "embeds_seed" in spec:
+        p: Dict[str, Any] = {"prompt_embeds": _embeds(spec, model_dir)}
+    elif "tokens" in spec:
         p: Dict[str, Any] = {"prompt_token_ids": list(spec["tokens"])}
     elif "chat" in spec:
         ids = tokenizer.apply_chat_template(spec["chat"], add_generation_prompt=True,
@@ -52,9 +66,13 @@ def main() -> int:
     from vllm import LLM, SamplingParams
 
     kwargs: Dict[str, Any] = dict(
-        model=plan["model"], dtype="float32", enforce_eager=True,
+        model=plan["model"], dtype=plan.get("dtype", "float32"), enforce_eager=True,
         max_model_len=plan.get("max_model_len", 2048), enable_prefix_caching=True,
         disable_log_stats=False, seed=0)
+    if plan.get("block_size"):
+        kwargs["block_size"] = int(plan["block_size"])
+    if plan.get("prompt_embeds"):
+        kwargs["enable_prompt_embeds"] = True
     if plan.get("num_gpu_blocks"):
         kwargs["num_gpu_blocks_override"] = int(plan["num_gpu_blocks"])
     if plan.get("kvtier") is not None:
@@ -78,7 +96,7 @@ def main() -> int:
         if "sleep" in step:
             time.sleep(float(step["sleep"]))
             continue
-        prompts = [_prompt(p, tokenizer) for p in step["generate"]]
+        prompts = [_prompt(p, tokenizer, plan["model"]) for p in step["generate"]]
         sp = SamplingParams(temperature=0.0, max_tokens=int(step.get("max_tokens", 8)),
                             ignore_eos=bool(step.get("ignore_eos", False)))
         record: Dict[str, Any] = {"name": step.get("name", ""), "outputs": [], "texts": [],

@@ -621,11 +621,7 @@ class KvtierConnector(KVConnectorBase_V1):
         for key in kv_connector_metadata.preempted:
             # Its blocks are freed and reused at once: its saves still reading them end first
             # (only its own: other requests' saves, demotions and G4 writes go on).
-            wait = getattr(m, "wait_for_request_saves", None)
-            if wait is not None:
-                wait(key)
-            else:
-                m.wait_for_saves()
+            m.wait_for_request_saves(key)
             self._forget_key(key)
             m.request_finished(key)
 
@@ -652,11 +648,9 @@ class KvtierConnector(KVConnectorBase_V1):
 
     @staticmethod
     def _prepare_load(m: Any, spec: LoadSpec) -> int:
-        try:
-            return m.prepare_load(spec.key, spec.block_ids, spec.num_tokens,
-                                  async_load=spec.is_async)
-        except TypeError:  # a kvtier without async_load: WaitLayer waits for every load
-            return m.prepare_load(spec.key, spec.block_ids, spec.num_tokens)
+        # An async load is polled through finished(); wait_layer never waits for it.
+        return m.prepare_load(spec.key, spec.block_ids, spec.num_tokens,
+                              async_load=spec.is_async)
 
     def _finish(self, fin: FinishSpec) -> None:
         m = self._manager
