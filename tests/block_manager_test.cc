@@ -102,6 +102,45 @@ TEST(BlockManagerTest, BlockExtrasSeparateEqualTokensWithOtherInputs) {
   EXPECT_EQ(run("a-again", a), 16u * 4);
 }
 
+// kv_transfer_params' load_tiers / store_tiers: where one request may load from and store to.
+TEST(BlockManagerTest, RequestTierMasksLimitWhereItLoadsFromAndStoresTo) {
+  TempDirectory dir;
+  auto mgr = MakeManager(SmallConfig(dir.path(), 12, 64));  // 8 cache slots in G2
+  MiniEngine engine(mgr.get(), 64);                         // registers G1
+  const std::vector<uint32_t> g1 = {0, 1, 2, 3, 4};
+  constexpr uint8_t kG2 = 1u << kTierG2, kG3 = 1u << kTierG3;
+  auto run = [&](const std::string& id, const std::vector<TokenId>& prompt, uint8_t load,
+                 uint8_t store) {
+    RequestSpec spec{id, prompt, "", "", {}};
+    spec.load_tiers = load;
+    spec.store_tiers = store;
+    Result<LookupResult> r = mgr->Lookup(spec, 0);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(mgr->Commit(id, prompt, g1).ok());
+    EXPECT_TRUE(mgr->StartSave().ok());
+    mgr->WaitForSaves();
+    mgr->RequestFinished(id);
+    return r.ok() ? r->num_tokens : 0;
+  };
+  const auto g2_only = Prompt(60, 16 * 4 + 1), everywhere = Prompt(61, 16 * 4 + 1);
+  const auto no_g2 = Prompt(62, 16 * 4 + 1);
+  const uint64_t saved0 = mgr->Stats().saved_blocks;
+  run("no-g2", no_g2, kAllTiers, kAllTiers & ~kG2);
+  EXPECT_EQ(mgr->Stats().saved_blocks, saved0) << "without G2 nothing is saved";
+  run("g2-only", g2_only, kAllTiers, kG2);
+  run("everywhere", everywhere, kAllTiers, kAllTiers);
+  EXPECT_EQ(mgr->Stats().saved_blocks, saved0 + 8);
+  // Push both out of G2: "everywhere" is demoted to G3, "g2-only" is not.
+  for (uint32_t i = 0; i < 4; ++i)
+    run("filler" + std::to_string(i), Prompt(70 + i, 16 * 4 + 1), kAllTiers, kG2);
+  mgr->WaitForSaves();
+  EXPECT_EQ(run("g2-only-again", g2_only, kAllTiers, kAllTiers), 0u) << "never written to G3";
+  EXPECT_EQ(run("no-g3-load", everywhere, kG2, kAllTiers), 0u) << "its blocks are in G3 only";
+  EXPECT_EQ(run("g3-load", everywhere, kG2 | kG3, kAllTiers), 16u * 4);
+  EXPECT_EQ(run("no-load", everywhere, 0, kAllTiers), 0u) << "load_tiers none: a lookup only";
+  EXPECT_EQ(mgr->Stats().pinned_blocks, 0u);
+}
+
 TEST(BlockManagerTest, G2VictimsAreDemotedToG3AndLoadBackExactly) {
   TempDirectory dir;
   // 12 slots: 4 in the staging reserve, 8 for the cache.
@@ -575,7 +614,8 @@ TEST(BlockManagerTest, LookupsNeverFinishedExpireAfterTheIdleTtl) {
   constexpr uint32_t kOrphans = 50;
   for (uint32_t i = 0; i < kOrphans; ++i) {
     ASSERT_TRUE(
-        mgr->Lookup({"orphan" + std::to_string(i), Prompt(110 + i, 16 * 2 + 1), "", "", {}}, 0).ok());
+        mgr->Lookup({"orphan" + std::to_string(i), Prompt(110 + i, 16 * 2 + 1), "", "", {}}, 0)
+            .ok());
   }
   const auto busy_prompt = Prompt(109, 16 * 2 + 1);
   ASSERT_TRUE(mgr->Lookup({"busy", busy_prompt, "", "", {}}, 0).ok());

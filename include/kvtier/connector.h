@@ -57,6 +57,12 @@ struct RequestSpec {
   // Blocks past the end (generated tokens, plain text) have none. Copied by Lookup; Commit keys
   // the request's later blocks with the same list.
   std::vector<std::string> block_extra;
+  // The tiers (bits 1 << kTierG2 .. kTierG4) this request may load from: Lookup offers only
+  // blocks held there. And those its blocks may be stored in: without G2 nothing of it is saved
+  // (G2 is the way to the tiers below); without G3 its blocks are never demoted to G3; without
+  // G4 they are not written to G4. Blocks that other requests store are not affected.
+  uint8_t load_tiers = kAllTiers;
+  uint8_t store_tiers = kAllTiers;
 };
 
 struct LookupResult {

@@ -70,6 +70,8 @@ class BlockManager:
         cache_salt: str = "",
         adapter_id: str = "",
         block_extra: Sequence[bytes] = (),
+        load_tiers: str = "",  # "G2,G3": load only from these; "" every tier
+        store_tiers: str = "",  # "G2": store only there (no G3 demotion, no G4); "" every tier
     ) -> Tuple[int, Tuple[int, int, int, int]]: ...
     # async_load: the engine polls finished() for it; wait_layer never waits for it.
     def prepare_load(

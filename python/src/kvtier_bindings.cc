@@ -51,6 +51,31 @@ T Take(Result<T> r) {
   return std::move(*r);
 }
 
+// "G2,G3" -> the tier bits; "" -> every tier; "none" -> none. InvalidArgument naming `what`
+// otherwise.
+uint8_t ParseTierList(const std::string& list, const char* what) {
+  if (list.empty()) return kAllTiers;
+  if (list == "none") return 0;
+  uint8_t bits = 0;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string name = list.substr(pos, comma - pos);
+    if (name == "G2") {
+      bits |= 1u << kTierG2;
+    } else if (name == "G3") {
+      bits |= 1u << kTierG3;
+    } else if (name == "G4") {
+      bits |= 1u << kTierG4;
+    } else {
+      Throw(Status::InvalidArgument(std::string(what) + ": '" + name +
+                                    "' is not a tier; use G2, G3 and G4, comma-separated"));
+    }
+    pos = comma + 1;
+  }
+  return bits;
+}
+
 // Config values given from Python: str, bool (true/false), int.
 std::string ConfigText(const py::handle& value, const std::string& name) {
   if (py::isinstance<py::bool_>(value)) return value.cast<bool>() ? "true" : "false";
@@ -353,9 +378,12 @@ PYBIND11_MODULE(_kvtier, mod) {
           "lookup",
           [](PyBlockManager& self, const std::string& request_id, std::vector<TokenId> prompt,
              uint32_t num_computed_tokens, const std::string& cache_salt,
-             const std::string& adapter_id, const std::vector<py::bytes>& block_extra) {
+             const std::string& adapter_id, const std::vector<py::bytes>& block_extra,
+             const std::string& load_tiers, const std::string& store_tiers) {
             BlockManager& m = self.m();
             RequestSpec spec{request_id, prompt, cache_salt, adapter_id, {}};
+            spec.load_tiers = ParseTierList(load_tiers, "load_tiers");
+            spec.store_tiers = ParseTierList(store_tiers, "store_tiers");
             spec.block_extra.reserve(block_extra.size());
             for (const py::bytes& b : block_extra) spec.block_extra.push_back(std::string(b));
             Result<LookupResult> r =
@@ -367,7 +395,8 @@ PYBIND11_MODULE(_kvtier, mod) {
           },
           py::arg("request_id"), py::arg("prompt"), py::arg("num_computed_tokens"),
           py::arg("cache_salt") = "", py::arg("adapter_id") = "",
-          py::arg("block_extra") = std::vector<py::bytes>{})
+          py::arg("block_extra") = std::vector<py::bytes>{}, py::arg("load_tiers") = "",
+          py::arg("store_tiers") = "")
       .def(
           "prepare_load",
           [](PyBlockManager& self, const std::string& request_id,

@@ -394,7 +394,8 @@ void BlockManager::Impl::FlushG2ToG3() {
     if (!victim) break;
     c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
     Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
-    if ((victim->remaining_tiers >> kTierG3) & 1u) {
+    if (((victim->remaining_tiers >> kTierG3) & 1u) ||
+        !((SlotStoreTiers(victim->slot) >> kTierG3) & 1u)) {
       ReleaseG2Slot(victim->slot);
     } else {
       Demote(*victim);
@@ -406,6 +407,11 @@ void BlockManager::Impl::FlushG2ToG3() {
       << "G3: " << written << " blocks written from G2 at shutdown in "
       << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
       << " ms";
+}
+
+uint8_t BlockManager::Impl::SlotStoreTiers(uint32_t slot) {
+  MutexLock lock(&slot_mu_);
+  return slot_meta_[slot].store_tiers;
 }
 
 bool BlockManager::Impl::AdmitToG3(const BlockKey& key) {
@@ -455,7 +461,8 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
   // outcome), the same slot is written to G4, and only then freed. One after the other, because
   // both writes encode their header into the slot's header area. So G4 holds every block G3
   // was given, and G3's own victims are already in G4 when G3 drops them.
-  const bool feed_g4 = g4_ != nullptr && !g4_write_through_;
+  const bool feed_g4 =
+      g4_ != nullptr && !g4_write_through_ && ((SlotStoreTiers(slot) >> kTierG4) & 1u);
   auto end = [this, slot, key, parent, feed_g4] {
     if (feed_g4) {
       WriteEvictedToG4(slot, key, parent);  // frees the slot and ends the demotion
@@ -492,7 +499,9 @@ bool BlockManager::Impl::EvictFromG2() {
   c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
   Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
   const bool in_g3 = (victim->remaining_tiers >> kTierG3) & 1u;
-  if (!in_g3 && AdmitToG3(victim->key)) {
+  const uint8_t store_tiers = SlotStoreTiers(victim->slot);
+  const bool g3_allowed = (store_tiers >> kTierG3) & 1u;
+  if (!in_g3 && g3_allowed && AdmitToG3(victim->key)) {
     Demote(*victim);  // the slot frees when the write ends
   } else if (!in_g3 && DemoteToG4(*victim)) {
     // Leaving the local tiers: G4 takes it (write-through off); the slot frees when it ends.
@@ -576,16 +585,17 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   uint32_t local = 0, in_g4 = 0;
   bool g4_reused = false;
   if (start < max_blocks) {
-    MatchResult m =
-        index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks), LocalTiersToOffer());
+    MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
+                                  LocalTiersToOffer() & spec.load_tiers);
     local = static_cast<uint32_t>(m.num_blocks());
     if (m.num_blocks() > start) {
       loadable = static_cast<uint32_t>(m.num_blocks()) - start;
       for (size_t i = start; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
     }
-    if (g4_ && local < max_blocks && g4_slower_than_recompute_) {
+    const bool g4_allowed = g4_ && ((spec.load_tiers >> kTierG4) & 1u);
+    if (g4_allowed && local < max_blocks && g4_slower_than_recompute_) {
       c_.g4_skipped_lookups.fetch_add(1, std::memory_order_relaxed);
-    } else if (g4_ && local < max_blocks) {
+    } else if (g4_allowed && local < max_blocks) {
       // G4 only for what the local tiers lack, in one round trip within the lookup deadline. A
       // repeated Lookup (the scheduler asking again) reuses a recent answer.
       bool& reused = g4_reused;
@@ -630,6 +640,8 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
     r.block_extra = spec.block_extra;
     r.committed_blocks = std::min(r.committed_blocks, prompt_blocks);
   }
+  r.load_tiers = spec.load_tiers;
+  r.store_tiers = spec.store_tiers;
   r.hasher = hasher;
   r.namespace_id = hasher->root().hi;
   r.lookup_start = start;
@@ -652,6 +664,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
   std::vector<BlockKey> keys;
   std::vector<TokenId> tokens;
   uint64_t ns;
+  uint8_t load_tiers;
   {
     MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
@@ -679,6 +692,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     tokens.assign(r.tokens.begin() + size_t{start} * tpb_,
                   r.tokens.begin() + size_t{start + want} * tpb_);
     ns = r.namespace_id;
+    load_tiers = r.load_tiers;
     g4_first = r.g4_first;
     g4_end = r.g4_first + r.g4_blocks;
     const uint32_t prompt_blocks = static_cast<uint32_t>(r.tokens.size() / tpb_);
@@ -686,7 +700,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
   }
   c_.lookup_blocks.fetch_add(asked, std::memory_order_relaxed);
 
-  MatchResult m = index_->MatchAndPin(keys, LocalTiersToOffer());
+  MatchResult m = index_->MatchAndPin(keys, LocalTiersToOffer() & load_tiers);
   std::vector<PlannedLoad> plan;
   size_t planned = 0;
   for (; planned < m.num_blocks(); ++planned) {
@@ -711,7 +725,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
   if (planned < m.num_blocks()) {
     KVTIER_RETURN_IF_ERROR(
         index_->Unpin(std::span<const BlockKey>(keys).subspan(planned, m.num_blocks() - planned)));
-  } else if (g4_) {
+  } else if (g4_ && ((load_tiers >> kTierG4) & 1u)) {
     // Past the local run: what the Lookup found in G4 (not pinned: G4 is shared, and a block
     // gone since is a failed load, recomputed).
     for (; planned < want; ++planned) {
@@ -772,6 +786,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<Candidate> candidates;
   std::vector<BlockKey> seen;
   uint64_t ns;
+  uint8_t store_tiers;
   {
     MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
@@ -781,6 +796,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     Touch(it);
     Request& r = it->second;
     ns = r.namespace_id;
+    store_tiers = r.store_tiers;
     // Adopt the engine's view of the tokens; re-key from the first block that changed.
     size_t same = 0;
     while (same < r.tokens.size() && same < tokens.size() && r.tokens[same] == tokens[same]) ++same;
@@ -802,7 +818,8 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
       const BlockKey& key = r.keys[i];
       seen.push_back(key);
       const bool loaded = i >= r.load_first && i < r.load_first + r.loaded_blocks;
-      if (loaded || saving_keys_.count(key)) continue;
+      // Without G2 in its store_tiers, nothing of the request is saved (G2 leads to the rest).
+      if (loaded || saving_keys_.count(key) || !((store_tiers >> kTierG2) & 1u)) continue;
       candidates.push_back(
           Candidate{key, i == 0 ? r.hasher->root() : r.keys[i - 1], g1_block_ids[i],
                     std::vector<TokenId>(r.tokens.begin() + size_t{i} * tpb_,
@@ -853,7 +870,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
       no_slot.push_back(std::move(c));  // and the blocks after it: saves keep commit order
       continue;
     }
-    SetSlotMeta(*slot, SlotMeta{c.key, c.parent, ns}, c.tokens);
+    SetSlotMeta(*slot, SlotMeta{c.key, c.parent, ns, store_tiers}, c.tokens);
     saves.push_back(PendingSave{request_id, c.key, c.parent, c.g1_block, *slot});
   }
   MutexLock lock(&mu_);
@@ -879,9 +896,9 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   for (Candidate& c : no_slot) {
     if (slot_coming && deferred_saves_.size() < max_deferred_saves_) {
       c_.deferred.fetch_add(1, std::memory_order_relaxed);
-      deferred_saves_.push_back(DeferredSave{request_id, c.key, c.parent, ns, c.g1_block,
-                                             std::move(c.tokens),
-                                             std::chrono::steady_clock::now() + max_defer_});
+      deferred_saves_.push_back(
+          DeferredSave{request_id, c.key, c.parent, ns, c.g1_block, std::move(c.tokens),
+                       std::chrono::steady_clock::now() + max_defer_, store_tiers});
     } else {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
       saving_keys_.erase(c.key);
@@ -905,7 +922,7 @@ void BlockManager::Impl::RetryDeferredSaves() {
     const DeferredSave& d = waiting[given];
     std::optional<uint32_t> slot = AllocateG2Slot();
     if (!slot) break;
-    SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id}, d.tokens);
+    SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
     saves.push_back(PendingSave{d.request_id, d.key, d.parent, d.g1_block, *slot});
   }
   MutexLock lock(&mu_);

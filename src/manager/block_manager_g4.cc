@@ -124,6 +124,7 @@ uint32_t BlockManager::Impl::MatchInG4(std::span<const BlockKey> keys, uint64_t 
 std::optional<BlockManager::Impl::G4Write> BlockManager::Impl::PrepareWriteThrough(
     const BlockKey& key, const BlockKey& parent, uint32_t slot) {
   if (!g4_ || !g4_write_through_) return std::nullopt;
+  if (!((SlotStoreTiers(slot) >> kTierG4) & 1u)) return std::nullopt;
   if (!index_->Pin(key).ok()) return std::nullopt;
   // Pinned now, so it cannot leave G2; but it may have left before the pin (evicted, its slot
   // reused): then there is nothing to write from.
@@ -196,6 +197,7 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
 
 bool BlockManager::Impl::DemoteToG4(const EvictedBlock& victim) {
   if (!g4_ || g4_write_through_) return false;
+  if (!((SlotStoreTiers(victim.slot) >> kTierG4) & 1u)) return false;
   G4Write w;
   w.key = victim.key;
   w.parent = victim.parent;

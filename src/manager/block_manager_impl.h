@@ -97,6 +97,8 @@ class BlockManager::Impl {
     std::vector<TokenId> tokens;           // the prompt, then what Commit reported
     std::vector<BlockKey> keys;            // keys of the full blocks of `tokens`
     std::vector<std::string> block_extra;  // RequestSpec::block_extra of the last Lookup
+    uint8_t load_tiers = kAllTiers;        // RequestSpec::load_tiers / store_tiers
+    uint8_t store_tiers = kAllTiers;
     uint32_t lookup_start = 0;   // first block kvtier may supply (num_computed_tokens / tpb)
     uint32_t lookup_blocks = 0;  // blocks the last Lookup offered
     uint32_t load_first = 0;     // PrepareLoad: first block loaded
@@ -156,6 +158,7 @@ class BlockManager::Impl {
     uint32_t g1_block = 0;
     std::vector<TokenId> tokens;
     std::chrono::steady_clock::time_point deadline;  // dropped when still waiting after it
+    uint8_t store_tiers = kAllTiers;
   };
   // A G3 or G4 load staged through a G2 slot of the manager's (not the transfer engine's pool).
   static bool HoldsCacheSlot(const PlannedLoad& p) {
@@ -174,6 +177,7 @@ class BlockManager::Impl {
     BlockKey key;
     BlockKey parent;
     uint64_t namespace_id = 0;
+    uint8_t store_tiers = kAllTiers;  // the saving request's RequestSpec::store_tiers
   };
 
   Impl(const ManagerOptions& options);
@@ -193,6 +197,8 @@ class BlockManager::Impl {
   void SetSlotMeta(uint32_t slot, const SlotMeta& meta, std::span<const TokenId> tokens)
       EXCLUDES(slot_mu_);
   bool AdmitToG3(const BlockKey& key);
+  // The store_tiers of the block G2 holds in `slot`.
+  uint8_t SlotStoreTiers(uint32_t slot) EXCLUDES(slot_mu_);
   void Demote(const EvictedBlock& victim);
   // Clean shutdown (g3.flush_on_close): every G2 block not yet in G3 is written there, so a
   // warm restart finds what G2 held. Waits for the writes; at most `max_in_flight` at a time.

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -228,6 +229,8 @@ class Harness:
         """One engine step. In async mode the next step is scheduled before the previous
         step's output is processed, as vLLM's engine core does with a batch queue of 2."""
         so = self.scheduler.schedule()
+        if so.total_num_scheduled_tokens == 0:
+            time.sleep(0.001)  # waiting for transfers: let them run (a bound on idle spins)
         if self.async_scheduling:
             if self._in_flight is not None:
                 self._process(*self._in_flight)

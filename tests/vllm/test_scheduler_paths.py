@@ -249,7 +249,7 @@ def test_corrupt_g4_objects_are_not_offered_in_a_loop(tmp: Path) -> None:
         h = Harness(MODEL, config(tmp, **g4))
         for rid, p in reqs.items():
             h.add(f"{rid}-b", p, max_tokens=3)
-        h.run(max_steps=200)
+        h.run(max_steps=2000)
         check(h, [f"{r}-b" for r in reqs])
         s = h.worker._manager.stats()
         # One load of each request's 8 blocks fails; the manager deletes the corrupt objects
@@ -292,6 +292,17 @@ def test_request_controls_and_refusals(tmp: Path) -> None:
     assert hits(h)["G2"] == 2 + 0, "neither 'noload' nor the refused 'typo' loaded"
     assert not [c for c in h.commits if c.key.startswith("typo#")], "a refused request is " \
         "not saved either"
+    # Tiers: this G2-only deployment serves nothing to a request that loads from G3 only, and a
+    # request that may not store in G2 saves nothing.
+    h.scheduler.reset_prefix_cache()
+    h.add("g3-only", p, max_tokens=2, kv_transfer_params={"kvtier": {"load_tiers": ["G3"]}})
+    saved = h.worker._manager.stats()["saved_blocks"]
+    h.add("no-g2", prompt(5, 6 * BS + 2), max_tokens=2,
+          kv_transfer_params={"kvtier": {"store_tiers": ["G3", "G4"]}})
+    h.run()
+    check(h, ["g3-only", "no-g2"])
+    assert hits(h)["G2"] == 2, "g3-only loaded nothing from G2"
+    assert h.worker._manager.stats()["saved_blocks"] == saved, "no-g2 stored nothing"
     h.shutdown()
 
 
@@ -302,7 +313,7 @@ def test_late_lookup_after_finish_leaves_nothing(tmp: Path) -> None:
     check(h, ["x"])
     # A lookup that reaches the worker after the request's end (it was in flight on the
     # channel) is answered without the manager keeping anything.
-    n, _ = h.worker._lookup("x#0", prompt(3, 3 * BS + 1), 0, "", "", [], "")
+    n, _ = h.worker._lookup("x#0", prompt(3, 3 * BS + 1), 0, "", "", [], "", "")
     assert n == 0
     s = h.worker._manager.stats()
     if "tracked_requests" in s:

@@ -60,8 +60,11 @@ def prompts(n_systems: int = SYSTEMS, per_system: int = 2, salt: str = "") -> Li
 
 
 def run_vllm(tmp: Path, name: str, steps: List[Dict[str, Any]],
-             kvtier: Optional[Dict[str, Any]], timeout: float = 400) -> Dict[str, Any]:
-    plan = {"model": MODEL, "kvtier": kvtier, "num_gpu_blocks": G1_BLOCKS, "max_model_len": 1024, "steps": steps}
+             kvtier: Optional[Dict[str, Any]], timeout: float = 400, model: str = "",
+             extra_plan: Optional[Dict[str, Any]] = None,
+             num_gpu_blocks: int = G1_BLOCKS) -> Dict[str, Any]:
+    plan = {"model": model or MODEL, "kvtier": kvtier, "num_gpu_blocks": num_gpu_blocks,
+            "max_model_len": 1024, "steps": steps, **(extra_plan or {})}
     plan_path, out_path = tmp / f"{name}.plan.json", tmp / f"{name}.out.json"
     plan_path.write_text(json.dumps(plan))
     log = tmp / f"{name}.log"
@@ -176,11 +179,24 @@ def test_g3_after_restart_then_corrupt_files(tmp: Path, baseline: List[List[int]
             for off in range(64 << 10, size, 256 << 10):
                 fh.seek(off)
                 fh.write(b"\xa5" * 512)
+    # In the same process: the damaged blocks fail, vLLM recomputes them, and the second round
+    # (vLLM's own cache reset) reuses what was recomputed, from G2, never a damaged block.
     third = run_vllm(tmp, "g3-corrupt",
-                     [{"name": "all", "generate": prompts(), "max_tokens": 8}], config)
-    assert outputs(third) == baseline
+                     [{"name": "all", "generate": prompts(), "max_tokens": 8},
+                      {"reset_prefix_cache": True},
+                      {"name": "again", "generate": prompts(), "max_tokens": 8}], config)
+    assert outputs(third, 0) == baseline
+    assert outputs(third, 1) == baseline
     assert metric(third, "corrupt_blocks") > 0, third["metrics"]
     assert metric(third, "load_error_blocks") > 0, third["metrics"]
+    assert metric(third, "hit_blocks_g2") >= 4 * SYSTEMS, third["metrics"]
+    # After a restart: what the recomputing run saved (and flushed to G3) is right. Before the
+    # fix, the blocks that failed were saved from G1 unfilled and every later run served them.
+    fourth = run_vllm(tmp, "g3-after-corrupt",
+                      [{"name": "all", "generate": prompts(), "max_tokens": 8}], config)
+    assert outputs(fourth) == baseline
+    assert metric(fourth, "hit_blocks_g3") >= 4 * SYSTEMS, fourth["metrics"]
+    assert metric(fourth, "load_error_blocks") == 0, fourth["metrics"]
 
 
 def test_g4_second_process_then_redis_killed(tmp: Path, baseline: List[List[int]],
@@ -195,6 +211,25 @@ def test_g4_second_process_then_redis_killed(tmp: Path, baseline: List[List[int]
                       kvtier_config(tmp, **g4))
     assert outputs(reader) == baseline
     assert metric(reader, "hit_blocks_g4") >= 4 * SYSTEMS, reader["metrics"]
+
+    # Objects damaged and deleted behind kvtier's back: a third process recomputes what it
+    # cannot trust, within bounded retries (no load loop), and the outputs stay equal.
+    port = str(redis_server["port"])
+    names = sorted(n for n in subprocess.run(["redis-cli", "-p", port, "--scan"],
+                                             capture_output=True, text=True, check=True,
+                                             timeout=30).stdout.split() if n)
+    assert len(names) >= 4 * SYSTEMS, names
+    for i, n in enumerate(names):
+        cmd = ["DEL", n] if i % 2 else ["SETRANGE", n, "70000", "bit-rot-bit-rot-bit-rot"]
+        subprocess.run(["redis-cli", "-p", port, *cmd], check=True, capture_output=True,
+                       timeout=30)
+    damaged = run_vllm(tmp, "g4-damaged",
+                       [{"name": "all", "generate": prompts(), "max_tokens": 8}],
+                       kvtier_config(tmp, **g4), timeout=300)
+    assert outputs(damaged) == baseline
+    assert metric(damaged, "corrupt_blocks") > 0, damaged["metrics"]
+    assert metric(damaged, "load_retries_exhausted") + metric(damaged, "failed_loads") < 40, \
+        damaged["metrics"]
 
     # Redis dies mid-run: no hang, no crash, equal outputs, the failures counted.
     fresh = prompts(n_systems=2, per_system=2, salt="after-kill")
@@ -240,6 +275,67 @@ def test_small_g2_cache_salt_and_reset(tmp: Path, baseline: List[List[int]]) -> 
     # Runs "c" and "e" hit, 4 blocks each: "c" those "b" saved under tenant-b, "e" those "d"
     # saved after the reset. "b" (another salt) and "d" (after the reset) miss.
     assert metric(s, "hit_blocks_g2") == 8, s["metrics"]
+
+
+def test_prompt_embeds_of_one_length_are_other_prompts(tmp: Path) -> None:
+    # prompt_embeds reach the connector with token ids of zeros: two different embeddings of one
+    # length must not share KV (kvtier keys the embeddings, as vLLM's own prefix cache does).
+    a = {"embeds_seed": 1, "embeds_len": 5 * BLOCK + 17}
+    b = {"embeds_seed": 2, "embeds_len": 5 * BLOCK + 17}
+    steps = [{"name": "a", "generate": [a], "max_tokens": 8},
+             {"name": "b", "generate": [b], "max_tokens": 8}]
+    alone = run_vllm(tmp, "embeds-alone", steps, kvtier=None, extra_plan={"prompt_embeds": True})
+    steps_kv = [{"name": "a", "generate": [a], "max_tokens": 8},
+                {"reset_prefix_cache": True},
+                {"name": "b", "generate": [b], "max_tokens": 8},
+                {"reset_prefix_cache": True},
+                {"name": "a-again", "generate": [a], "max_tokens": 8}]
+    r = run_vllm(tmp, "embeds-kvtier", steps_kv, kvtier_config(tmp, **{"g3.enabled": False}),
+                 extra_plan={"prompt_embeds": True})
+    assert outputs(r, 0) == outputs(alone, 0)
+    assert outputs(r, 1) == outputs(alone, 1), "b was served a's KV"
+    assert outputs(r, 2) == outputs(alone, 0)
+    # "a-again" loads a's 5 blocks; "b" loaded nothing.
+    assert metric(r, "hit_blocks_g2") == 5, r["metrics"]
+
+
+def test_changed_weights_under_the_same_path_are_not_served_old_kv(tmp: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = tmp / "model-copy"
+    shutil.copytree(MODEL, model)
+    config = kvtier_config(tmp, **{"g3.dir": str(tmp / "g3-weights")})
+    steps = [{"name": "all", "generate": prompts(n_systems=1), "max_tokens": 8}]
+    first = run_vllm(tmp, "weights-old", steps, config, model=str(model))
+    # New weights under the same path (a fine-tune would do this): every layer's attention
+    # output projection scaled, shapes and the safetensors layout unchanged.
+    weights = model / "model.safetensors"
+    tensors = load_file(str(weights))
+    for name in tensors:
+        if name.endswith("o_proj.weight"):
+            tensors[name] = (tensors[name] * 1.25).contiguous()
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    del tensors
+    alone = run_vllm(tmp, "weights-new-alone", steps, kvtier=None, model=str(model))
+    assert outputs(alone) != outputs(first), "the changed weights must change the answers"
+    second = run_vllm(tmp, "weights-new-kvtier", steps, config, model=str(model))
+    assert outputs(second) == outputs(alone)
+    assert metric(second, "hit_blocks_g3") == 0, "KV of the old weights was served"
+
+
+def test_bf16_and_block_size_64_kvtier_hit_equals_vllms_own_hit(tmp: Path) -> None:
+    # bf16 KV and another block size: a kvtier hit must give what vLLM's own prefix-cache hit of
+    # the same prefix gives (bf16 prefill is not bit-equal to a cold run on the CPU).
+    p = prompts(n_systems=2, per_system=1)
+    steps = [{"name": "cold", "generate": p, "max_tokens": 8},
+             {"name": "g1-hit", "generate": p, "max_tokens": 8},
+             {"reset_prefix_cache": True},
+             {"name": "kvtier-hit", "generate": p, "max_tokens": 8}]
+    r = run_vllm(tmp, "bf16-bs64", steps, kvtier_config(tmp, **{"g3.enabled": False}),
+                 extra_plan={"dtype": "bfloat16", "block_size": 64}, num_gpu_blocks=48)
+    assert outputs(r, 2) == outputs(r, 1)
+    assert metric(r, "hit_blocks_g2") >= 2 * (520 // 64), r["metrics"]
 
 
 def test_openai_server_multi_turn_chats(tmp: Path) -> None:

@@ -309,23 +309,28 @@ class KvtierConnector(KVConnectorBase_V1):
         state = self._state(request)
         extras = self._keying(state)
         c = state.controls
-        if (state.refused or not c.load or extras is None
-                or getattr(request, "skip_reading_prefix_cache", False)):
-            return 0, False
-        if state.load_failures >= self._settings.max_load_failures:
+        if state.refused or extras is None:
+            return 0, False  # neither loaded nor saved
+        # Still looked up when nothing may load: the lookup tells the workers what the request
+        # is, so that its blocks are saved.
+        load_tiers = c.load_tiers
+        if not c.load or getattr(request, "skip_reading_prefix_cache", False):
+            load_tiers = "none"
+        elif state.load_failures >= self._settings.max_load_failures:
             self._sched_counts["load_retries_exhausted"] += 1
-            return 0, False
+            load_tiers = "none"
         tokens = list(request.all_token_ids)
         salt = request.cache_salt or ""
         if self._epoch:
             salt = f"{salt}\x00kvtier-epoch-{self._epoch}"
         lora = adapter_id(request)
-        signature = (state.key, len(tokens), num_computed_tokens, salt, lora, c.load_tiers)
+        signature = (state.key, len(tokens), num_computed_tokens, salt, lora, load_tiers)
         t0 = time.perf_counter()
         pending = state.pending_lookup
         if pending is None or pending[0] != signature:
             self._forget_lookup(state)
-            query = (state.key, tokens, num_computed_tokens, salt, lora, extras, c.load_tiers)
+            query = (state.key, tokens, num_computed_tokens, salt, lora, extras, load_tiers,
+                     c.store_tiers)
             pending = state.pending_lookup = (signature, [cl.submit(query)
                                                           for cl in self._clients],
                                               time.monotonic())
@@ -586,14 +591,15 @@ class KvtierConnector(KVConnectorBase_V1):
                     took * 1e3)
 
     def _lookup(self, key: str, tokens: List[int], num_computed: int, salt: str, lora: str,
-                extras: List[bytes], load_tiers: str) -> Tuple[int, Tuple[int, int, int, int]]:
+                extras: List[bytes], load_tiers: str,
+                store_tiers: str) -> Tuple[int, Tuple[int, int, int, int]]:
         assert self._manager is not None, "lookup before register_kv_caches"
         with self._finished_lock:
             if key in self._finished_keys:
                 return 0, _NO_HIT  # arrived after the request's end: nothing to remember
         return self._manager.lookup(key, tokens, num_computed, cache_salt=salt,
-                                    adapter_id=lora, block_extra=extras,
-                                    **({"load_tiers": load_tiers} if load_tiers else {}))
+                                    adapter_id=lora, block_extra=extras, load_tiers=load_tiers,
+                                    store_tiers=store_tiers)
 
     def _meta(self) -> Optional[KvtierMetadata]:
         if not self.has_connector_metadata():

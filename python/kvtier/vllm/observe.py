@@ -30,7 +30,12 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
              "hit_blocks_g3", "hit_blocks_g4", "miss_blocks", "load_failures", "saved_blocks",
              "dropped_saves", "corrupt_blocks", "bytes_loaded", "bytes_saved",
              "load_error_blocks", "evicted_blocks", "demoted_blocks", "g4_saved_blocks",
-             "g4_failures")
+             "g4_failures",
+             # The connector's own (docs/vllm.md, "Correctness"): loads that lost blocks,
+             # requests whose loads are no longer offered (max_load_failures), save frontiers
+             # moved back to a failed block, saves a worker skipped or cut for a failed load.
+             "failed_loads", "load_retries_exhausted", "save_rollbacks", "save_gaps",
+             "saves_cut_by_load_errors")
 # Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
 # figures kvtier's own /metrics exports as kvtier_*_total).
 _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
@@ -40,10 +45,13 @@ _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
                      "events_emitted", "events_published", "events_publish_dropped",
                      "g4_lookup_blocks", "g4_skipped_lookups", "g4_lookup_failures",
                      "g4_lookup_timeouts", "g4_save_failures", "g4_dropped_saves",
-                     "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts")
+                     "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts",
+                     "g4_removed_corrupt", "expired_requests", "g4_abandoned_loads",
+                     "g4_late_returns")
 # Occupancy and state: gauges (summed over TP workers, set once per step that reports them).
 _GAUGES = ("g2_blocks", "g2_slots", "g2_free_slots", "g3_blocks", "g3_slots", "pinned_blocks",
-           "g3_quarantined", "g3_admitting_first_sightings", "g4_breaker_open")  # summed over the workers of one step
+           "g3_quarantined", "g3_admitting_first_sightings", "g4_breaker_open",
+           "g4_rejected_keys", "tracked_requests")  # summed over the workers of one step
 _GAUGE_PREFIX = "gauge:"
 
 

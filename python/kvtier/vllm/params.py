@@ -4,8 +4,9 @@
     {"kvtier": {"save": false,             # do not save this request's blocks
                 "load": false,             # do not load (compute the whole prompt)
                 "max_load_tokens": 4096,   # load at most this many tokens
-                "load_tiers": ["G2", "G3"] # load only from these tiers (default: all)
-               }}
+                "load_tiers": ["G2", "G3"],# load only from these tiers (default: all)
+                "store_tiers": ["G2"]      # store only in these (default: all); without
+               }}                          # G2 nothing is stored, G2 leads to the others
 
 A control kvtier does not know, or a value of the wrong type, makes kvtier leave the request
 alone (no load, no save) and says why once: a typo never silently changes what is cached.
@@ -25,6 +26,7 @@ class RequestControls:
     load: bool = True
     max_load_tokens: Optional[int] = None
     load_tiers: str = ""  # "" = every tier; else e.g. "G2,G3"
+    store_tiers: str = ""  # the same, for where the request's blocks may be stored
     error: str = ""  # why the controls were refused (the request is then left alone)
 
     @staticmethod
@@ -35,7 +37,7 @@ class RequestControls:
         if not isinstance(raw, Mapping):
             return RequestControls(error=f"kv_transfer_params.kvtier must be an object, not "
                                          f"{type(raw).__name__}")
-        known = {"save", "load", "max_load_tokens", "load_tiers"}
+        known = {"save", "load", "max_load_tokens", "load_tiers", "store_tiers"}
         unknown = sorted(set(raw) - known)
         if unknown:
             return RequestControls(error=f"unknown kv_transfer_params.kvtier key(s) "
@@ -49,14 +51,17 @@ class RequestControls:
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
             return RequestControls(error=f"kv_transfer_params.kvtier.max_load_tokens must be a "
                                          f"non-negative integer, not {cap!r}")
-        tiers = raw.get("load_tiers")
-        tier_list = ""
-        if tiers is not None:
-            if (not isinstance(tiers, (list, tuple)) or not tiers
-                    or any(t not in _TIERS for t in tiers)):
-                return RequestControls(error=f"kv_transfer_params.kvtier.load_tiers must be a "
-                                             f"non-empty list of {', '.join(_TIERS)}, not "
-                                             f"{tiers!r}")
-            tier_list = ",".join(t for t in _TIERS if t in tiers)
+        lists = {}
+        for name in ("load_tiers", "store_tiers"):
+            tiers = raw.get(name)
+            lists[name] = ""
+            if tiers is not None:
+                if (not isinstance(tiers, (list, tuple)) or not tiers
+                        or any(t not in _TIERS for t in tiers)):
+                    return RequestControls(error=f"kv_transfer_params.kvtier.{name} must be a "
+                                                 f"non-empty list of {', '.join(_TIERS)}, not "
+                                                 f"{tiers!r}")
+                lists[name] = ",".join(t for t in _TIERS if t in tiers)
         return RequestControls(save=raw.get("save", True), load=raw.get("load", True),
-                               max_load_tokens=cap, load_tiers=tier_list)
+                               max_load_tokens=cap, load_tiers=lists["load_tiers"],
+                               store_tiers=lists["store_tiers"])
