@@ -12,6 +12,7 @@ scripts/setup-vllm.sh makes; KVTIER_TEST_VLLM_MODEL names the converted model.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -340,9 +341,13 @@ def test_bf16_and_block_size_64_kvtier_hit_equals_vllms_own_hit(tmp: Path) -> No
 
 def test_openai_server_multi_turn_chats(tmp: Path) -> None:
     port = free_port()
+    # G2 of 8 blocks: the users' earlier turns are demoted to G3 and come back from there, as
+    # asynchronous loads (WAITING_FOR_REMOTE_KVS), which the abort storm below cuts short.
+    block_bytes = 30 * 3 * 128 * 128 * 4
+    extra = kvtier_config(tmp, **{"g3.dir": str(tmp / "g3-srv"),
+                                  "g2.capacity_bytes": 8 * (block_bytes + 4096)})
     config = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
-              "kv_role": "kv_both",
-              "kv_connector_extra_config": kvtier_config(tmp, **{"g3.dir": str(tmp / "g3-srv")})}
+              "kv_role": "kv_both", "kv_connector_extra_config": extra}
     log = open(tmp / "serve.log", "w")
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -403,6 +408,44 @@ def test_openai_server_multi_turn_chats(tmp: Path) -> None:
         kvtier_lines = "\n".join(l for l in text.splitlines()
                                  if l.startswith("vllm:kvtier_") and "_created" not in l)
         assert hits > 0, kvtier_lines
+
+        # An abort storm: streaming requests whose clients go away at once or after the first
+        # bytes, while their prefixes load from G3. The engine core must survive (vLLM asserted
+        # in _update_from_kv_xfer_finished before the fix) and answer the same afterwards.
+        storm = []
+        for k in range(12):
+            user = k % 3
+            messages = history[user][:1] + [{"role": "user",
+                                             "content": f"Storm {k}: tell me about "
+                                                        f"{TOPICS[k % len(TOPICS)]}."}]
+            body = json.dumps({"model": "smollm", "messages": messages, "max_tokens": 64,
+                               "temperature": 0, "stream": True}).encode()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn.request("POST", "/v1/chat/completions", body,
+                         {"Content-Type": "application/json"})
+            storm.append(conn)
+            if k % 2:
+                resp = conn.getresponse()
+                resp.read1(64) if hasattr(resp, "read1") else resp.read(64)
+            conn.close()
+        time.sleep(3)
+        assert proc.poll() is None, f"vllm serve died: {(tmp / 'serve.log').read_text()[-4000:]}"
+        with urllib.request.urlopen(base + "/health", timeout=10) as r:
+            assert r.status == 200
+        first_turn = history[0][:2]
+        assert chat(first_turn) == answers[0][0], "an answer changed after the storm"
+
+        # A second vLLM instance on the same g3.dir: the first holds its lock. It must stop with
+        # the reason, never run silently without G3.
+        plan = {"model": MODEL, "kvtier": extra, "num_gpu_blocks": G1_BLOCKS,
+                "max_model_len": 1024, "steps": []}
+        (tmp / "second.plan.json").write_text(json.dumps(plan))
+        second = subprocess.run([sys.executable, str(DRIVER), str(tmp / "second.plan.json"),
+                                 str(tmp / "second.out.json")], capture_output=True, text=True,
+                                env=env, timeout=300)
+        assert second.returncode != 0, "a second instance ran on a locked g3.dir"
+        said = second.stdout + second.stderr
+        assert "g3" in said.lower() and "lock" in said.lower(), said[-3000:]
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

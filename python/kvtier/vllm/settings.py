@@ -130,8 +130,10 @@ class ConnectorSettings:
         of one instance are consecutive)."""
         config = kvtier.load_config(self.kvtier_values, file=self.config_file or None)
         sub = self.rank_subdir(tp_rank, tp_size, pp_rank, pp_size, dp_rank, dp_size)
-        if sub:
-            config.set("g3.dir", os.path.join(config.get("g3.dir"), sub))
+        # Always set, so that kvtier treats G3 as asked for: a G3 that cannot open (another
+        # vLLM instance holds its lock, say) stops start-up with the reason instead of leaving
+        # this instance silently without G3.
+        config.set("g3.dir", os.path.abspath(os.path.join(config.get("g3.dir"), sub)))
         port = int(config.get("metrics.port") or 0)
         workers = tp_size * pp_size * dp_size
         if port and workers > 1:
