@@ -432,6 +432,12 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   s = manager.Stats();
   EXPECT_EQ(s.load_failures, failures_before) << "no load was planned from the quarantined G3";
   EXPECT_EQ(s.pinned_blocks, 0u);
+  // "again" computed the blocks only the quarantined G3 held: they were saved to G2 (not
+  // counted as already stored), so the next request finds the whole prefix.
+  auto next = manager.Lookup({"next", first, "", "", {}}, 0);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->blocks_by_tier[kTierG2], 4u);
+  manager.RequestFinished("next");
 }
 
 // Polls `done` every 5 ms for up to 30 s.

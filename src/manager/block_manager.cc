@@ -837,9 +837,10 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<BlockKey> reused;
   for (Candidate& c : candidates) {
     // A key that no tier holds but a running load still pins (it failed verification and was
-    // invalidated) is not stored: it is saved again.
+    // invalidated) is not stored: it is saved again. So is one held only by a tier that cannot
+    // serve it now (a quarantined G3): it would never be offered.
     const std::optional<BlockInfo> info = index_->Get(c.key);
-    if (info.has_value() && info->tier_mask != 0) {
+    if (info.has_value() && (info->tier_mask & LocalTiersToOffer()) != 0) {
       reused.push_back(c.key);
     } else {
       to_save.push_back(std::move(c));
