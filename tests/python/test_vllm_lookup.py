@@ -355,6 +355,11 @@ def test_the_client_reads_the_secret_at_each_connection(local_server: lookup.Loo
     c2 = lookup.LookupClient(local_server.instance, 0)
     status, why = c2.result(c2.submit(q("x")), 5)
     assert status == c2.FAILED and "private file" in why  # a readable secret is not trusted
+    os.unlink(local_server.secret_path)
+    os.mkfifo(local_server.secret_path, 0o600)
+    t0 = time.monotonic()
+    status, why = c2.result(c2.submit(q("x")), 5)
+    assert status == c2.FAILED and "private file" in why and time.monotonic() - t0 < 1
 
 
 def _child_as_other_uid(script: str, *args: str) -> str:

@@ -101,7 +101,8 @@ def peer_uid(sock: socket.socket) -> Tuple[int, int]:
 def read_secret(path: str) -> bytes:
     """The secret in `path`: a regular file (not a link) of this uid, mode 0600 or stricter,
     of exactly SECRET_BYTES bytes. Raises OSError or LookupChannelError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # O_NONBLOCK: a FIFO in its place must not hang the client in open().
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
@@ -121,11 +122,19 @@ def write_secret(path: str, secret: bytes) -> Tuple[int, int]:
     tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, secret)
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            if os.write(fd, secret) != len(secret):
+                raise OSError(f"{tmp}: short write")
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return st.st_dev, st.st_ino
 
 

