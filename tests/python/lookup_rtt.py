@@ -5,7 +5,7 @@ one prompt of T token ids (drawn below 150,000, like a real vocabulary's). Not a
     PYTHONPATH=build/python python3 tests/python/lookup_rtt.py [N] [T] [LOOKUP_PY]
 
 LOOKUP_PY: another version of lookup.py to measure instead (a self-contained one, such as the
-pickle channel before the binary format: git show d69e2e2~1:python/kvtier/vllm/lookup.py).
+pickle channel before the binary format: git show 3fe6785:python/kvtier/vllm/lookup.py).
 The channel's directory is a fresh private XDG_RUNTIME_DIR, removed afterwards.
 """
 
