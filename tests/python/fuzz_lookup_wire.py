@@ -27,7 +27,7 @@ def _reencode(msg: "wire.Message") -> bytes:
         return wire.encode_auth(msg.mac)
     if isinstance(msg, wire.Lookup):
         return wire.encode_lookup(msg.seq, msg.key, msg.tokens, msg.num_computed, msg.salt,
-                                  msg.adapter)
+                                  msg.adapter, msg.extras, msg.load_tiers, msg.store_tiers)
     if isinstance(msg, wire.Reply):
         return (wire.encode_reply_ok(msg.seq, msg.num_tokens, msg.blocks_by_tier) if msg.ok
                 else wire.encode_reply_error(msg.seq, msg.error))

@@ -45,8 +45,11 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _answer(key: str, tokens: List[int], num_computed: int, salt: str,
-            lora: str) -> Tuple[int, Tuple[int, int, int, int]]:
+def _answer(key: str, tokens: List[int], num_computed: int, salt: str, lora: str,
+            extras: List[bytes] = [], load_tiers: str = "",
+            store_tiers: str = "") -> Tuple[int, Tuple[int, int, int, int]]:
+    if key == "extras":  # echoes what arrived of the optional fields
+        return len(extras), (0, len(load_tiers), len(store_tiers), sum(len(e) for e in extras))
     if key.startswith("slow"):
         time.sleep(0.5)
     if key.startswith("boom"):
@@ -331,7 +334,7 @@ def test_a_wrong_secret_is_refused_and_the_right_client_still_served(
     assert "longer than the 40 allowed" in frames[0].reason  # its body is never read
     s = _raw(local_server)
     _hello(s)
-    s.sendall(wire.encode_lookup(1, "", [1, 2], 0, "", ""))  # exactly an AUTH's size
+    s.sendall(wire.encode_lookup(1, "", [], 0, "", ""))  # exactly an AUTH's size
     frames, closed = _read_to_end(s)
     assert closed and [type(f) for f in frames] == [wire.Refused]
     assert "unexpected message type LOOKUP" in frames[0].reason
@@ -524,10 +527,11 @@ def test_slow_handshakes_and_frames_time_out(monkeypatch: pytest.MonkeyPatch,
 
 def test_golden_bytes() -> None:
     """The wire format, pinned: a change here is a change of VERSION."""
-    frame = wire.encode_lookup(7, "k", [1, 0x01020304], 3, "s", "a")
-    assert frame.hex() == ("2b000000" "4b56544c" "0100" "0300" "0700000000000000" "03000000"
-                           "0100" "0100" "0100" "0000" "02000000" "6b" "73" "61"
-                           "01000000" "04030201")
+    frame = wire.encode_lookup(7, "k", [1, 0x01020304], 3, "s", "a", [b"\xee", b""], "G2",
+                               "")
+    assert frame.hex() == ("38000000" "4b56544c" "0100" "0300" "0700000000000000" "03000000"
+                           "0100" "0100" "0100" "0000" "02000000" "02" "00" "0000" "02000000"
+                           "6b" "73" "61" "4732" "01000000" "04030201" "01ee" "00")
     assert wire.encode_reply_ok(7, 32, (0, 2, 1, 0)).hex() == (
         "28000000" "4b56544c" "0100" "0400" "0700000000000000" "0000" "0000" "20000000"
         "00000000" "02000000" "01000000" "00000000")
@@ -556,8 +560,11 @@ def _valid_frame(rng: random.Random, from_client: bool) -> bytes:
             return wire.encode_auth(rng.randbytes(32))
         tokens = [rng.choice((0, 1, 0xFFFFFFFF, rng.getrandbits(32))) for _ in
                   range(rng.randrange(40))]
+        extras = [rng.randbytes(rng.choice((0, 16, wire.MAX_EXTRA_BYTES)))
+                  for _ in range(rng.randrange(6))]
         return wire.encode_lookup(rng.getrandbits(64), _text(rng, 12), tokens,
-                                  rng.getrandbits(32), _text(rng, 6), _text(rng, 4))
+                                  rng.getrandbits(32), _text(rng, 6), _text(rng, 4), extras,
+                                  _text(rng, 5), _text(rng, 3))
     r = rng.random()
     if r < 0.25:
         return wire.encode_hello(rng.randbytes(32))
@@ -605,7 +612,7 @@ def _reencode(msg: wire.Message) -> bytes:
         return wire.encode_auth(msg.mac)
     if isinstance(msg, wire.Lookup):
         return wire.encode_lookup(msg.seq, msg.key, msg.tokens, msg.num_computed, msg.salt,
-                                  msg.adapter)
+                                  msg.adapter, msg.extras, msg.load_tiers, msg.store_tiers)
     if isinstance(msg, wire.Reply):
         return (wire.encode_reply_ok(msg.seq, msg.num_tokens, msg.blocks_by_tier) if msg.ok
                 else wire.encode_reply_error(msg.seq, msg.error))
@@ -742,3 +749,28 @@ def test_settings_split_check_and_tp_dirs(tmp_path: Any) -> None:
         ConnectorSettings.parse({"load_failure_policy": "ignore"})
     with pytest.raises(kvtier.KvtierError, match="g2.capacity_bytes"):
         ConnectorSettings.parse({"g2.capacity_bytes": "lots"})
+
+
+def test_extras_and_tiers_travel_and_are_bounded(local_server: Any) -> None:
+    c = lookup.LookupClient(local_server.instance, local_server.rank)
+    try:
+        request = ("extras", [1, 2, 3], 0, "", "", [b"\x01" * 16, b"", b"\x02" * 16], "G2,G3",
+                   "G2")
+        assert c.result(c.submit(request), 5) == (c.OK, (3, (0, 5, 2, 32)))
+        # Too long an extra, or too many tiers characters: FAILED, and the channel lives on.
+        status, why = c.result(c.submit(("extras", [1], 0, "", "",
+                                         [b"x" * (wire.MAX_EXTRA_BYTES + 1)], "", "")), 1)
+        assert status == c.FAILED and "extra" in why
+        status, why = c.result(c.submit(("extras", [1], 0, "", "", [], "G" * 40, "")), 1)
+        assert status == c.FAILED and "load_tiers" in why
+        assert c.result(c.submit(request), 5)[0] == c.OK
+    finally:
+        c.close()
+    # A body whose extras do not add up is refused by the decoder.
+    good = wire.encode_lookup(1, "k", [1], 0, "", "", [b"\x05" * 4])
+    body = bytearray(good[wire.PREFIX_BYTES:])
+    body[-5] = 30  # the extra claims 30 bytes; 4 follow
+    with pytest.raises(wire.WireError, match="extra"):
+        wire.decode(bytes(body), (wire.LOOKUP,))
+    with pytest.raises(wire.WireError, match="past its block extras"):
+        wire.decode(bytes(good[wire.PREFIX_BYTES:]) + b"\x00", (wire.LOOKUP,))

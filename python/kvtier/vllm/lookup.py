@@ -72,7 +72,14 @@ logger = logging.getLogger("kvtier.vllm")
 
 # (num_tokens, blocks_by_tier) or an error text.
 LookupAnswer = Tuple[int, Tuple[int, int, int, int]]
-LookupFn = Callable[[str, List[int], int, str, str], LookupAnswer]
+# (key, tokens, num_computed, salt, adapter, block extras, load_tiers, store_tiers)
+LookupFn = Callable[[str, List[int], int, str, str, List[bytes], str, str], LookupAnswer]
+LookupRequest = Tuple[Any, ...]  # the arguments of a LookupFn; the last three may be left out
+
+
+def _full(request: LookupRequest) -> Tuple[Any, ...]:
+    """A request with the optional trailing fields (no extras, every tier) filled in."""
+    return tuple(request) + ([], "", "")[max(0, len(request) - 5):]
 
 # Servers of this process by (instance, rank): the single-process executor's shortcut.
 _LOCAL: Dict[Tuple[str, int], "LookupServer"] = {}
@@ -289,9 +296,9 @@ class LookupServer:
         with self._lock:
             self._counts[name] += 1
 
-    def call(self, request: Tuple[str, List[int], int, str, str]) -> LookupAnswer:
+    def call(self, request: LookupRequest) -> LookupAnswer:
         """Answers one lookup in this process (the single-process executor's path)."""
-        return self._lookup(*request)
+        return self._lookup(*_full(request))
 
     def _accept_loop(self) -> None:
         while not self._closed:
@@ -384,7 +391,8 @@ class LookupServer:
     def _answer(self, request: wire.Lookup) -> bytes:
         try:
             num, by_tier = self._lookup(request.key, request.tokens, request.num_computed,
-                                        request.salt, request.adapter)
+                                        request.salt, request.adapter, request.extras,
+                                        request.load_tiers, request.store_tiers)
             frame = wire.encode_reply_ok(request.seq, num, by_tier)
             self._count("lookups")
             return frame
@@ -465,9 +473,10 @@ class LookupClient:
         self._outstanding: Dict[int, None] = {}  # seqs sent and not yet answered
         self._answers: Dict[int, Tuple[str, Any]] = {}  # seq -> (OK, answer) | (FAILED, why)
 
-    def submit(self, request: Tuple[str, List[int], int, str, str]) -> int:
-        """Sends one lookup (key, tokens, num_computed, salt, adapter); returns its sequence
-        number for result(). Never raises: a failure to send becomes a FAILED result."""
+    def submit(self, request: LookupRequest) -> int:
+        """Sends one lookup (key, tokens, num_computed, salt, adapter[, block extras,
+        load_tiers, store_tiers]); returns its sequence number for result(). Never raises: a
+        failure to send becomes a FAILED result."""
         self._seq += 1
         seq = self._seq
         with _LOCAL_LOCK:
@@ -479,8 +488,9 @@ class LookupClient:
                 self._answers[seq] = (self.FAILED, f"{type(e).__name__}: {e}")
             return seq
         try:
-            key, tokens, num_computed, salt, adapter = request
-            frame = wire.encode_lookup(seq, key, tokens, num_computed, salt, adapter)
+            key, tokens, num_computed, salt, adapter, extras, load_t, store_t = _full(request)
+            frame = wire.encode_lookup(seq, key, tokens, num_computed, salt, adapter, extras,
+                                       load_t, store_t)
         except (wire.WireError, TypeError, ValueError) as e:
             self._answers[seq] = (self.FAILED, f"the lookup cannot be sent: {e}")
             return seq

@@ -13,7 +13,11 @@ and the type fixes the rest (docs/vllm.md, "The lookup channel", has the table):
     AUTH     client -> server  mac[32] = HMAC-SHA256(secret, AUTH_CONTEXT || nonce)
     LOOKUP   client -> server  seq u64, num_computed u32, key_len u16, salt_len u16,
                                adapter_len u16, reserved u16 (0), num_tokens u32,
-                               key, salt, adapter (UTF-8), tokens (u32 each)
+                               load_tiers_len u8, store_tiers_len u8, reserved u16 (0),
+                               num_extras u32,
+                               key, salt, adapter, load_tiers, store_tiers (UTF-8),
+                               tokens (u32 each), then num_extras block extras, each a u8
+                               length and that many bytes (RequestSpec::block_extra)
     REPLY    server -> client  seq u64, status u16, text_len u16, num_tokens u32,
                                blocks_by_tier 4 x u32, text (UTF-8; only when status is ERROR)
     REFUSED  server -> client  text_len u16, reserved u16 (0), text (UTF-8): why the server
@@ -56,13 +60,16 @@ MAX_SALT_BYTES = 4096
 MAX_ADAPTER_BYTES = 1024
 MAX_TOKENS = 1 << 22  # 4 Mi tokens: a 16 MiB frame
 MAX_TEXT_BYTES = 1024
+MAX_TIERS_BYTES = 32  # "G2,G3,G4", "none" or ""
+MAX_EXTRAS = 1 << 18  # per-block extras: one per block of a prompt of MAX_TOKENS at 16 a block
+MAX_EXTRA_BYTES = 32  # each (kvtier's are 16-byte digests, or empty)
 _U32_MAX = 0xFFFFFFFF
 
 _PREFIX = struct.Struct("<I")
 _HEADER = struct.Struct("<4sHH")
 _HELLO = struct.Struct("<4sHH32s")
 _AUTH = struct.Struct("<4sHH32s")
-_LOOKUP = struct.Struct("<4sHHQIHHHHI")
+_LOOKUP = struct.Struct("<4sHHQIHHHHIBBHI")
 _REPLY = struct.Struct("<4sHHQHHI4I")
 _REFUSED = struct.Struct("<4sHHHH")
 
@@ -70,7 +77,7 @@ PREFIX_BYTES = _PREFIX.size
 HELLO_BODY = _HELLO.size
 AUTH_BODY = _AUTH.size
 MAX_LOOKUP_BODY = (_LOOKUP.size + MAX_KEY_BYTES + MAX_SALT_BYTES + MAX_ADAPTER_BYTES
-                   + 4 * MAX_TOKENS)
+                   + 2 * MAX_TIERS_BYTES + 4 * MAX_TOKENS + MAX_EXTRAS * (1 + MAX_EXTRA_BYTES))
 MAX_SERVER_BODY = max(_HELLO.size, _REPLY.size + MAX_TEXT_BYTES, _REFUSED.size + MAX_TEXT_BYTES)
 
 # Tokens travel as an array of 4-byte unsigned ints; array's own typecode of that size, swapped
@@ -98,6 +105,9 @@ class Lookup(NamedTuple):
     num_computed: int
     salt: str
     adapter: str
+    extras: List[bytes] = []
+    load_tiers: str = ""
+    store_tiers: str = ""
 
 
 class Reply(NamedTuple):
@@ -161,14 +171,25 @@ def encode_auth(mac: bytes) -> bytes:
 
 
 def encode_lookup(seq: int, key: str, tokens: Sequence[int], num_computed: int, salt: str,
-                  adapter: str) -> bytes:
+                  adapter: str, extras: Sequence[bytes] = (), load_tiers: str = "",
+                  store_tiers: str = "") -> bytes:
     """REQUIRES nothing: a value that does not fit the format raises WireError."""
     if not isinstance(seq, int) or not 0 <= seq < (1 << 64):
         raise WireError(f"seq must be a u64, not {seq!r}")
     k = _utf8("the request key", key, MAX_KEY_BYTES)
     s = _utf8("the cache salt", salt, MAX_SALT_BYTES)
     a = _utf8("the adapter name", adapter, MAX_ADAPTER_BYTES)
+    lt = _utf8("load_tiers", load_tiers, MAX_TIERS_BYTES)
+    st = _utf8("store_tiers", store_tiers, MAX_TIERS_BYTES)
     _u32("num_computed_tokens", num_computed)
+    if len(extras) > MAX_EXTRAS:
+        raise WireError(f"{len(extras)} block extras, more than the {MAX_EXTRAS} allowed")
+    ex = []
+    for e in extras:
+        if not isinstance(e, (bytes, bytearray)) or len(e) > MAX_EXTRA_BYTES:
+            raise WireError(f"a block extra must be at most {MAX_EXTRA_BYTES} bytes, not "
+                            f"{e!r:.60}")
+        ex.append(bytes((len(e),)) + bytes(e))
     if len(tokens) > MAX_TOKENS:
         raise WireError(f"{len(tokens)} tokens, more than the {MAX_TOKENS} allowed")
     try:
@@ -178,8 +199,8 @@ def encode_lookup(seq: int, key: str, tokens: Sequence[int], num_computed: int, 
     if _SWAP:
         toks.byteswap()
     head = _LOOKUP.pack(MAGIC, VERSION, LOOKUP, seq, num_computed, len(k), len(s), len(a), 0,
-                        len(toks))
-    return _frame(head, k, s, a, toks.tobytes())
+                        len(toks), len(lt), len(st), 0, len(ex))
+    return _frame(head, k, s, a, lt, st, toks.tobytes(), *ex)
 
 
 def encode_reply_ok(seq: int, num_tokens: int, blocks_by_tier: Sequence[int]) -> bytes:
@@ -274,32 +295,53 @@ def decode(body: Buffer, expected: Collection[int]) -> Message:
 def _decode_lookup(body: Buffer) -> Lookup:
     if len(body) < _LOOKUP.size:
         raise WireError(f"a LOOKUP body is at least {_LOOKUP.size} bytes, not {len(body)}")
-    (_, _, _, seq, num_computed, key_len, salt_len, adapter_len, reserved,
-     num_tokens) = _LOOKUP.unpack_from(body)
-    if reserved != 0:
-        raise WireError(f"a reserved field is {reserved}, not 0")
+    (_, _, _, seq, num_computed, key_len, salt_len, adapter_len, reserved, num_tokens,
+     load_len, store_len, reserved2, num_extras) = _LOOKUP.unpack_from(body)
+    if reserved != 0 or reserved2 != 0:
+        raise WireError(f"a reserved field is {reserved or reserved2}, not 0")
     for what, n, limit in (("key", key_len, MAX_KEY_BYTES), ("salt", salt_len, MAX_SALT_BYTES),
                            ("adapter", adapter_len, MAX_ADAPTER_BYTES),
-                           ("token count", num_tokens, MAX_TOKENS)):
+                           ("load_tiers", load_len, MAX_TIERS_BYTES),
+                           ("store_tiers", store_len, MAX_TIERS_BYTES),
+                           ("token count", num_tokens, MAX_TOKENS),
+                           ("block extra count", num_extras, MAX_EXTRAS)):
         if n > limit:
             raise WireError(f"the {what} is {n}, more than the {limit} allowed")
-    want = _LOOKUP.size + key_len + salt_len + adapter_len + 4 * num_tokens
-    _exact("LOOKUP", body, want)
+    fixed = (_LOOKUP.size + key_len + salt_len + adapter_len + load_len + store_len
+             + 4 * num_tokens)
+    # Each extra takes at least its length byte and at most 1 + MAX_EXTRA_BYTES.
+    if not fixed + num_extras <= len(body) <= fixed + num_extras * (1 + MAX_EXTRA_BYTES):
+        raise WireError(f"a LOOKUP body of {len(body)} bytes does not hold its {num_tokens} "
+                        f"tokens and {num_extras} block extras")
     off = _LOOKUP.size
-    key = _text(body, off, key_len, "the key")
-    off += key_len
-    salt = _text(body, off, salt_len, "the salt")
-    off += salt_len
-    adapter = _text(body, off, adapter_len, "the adapter")
-    off += adapter_len
+    fields = []
+    for n, what in ((key_len, "the key"), (salt_len, "the salt"), (adapter_len, "the adapter"),
+                    (load_len, "load_tiers"), (store_len, "store_tiers")):
+        fields.append(_text(body, off, n, what))
+        off += n
+    key, salt, adapter, load_tiers, store_tiers = fields
     raw = memoryview(body)[off:off + 4 * num_tokens]
+    off += 4 * num_tokens
     if _SWAP:
         swapped = array.array(_U32_CODE, raw.tobytes())
         swapped.byteswap()
         tokens = swapped.tolist()
     else:
         tokens = raw.cast(_U32_CODE).tolist()  # no copy: half the time of array.frombytes
-    return Lookup(seq, key, tokens, num_computed, salt, adapter)
+    extras: List[bytes] = []
+    for _ in range(num_extras):
+        if off >= len(body):
+            raise WireError("a LOOKUP body ends inside its block extras")
+        n = body[off]
+        if n > MAX_EXTRA_BYTES or off + 1 + n > len(body):
+            raise WireError(f"a block extra of {n} bytes does not fit (at most "
+                            f"{MAX_EXTRA_BYTES}, within the body)")
+        extras.append(bytes(body[off + 1:off + 1 + n]))
+        off += 1 + n
+    if off != len(body):
+        raise WireError(f"a LOOKUP body has {len(body) - off} bytes past its block extras")
+    return Lookup(seq, key, tokens, num_computed, salt, adapter, extras, load_tiers,
+                  store_tiers)
 
 
 def _decode_reply(body: Buffer) -> Reply:
