@@ -120,11 +120,15 @@ TEST(ManagerG3Open, AnExplicitDirWhoseLockIsHeldFailsCreate) {
   // Another process holds the LOCK until it is killed.
   const pid_t holder = fork();
   if (holder == 0) {
+    // A process group of its own: flock(1) forks `sleep`, which holds the lock (and the test's
+    // output pipe, which ctest waits on) until the group is killed.
+    setpgid(0, 0);
     execlp("flock", "flock", "--exclusive", (g3 + "/LOCK").c_str(), "sleep", "60",
            static_cast<char*>(nullptr));
     _exit(127);
   }
   ASSERT_GT(holder, 0);
+  setpgid(holder, holder);  // either side may run first
   // Until flock(1) has the lock, a Create may still succeed: wait for the refusal, bounded.
   Result<std::unique_ptr<BlockManager>> mgr = Status::Internal("not tried");
   for (int i = 0; i < 200; ++i) {
@@ -133,7 +137,7 @@ TEST(ManagerG3Open, AnExplicitDirWhoseLockIsHeldFailsCreate) {
     mgr = Status::Internal("not tried");
     usleep(20 * 1000);
   }
-  kill(holder, SIGKILL);
+  kill(-holder, SIGKILL);
   waitpid(holder, nullptr, 0);
   ASSERT_FALSE(mgr.ok()) << "flock(1) never held " << g3 << "/LOCK";
   EXPECT_TRUE(mgr.status().Is(StatusCode::kFailedPrecondition)) << mgr.status().ToString();
