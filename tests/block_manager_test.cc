@@ -679,6 +679,47 @@ TEST(BlockManagerTest, CommittingWhatIsStoredIsDeduplicated) {
   EXPECT_EQ(mgr->Stats().saved_blocks, 3u);
 }
 
+// Only a copy in G2 makes a commit redundant: blocks that G3 alone holds and the engine computed
+// again (here: a request that loads nothing; in vLLM, a prefix match cut short by a damaged
+// block ahead of them) are saved to G2, and the next request finds them there.
+TEST(BlockManagerTest, BlocksOnlyG3HoldsAreSavedToG2WhenComputedAgain) {
+  TempDirectory dir;
+  auto mgr = MakeManager(SmallConfig(dir.path(), 12, 64));
+  MiniEngine engine(mgr.get(), 64);
+  const auto first = Prompt(70, 16 * 4 + 1);
+  engine.Run("p0", first);
+  for (uint32_t i = 1; i <= 4; ++i) engine.Run("p" + std::to_string(i), Prompt(70 + i, 16 * 4 + 1));
+  mgr->WaitForSaves();
+  auto probe = mgr->Lookup({"probe", first, "", "", {}}, 0);
+  ASSERT_TRUE(probe.ok());
+  ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt went to G3 alone";
+  mgr->RequestFinished("probe");
+
+  const ManagerStats before = mgr->Stats();
+  std::vector<uint32_t> g1 = {20, 21, 22, 23, 24};
+  ASSERT_TRUE(mgr->Lookup({"again", first, "", "", {}}, 0).ok());
+  ASSERT_TRUE(mgr->PrepareLoad("again", g1, 0).ok());  // loads nothing: computes the prompt
+  ASSERT_TRUE(mgr->Commit("again", first, g1).ok());
+  ASSERT_TRUE(mgr->StartSave().ok());
+  mgr->WaitForSaves();
+  const ManagerStats after = mgr->Stats();
+  EXPECT_EQ(after.saved_blocks - before.saved_blocks, 4u);
+  EXPECT_EQ(after.dedup_blocks, before.dedup_blocks) << "a G3-only copy is no reason to skip";
+  mgr->RequestFinished("again");
+
+  auto next = mgr->Lookup({"next", first, "", "", {}}, 0);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->blocks_by_tier[kTierG2], 4u) << "the fresh copies are found first";
+  mgr->RequestFinished("next");
+  // Committed again now, they are in G2: deduplicated.
+  std::vector<uint32_t> g1b = {30, 31, 32, 33, 34};
+  ASSERT_TRUE(mgr->Lookup({"third", first, "", "", {}}, 0).ok());
+  ASSERT_TRUE(mgr->PrepareLoad("third", g1b, 0).ok());
+  ASSERT_TRUE(mgr->Commit("third", first, g1b).ok());
+  EXPECT_EQ(mgr->Stats().dedup_blocks - after.dedup_blocks, 4u);
+  mgr->RequestFinished("third");
+}
+
 TEST(BlockManagerTest, EventsReportStoresAndRemovals) {
   std::vector<KvEvent> events;  // before the manager: they must outlive it
   std::mutex mu;

@@ -850,11 +850,14 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<Candidate> to_save;
   std::vector<BlockKey> reused;
   for (Candidate& c : candidates) {
-    // A key that no tier holds but a running load still pins (it failed verification and was
-    // invalidated) is not stored: it is saved again. So is one held only by a tier that cannot
-    // serve it now (a quarantined G3): it would never be offered.
+    // Only a copy in G2 makes a commit redundant. A key held only by G3 is saved to G2 again:
+    // the engine computed it although G3 held it, so G3's copy could not serve it (a quarantined
+    // G3, or a prefix match cut short before it, as by a damaged block ahead of it whose
+    // neighbours are damaged too and not yet read), and the fresh copy is then found first. A
+    // key that no tier holds but a running load still pins (it failed verification and was
+    // invalidated) is saved again too.
     const std::optional<BlockInfo> info = index_->Get(c.key);
-    if (info.has_value() && (info->tier_mask & LocalTiersToOffer()) != 0) {
+    if (info.has_value() && (info->tier_mask & (1u << kTierG2)) != 0) {
       reused.push_back(c.key);
     } else {
       to_save.push_back(std::move(c));

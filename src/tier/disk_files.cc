@@ -254,7 +254,8 @@ Result<std::unique_ptr<DiskFileSet>> DiskFileSet::Open(const Options& options) {
   set->lock_fd_ = *lock_fd;
   if (flock(set->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return Status::FailedPrecondition(dir + " is in use by another kvtier process");
+      return Status::FailedPrecondition(dir + " is in use by another kvtier process (it holds " +
+                                        dir + "/LOCK)");
     }
     return Status::FromErrno(errno, "flock " + dir + "/LOCK");
   }

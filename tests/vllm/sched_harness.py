@@ -28,6 +28,7 @@ request is reported finished (sending or receiving) twice.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 import time
@@ -198,6 +199,8 @@ class Harness:
         self.reported_sending: List[str] = []
         self.reported_recving: List[str] = []
         self.invalid_blocks_by_step: Dict[int, Set[int]] = {}
+        # The worker's get_kv_connector_stats counters, summed over the steps (gauges left out).
+        self.worker_counters: collections.Counter = collections.Counter()
         self.kv_mismatches: List[Tuple[int, str, int]] = []  # (step, request, position)
         self._in_flight: Optional[Tuple[Any, ModelRunnerOutput]] = None
         self.async_scheduling = async_scheduling
@@ -380,9 +383,13 @@ class Harness:
             self.invalid_blocks_by_step[self.step_no] = set(invalid)
         self.reported_sending.extend(sending or ())
         self.reported_recving.extend(recving or ())
+        worker_stats = w.get_kv_connector_stats()
+        if worker_stats is not None:
+            self.worker_counters.update({k: v for k, v in worker_stats.data.items()
+                                         if not k.startswith("gauge:")})
         kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                    invalid_block_ids=invalid,
-                                   kv_connector_stats=w.get_kv_connector_stats(),
+                                   kv_connector_stats=worker_stats,
                                    kv_cache_events=w.get_kv_connector_kv_cache_events())
         w.clear_connector_metadata()
         req_ids = list(so.num_scheduled_tokens)

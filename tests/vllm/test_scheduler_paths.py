@@ -100,6 +100,11 @@ def test_saves_key_only_real_tokens_and_multi_turn_reuse_is_exact(
     # Saved: the prompt and 39 generated tokens (the last one sampled has no KV); the 2 blocks
     # the prompts share come once from kvtier, then from vLLM's own cache.
     assert hits(h)["G2"] >= sum((70 + 9 * i + 39) // BS for i in range(3)) - 2 * 2, hits(h)
+    # The worker's lookup server answered every lookup the scheduler made, and says so in the
+    # counters vLLM exports (vllm:kvtier_lookup_server_*).
+    counters = h.worker_counters
+    assert counters["lookup_server_lookups"] >= 6, counters
+    assert counters["lookup_server_lookup_errors"] == 0, counters
     h.shutdown()
 
 
@@ -339,3 +344,25 @@ def test_reset_epoch_survives_a_restart(tmp: Path) -> None:
     c.run()
     assert hits(c)["G3"] >= 4, "blocks saved after the reset are found"
     c.shutdown()
+
+
+def test_tensor_parallel_across_nodes_is_refused_at_start(tmp: Path) -> None:
+    # The lookup channel is a socket local to the host: the scheduler could not reach a rank on
+    # another node and every lookup would miss without a word. Such a deployment stops at start.
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kvtier.vllm import KvtierConnector
+
+    h = Harness(MODEL, config(tmp))
+    pc = h.vllm_config.parallel_config
+    saved = (pc.nnodes, pc.tensor_parallel_size)
+    try:
+        pc.nnodes, pc.tensor_parallel_size = 2, 2
+        with pytest.raises(ValueError, match="across 2 nodes is not supported"):
+            KvtierConnector(h.vllm_config, KVConnectorRole.SCHEDULER, h.kv_cache_config)
+        # One node with TP 2 is a deployment kvtier serves: the check lets it through.
+        pc.nnodes = 1
+        h.connector._check_deployment(h.vllm_config)
+    finally:
+        pc.nnodes, pc.tensor_parallel_size = saved
+    h.shutdown()

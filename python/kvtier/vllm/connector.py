@@ -803,6 +803,8 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._manager is None:
             return None
         counts = dict(self._worker_counts)
+        if self._server is not None:
+            counts.update(("lookup_server_" + k, v) for k, v in self._server.stats().items())
         delta = worker_stats(self._manager.stats(), counts.pop("load_error_blocks", 0), counts,
                              self._stats_prev)
         stats = KvtierConnectorStats(data=delta)

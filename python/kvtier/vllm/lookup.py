@@ -297,8 +297,15 @@ class LookupServer:
             self._counts[name] += 1
 
     def call(self, request: LookupRequest) -> LookupAnswer:
-        """Answers one lookup in this process (the single-process executor's path)."""
-        return self._lookup(*_full(request))
+        """Answers one lookup in this process (the single-process executor's path); counted as
+        the socket's lookups are."""
+        try:
+            answer = self._lookup(*_full(request))
+        except Exception:
+            self._count("lookup_errors")
+            raise
+        self._count("lookups")
+        return answer
 
     def _accept_loop(self) -> None:
         while not self._closed:

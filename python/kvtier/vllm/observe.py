@@ -25,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 from kvtier.vllm.keys import published_lora_name
+from kvtier.vllm.lookup import COUNTERS as LOOKUP_SERVER_COUNTERS
 
 _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2",
              "hit_blocks_g3", "hit_blocks_g4", "miss_blocks", "load_failures", "saved_blocks",
@@ -48,6 +49,9 @@ _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
                      "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts",
                      "g4_removed_corrupt", "expired_requests", "g4_abandoned_loads",
                      "g4_late_returns")
+# The worker's lookup server (kvtier.vllm.lookup.COUNTERS), as lookup_server_<name>: refused
+# peers and secrets, malformed frames and time-outs say that something else talks to the socket.
+_SERVER_COUNTERS = tuple("lookup_server_" + name for name in LOOKUP_SERVER_COUNTERS)
 # Occupancy and state: gauges (summed over TP workers, set once per step that reports them).
 _GAUGES = ("g2_blocks", "g2_slots", "g2_free_slots", "g3_blocks", "g3_slots", "pinned_blocks",
            "g3_quarantined", "g3_admitting_first_sightings", "g4_breaker_open",
@@ -95,7 +99,7 @@ class KvtierPromMetrics(KVConnectorPromMetrics):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._counters: Dict[str, Dict[int, Any]] = {}
         self._gauges: Dict[str, Dict[int, Any]] = {}
-        for name in _COUNTERS + _MANAGER_COUNTERS + _PATHS:
+        for name in _COUNTERS + _MANAGER_COUNTERS + _SERVER_COUNTERS + _PATHS:
             counter = self._counter_cls(
                 name=f"vllm:kvtier_{name}",
                 documentation=f"kvtier connector: {name.replace('_', ' ')}",
