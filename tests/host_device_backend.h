@@ -3,7 +3,9 @@
 // thing cannot exist here). It runs the real planner's units with the real kernel body
 // (RunPlanLayerOnHost) on one worker thread, layer by layer, in submission order, and honours
 // max_batches and wait_for_room as the CUDA backend does. Tests can hold the worker after a
-// layer, and inject a device fault at a layer.
+// layer, and inject a device fault at a layer. OrderAfterStream has no stream to wait for
+// here: it records each call (and how many batches of that direction came before it), and can
+// be made to fail.
 #pragma once
 
 #include <condition_variable>
@@ -11,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "transfer/device_backend.h"
 
@@ -63,9 +66,42 @@ class HostDeviceBackend final : public DeviceCopyBackend {
       if (on_worker) break;
       cv_.wait(lock);
     }
+    ++submitted_[static_cast<int>(dir)];
     queue_.push_back(std::move(b));
     cv_.notify_all();
     return Status::Ok();
+  }
+
+  // One OrderAfterStream call: its direction, stream, and the batches of that direction
+  // submitted before it.
+  struct Order {
+    CopyDirection dir;
+    uintptr_t stream;
+    uint64_t batches_before;
+  };
+  Status OrderAfterStream(CopyDirection dir, uintptr_t engine_stream) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fail_next_order_) {
+      fail_next_order_ = false;
+      return Status::IOError("injected failure ordering after stream " +
+                             std::to_string(engine_stream));
+    }
+    orders_.push_back(Order{dir, engine_stream, submitted_[static_cast<int>(dir)]});
+    return Status::Ok();
+  }
+  std::vector<Order> orders() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return orders_;
+  }
+  // Batches accepted by Submit in direction `dir`.
+  uint64_t submitted(CopyDirection dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submitted_[static_cast<int>(dir)];
+  }
+  // The next OrderAfterStream fails (IOError) and records nothing.
+  void FailNextOrder() {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_next_order_ = true;
   }
 
   Result<uint8_t*> AllocateDevice(uint64_t bytes) override { return new uint8_t[bytes](); }
@@ -160,6 +196,9 @@ class HostDeviceBackend final : public DeviceCopyBackend {
   bool released_ = false;
   int64_t hold_after_layer_ = -1;
   int64_t fail_at_layer_ = -1;
+  uint64_t submitted_[2] = {0, 0};
+  std::vector<Order> orders_;
+  bool fail_next_order_ = false;
   std::thread worker_;
 };
 

@@ -1512,11 +1512,25 @@ Status BlockManager::RegisterDeviceMemory(const G1Memory& g1) {
   return impl_->RegisterDeviceMemory(g1);
 }
 Status BlockManager::StartLoad() { return impl_->StartLoad(); }
+// Ordered first, then started either way: after a failed ordering the loads (saves) fail rather
+// than wait unstarted while the engine goes on (connector.h).
+Status BlockManager::StartLoad(uintptr_t engine_stream) {
+  const Status ordered =
+      impl_->OrderAfterEngineStream(CopyDirection::kHostToDevice, engine_stream);
+  const Status started = impl_->StartLoad();
+  return ordered.ok() ? started : ordered;
+}
 Status BlockManager::WaitLayer(uint32_t layer) { return impl_->WaitLayer(layer); }
 uint32_t BlockManager::LoadedTokens(const std::string& request_id) {
   return impl_->LoadedTokens(request_id);
 }
 Status BlockManager::StartSave() { return impl_->StartSave(); }
+Status BlockManager::StartSave(uintptr_t engine_stream) {
+  const Status ordered =
+      impl_->OrderAfterEngineStream(CopyDirection::kDeviceToHost, engine_stream);
+  const Status started = impl_->StartSave();
+  return ordered.ok() ? started : ordered;
+}
 void BlockManager::WaitForSaves() { impl_->WaitForSaves(); }
 void BlockManager::WaitForRequestSaves(const std::string& request_id) {
   impl_->WaitForRequestSaves(request_id);

@@ -83,6 +83,10 @@ class BlockManager::Impl {
   Status WaitLayer(uint32_t layer) EXCLUDES(mu_);
   uint32_t LoadedTokens(const std::string& request_id) EXCLUDES(mu_);
   Status StartSave() EXCLUDES(mu_);
+  // StartLoad/StartSave(engine_stream) (connector.h): TransferEngine::OrderAfterEngineStream.
+  Status OrderAfterEngineStream(CopyDirection dir, uintptr_t engine_stream) {
+    return engine_->OrderAfterEngineStream(dir, engine_stream);
+  }
   void WaitForSaves() EXCLUDES(mu_);
   void WaitForRequestSaves(const std::string& request_id) EXCLUDES(mu_);
   FinishedRequests Finished() EXCLUDES(mu_);
