@@ -102,6 +102,28 @@ TEST_F(ConfigFileTest, FileThenEnvironmentPrecedence) {
   }
 }
 
+// IsSet tells a value someone chose from the built-in default: every explicit source counts,
+// even when it repeats the default's value; a refused value leaves the field as it was.
+TEST_F(ConfigFileTest, IsSetIsTrueForEveryExplicitSourceAndFalseForDefaults) {
+  Config c;
+  for (const ConfigFieldSpec& spec : Config::Schema()) {
+    EXPECT_FALSE(c.IsSet(spec.name)) << spec.name << " is at its default";
+  }
+  ASSERT_TRUE(c.LoadFile(Write("[g3]\ndir = \"/data/kvtier\"\n")).ok());
+  EXPECT_TRUE(c.IsSet("g3.dir"));
+  EXPECT_FALSE(c.IsSet("g3.capacity_bytes")) << "only what the file holds";
+  ASSERT_TRUE(c.LoadEnvironment({"KVTIER_G3_CAPACITY_BYTES=1GiB"}).ok());
+  EXPECT_TRUE(c.IsSet("g3.capacity_bytes"));
+  EXPECT_FALSE(c.IsSet("g3.files"));
+  ASSERT_TRUE(c.Set("g3.files", std::to_string(Config().GetUint("g3.files"))).ok());
+  EXPECT_TRUE(c.IsSet("g3.files")) << "set to the default's value, still set";
+  Config d;
+  EXPECT_FALSE(d.Set("g3.queue_depth", "not a number").ok());
+  EXPECT_FALSE(d.IsSet("g3.queue_depth")) << "a refused value sets nothing";
+  ASSERT_TRUE(d.Set("g3.queue_depth", "8", ConfigSource::kDefault).ok());
+  EXPECT_FALSE(d.IsSet("g3.queue_depth")) << "Set with kDefault restores a default";
+}
+
 TEST_F(ConfigFileTest, BadFilesGetClearErrors) {
   Config c;
   Status missing = c.LoadFile(dir_ + "/nope.toml");

@@ -81,6 +81,13 @@ class Config {
   const std::string& GetString(std::string_view name) const;  // kString and kChoice
   double GetDouble(std::string_view name) const;
 
+  // True when field `name` was set explicitly: by a file (LoadFile), the environment
+  // (LoadEnvironment) or Set() with any source but kDefault, even to its default's value; false
+  // while it holds its built-in default. The manager uses it to tell a g3.dir the user chose
+  // (which must open) from the default one (which may fall back). REQUIRES: `name` is in
+  // Schema() (a programmer error otherwise: the process aborts with a message).
+  bool IsSet(std::string_view name) const;
+
   // Settings that are valid but have no effect, one line each saying which and what to do:
   // a gN.credit_lru.* setting given (by a file, the environment or Set) while gN.policy is not
   // credit-lru. Empty when there is none. The manager logs them as warnings at start-up and

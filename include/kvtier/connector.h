@@ -163,7 +163,11 @@ class BlockManager {
   // Builds the tiers from options.config: the G2 arena (pre-faulted), G3 in g3.dir when
   // g3.enabled (its blocks recovered from a previous run), the index and the transfer engine.
   // InvalidArgument for a bad layout or config; the tiers' errors otherwise. A G3 that cannot
-  // open is logged and left out (kvtier runs on G2 alone) rather than failing start-up.
+  // open (g3.dir a file, read-only, too small for g3.capacity_bytes, locked by another process,
+  // not creatable) fails Create with the tier's status code and a message naming the directory,
+  // the reason and what to do, when g3.dir was set explicitly (Config::IsSet: a file, KVTIER_*
+  // or Set); with the default g3.dir it is left out with one warning saying so, and kvtier runs
+  // on G2 alone. g3.enabled = false never opens G3.
   static Result<std::unique_ptr<BlockManager>> Create(const ManagerOptions& options);
   // Finishes transfers in flight, then closes the tiers (G3 writes its restart snapshot). With
   // G4, the saves and demotions in flight end first, with their G4 writes: a block committed

@@ -294,6 +294,17 @@ PYBIND11_MODULE(_kvtier, mod) {
           },
           py::arg("name"), "The field's normalized value as text (sizes in bytes).")
       .def(
+          "is_set",
+          [](const Config& c, const std::string& name) -> bool {
+            for (const ConfigFieldSpec& s : Config::Schema()) {
+              if (s.name == name) return c.IsSet(name);
+            }
+            Throw(Status::InvalidArgument("unknown config field '" + name + "'"));
+          },
+          py::arg("name"),
+          "True when the field was set by a file, the environment or set(), False while it "
+          "holds its built-in default.")
+      .def(
           "entries",
           [](const Config& c) {
             py::list out;

@@ -768,6 +768,16 @@ double Config::GetDouble(std::string_view name) const {
   return std::strtod(Find(name, ConfigType::kDouble).text.c_str(), nullptr);
 }
 
+bool Config::IsSet(std::string_view name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    std::fprintf(stderr, "kvtier: internal error: IsSet of unknown config field '%.*s'\n",
+                 static_cast<int>(name.size()), name.data());
+    std::abort();
+  }
+  return it->second.source != ConfigSource::kDefault;
+}
+
 std::vector<std::string> Config::Warnings() const {
   std::vector<std::string> out;
   for (const char* tier : {"g2", "g3"}) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <utility>
 
 namespace kvtier {
 
@@ -68,6 +69,61 @@ Result<int> OpenRegularFile(const std::string& path, int flags, mode_t mode) {
     return Status::FromErrno(err, "fcntl(F_SETFL) " + path);
   }
   return fd;
+}
+
+Result<std::unique_ptr<RegularFileStream>> RegularFileStream::Open(const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(int fd, OpenRegularFile(path, O_RDONLY));
+  return std::make_unique<RegularFileStream>(fd, path);
+}
+
+RegularFileStream::RegularFileStream(int fd, std::string path) : std::istream(nullptr) {
+  buf_.fd = fd;
+  buf_.path = std::move(path);
+  buf_.owner = this;
+  rdbuf(&buf_);
+}
+
+RegularFileStream::~RegularFileStream() {
+  if (buf_.fd >= 0) ::close(buf_.fd);
+}
+
+RegularFileStream::FdBuf::int_type RegularFileStream::FdBuf::underflow() {
+  if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+  if (!error.ok()) return traits_type::eof();
+  ssize_t n;
+  do {
+    n = ::read(fd, data, sizeof(data));
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    error = Status::FromErrno(errno, "reading " + path);
+    // Parsers that read through rdbuf() see the end; the stream's state says it was no end.
+    owner->setstate(std::ios::badbit);
+    return traits_type::eof();
+  }
+  if (n == 0) return traits_type::eof();
+  setg(data, data, data + n);
+  return traits_type::to_int_type(*gptr());
+}
+
+RegularFileStream::FdBuf::pos_type RegularFileStream::FdBuf::seekoff(
+    off_type off, std::ios_base::seekdir dir, std::ios_base::openmode which) {
+  if ((which & std::ios_base::in) == 0) return pos_type(off_type(-1));
+  int whence = SEEK_SET;
+  if (dir == std::ios_base::cur) {
+    whence = SEEK_CUR;
+    off -= egptr() - gptr();  // the kernel's offset is past what is buffered
+  } else if (dir == std::ios_base::end) {
+    whence = SEEK_END;
+  }
+  const off_t at = ::lseek(fd, static_cast<off_t>(off), whence);
+  if (at < 0) return pos_type(off_type(-1));
+  setg(data, data, data);
+  return pos_type(static_cast<off_type>(at));
+}
+
+RegularFileStream::FdBuf::pos_type RegularFileStream::FdBuf::seekpos(
+    pos_type pos, std::ios_base::openmode which) {
+  return seekoff(off_type(pos), std::ios_base::beg, which);
 }
 
 }  // namespace kvtier

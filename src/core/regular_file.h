@@ -13,6 +13,9 @@
 
 #include <sys/types.h>
 
+#include <istream>
+#include <memory>
+#include <streambuf>
 #include <string>
 
 #include "kvtier/status.h"
@@ -35,5 +38,38 @@ const char* FileKindName(mode_t mode);
 
 // The message OpenRegularFile gives for a path that is `mode`'s kind and not a regular file.
 std::string NotARegularFileMessage(const std::string& path, mode_t mode);
+
+// A std::istream over a file descriptor, for parsers that read a stream (traces): the input
+// files a user names are opened with OpenRegularFile (std::ifstream opens a directory, blocks on
+// a FIFO, and its filebuf throws std::ios_base::failure when read(2) fails, past the parser).
+// Seekable (seekg), so a format can be sniffed and the file read again from the start. A failed
+// read(2) ends the stream with badbit set; read_error() then says why. Not thread-safe.
+class RegularFileStream : public std::istream {
+ public:
+  // Opens `path` for reading with OpenRegularFile; its errors unchanged.
+  static Result<std::unique_ptr<RegularFileStream>> Open(const std::string& path);
+  // Takes ownership of `fd` (closed by the destructor); `path` names it in read_error().
+  RegularFileStream(int fd, std::string path);
+  ~RegularFileStream() override;
+  RegularFileStream(const RegularFileStream&) = delete;
+  RegularFileStream& operator=(const RegularFileStream&) = delete;
+
+  // Ok, or IOError naming the path and errno of the read that failed.
+  const Status& read_error() const { return buf_.error; }
+
+ private:
+  struct FdBuf : std::streambuf {
+    int fd = -1;
+    std::string path;
+    Status error;
+    RegularFileStream* owner = nullptr;
+    char data[1 << 16];
+    int_type underflow() override;
+    pos_type seekoff(off_type off, std::ios_base::seekdir dir,
+                     std::ios_base::openmode which) override;
+    pos_type seekpos(pos_type pos, std::ios_base::openmode which) override;
+  };
+  FdBuf buf_;
+};
 
 }  // namespace kvtier

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/regular_file.h"
+
 namespace kvtier::engine {
 namespace {
 
@@ -310,8 +312,17 @@ const GgmlTypeTraits* GetGgmlTypeTraits(uint32_t type) {
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  // A regular file only: open(2) of a FIFO blocks until a writer comes, and a directory or a
+  // device has no bytes to map (a directory failed in mmap as "No such device"; /dev/zero
+  // passed as "empty").
+  Result<int> opened = OpenRegularFile(path, O_RDONLY);
+  if (!opened.ok()) {
+    if (opened.status().Is(StatusCode::kNotFound)) {
+      return Status::IOError("open " + path + ": it does not exist");
+    }
+    return opened.status();
+  }
+  const int fd = *opened;
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     Status s = Status::FromErrno(errno, "fstat " + path);

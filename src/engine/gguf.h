@@ -109,7 +109,8 @@ struct GgufTensorInfo {
 
 class GgufFile {
  public:
-  // Maps and parses `path`. IOError when it cannot be opened or mapped; Corruption (naming the
+  // Maps and parses `path`. IOError when it cannot be opened or mapped; InvalidArgument when it
+  // is not a regular file (a directory, a FIFO, a device: named); Corruption (naming the
   // offending field and offset) for a bad magic, an unsupported version, a count, length or
   // offset that does not fit the file, an unknown value or tensor type, duplicate keys or
   // tensor names, a misaligned tensor or a bad `general.alignment`.

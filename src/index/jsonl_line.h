@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <istream>
+#include <memory>
 #include <string>
 #include <string_view>
 
+#include "core/regular_file.h"
 #include "kvtier/status.h"
 
 namespace kvtier {
@@ -25,6 +27,27 @@ inline constexpr size_t kMaxTraceLineBytes = size_t{64} << 20;
 // are 16 Mi tokens, the bound of a request's tokens. Each id becomes tokens_per_block tokens in a
 // replay, so a line's ids are bounded up front, not after its prompt was built.
 inline constexpr size_t kMaxTraceLineIds = 16384;
+
+// Opens the trace file `path` for reading: a regular file only (a directory, a FIFO or a device
+// is refused by name: std::ifstream aborted on a directory and blocked on a FIFO). NotFound when
+// it does not exist, InvalidArgument when it is not a regular file, IOError otherwise; each
+// message names the path and says what to give instead.
+inline Result<std::unique_ptr<RegularFileStream>> OpenTraceFile(const std::string& path) {
+  if (path.empty()) {
+    return Status::InvalidArgument("the trace path is empty; give the path of a JSONL trace file");
+  }
+  auto opened = RegularFileStream::Open(path);
+  if (opened.ok()) return opened;
+  const Status& s = opened.status();
+  if (s.Is(StatusCode::kNotFound)) {
+    return Status::NotFound("trace " + path +
+                            " does not exist; give the path of a JSONL trace file");
+  }
+  if (s.Is(StatusCode::kInvalidArgument)) {
+    return Status::InvalidArgument("trace " + s.message() + "; give a JSONL trace file");
+  }
+  return Status(s.code(), "cannot open trace " + path + ": " + s.message());
+}
 
 // Reads a JSONL stream one line at a time, holding at most `max_bytes` of a line: a longer one
 // ends the reading with InvalidArgument naming its number.

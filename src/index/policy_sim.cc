@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <string_view>
 #include <unordered_map>
@@ -100,13 +99,9 @@ Result<Trace> ParseMooncakeTrace(std::istream& in) {
 }
 
 Result<Trace> LoadMooncakeTrace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    const int err = errno;
-    if (err == ENOENT) return Status::NotFound("trace " + path + " does not exist");
-    return Status::IOError("cannot open trace " + path + ": " + std::strerror(err));
-  }
-  auto trace = ParseMooncakeTrace(in);
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RegularFileStream> in, OpenTraceFile(path));
+  auto trace = ParseMooncakeTrace(*in);
+  if (!in->read_error().ok()) return in->read_error();
   if (!trace.ok()) return Status::InvalidArgument(path + ": " + trace.status().message());
   return trace;
 }

@@ -119,9 +119,23 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     if (opened.ok()) {
       g3_ = std::move(opened->tier);
       recovered = std::move(opened->recovered);
+    } else if (cfg.IsSet("g3.dir")) {
+      // A directory the user named is a tier the user asked for: it must not vanish silently
+      // (a disk tier that disappears at a restart is a complaint DESIGN.md lists).
+      std::string origin = "set explicitly";
+      for (const ConfigEntry& e : cfg.Entries()) {
+        if (e.spec->name == "g3.dir" && !e.origin.empty()) origin += ", from " + e.origin;
+      }
+      return Status(opened.status().code(),
+                    "G3 cannot open in g3.dir = " + dc.dir + " (" + origin +
+                        "): " + opened.status().message() +
+                        "; fix that directory, set g3.dir to one kvtier can use, or set "
+                        "g3.enabled = false to run without the SSD tier");
     } else {
-      KVTIER_LOG(kWarn) << "G3 could not open in " << dc.dir << ": " << opened.status().ToString()
-                        << "; running without the SSD tier";
+      KVTIER_LOG(kWarn) << "G3 is off: it could not open in the default g3.dir " << dc.dir << " ("
+                        << opened.status().ToString()
+                        << "); kvtier runs on G2 alone. Set g3.dir to a directory it can use "
+                           "for the SSD tier, or g3.enabled = false to run without it";
     }
   }
 
@@ -837,9 +851,10 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<BlockKey> reused;
   for (Candidate& c : candidates) {
     // A key that no tier holds but a running load still pins (it failed verification and was
-    // invalidated) is not stored: it is saved again.
+    // invalidated) is not stored: it is saved again. So is one held only by a tier that cannot
+    // serve it now (a quarantined G3): it would never be offered.
     const std::optional<BlockInfo> info = index_->Get(c.key);
-    if (info.has_value() && info->tier_mask != 0) {
+    if (info.has_value() && (info->tier_mask & LocalTiersToOffer()) != 0) {
       reused.push_back(c.key);
     } else {
       to_save.push_back(std::move(c));

@@ -115,6 +115,12 @@ def test_config_sources_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert sources["g3.queue_depth"] == "env"
     assert sources["g3.files"] == "set"
     assert "g2.capacity_bytes" in kvtier.Config.field_names()
+    # is_set: chosen by a file, the environment or set(); False at the built-in default.
+    assert c.is_set("g2.capacity_bytes") and c.is_set("g3.queue_depth") and c.is_set("g3.files")
+    assert not c.is_set("g3.dir") and not kvtier.Config().is_set("g2.capacity_bytes")
+    with pytest.raises(kvtier.KvtierError) as e:
+        c.is_set("g9.nothing")
+    assert e.value.code == "InvalidArgument" and "g9.nothing" in str(e.value)
 
     with pytest.raises(kvtier.KvtierError) as e:
         c.set("g2.capacity_bytes", "lots")
@@ -239,6 +245,16 @@ def test_g3_survives_a_restart(tmp_path: Path) -> None:
     assert [g1b.read(b) for b in range(5, 8)] == expected
     assert m2.stats()["hit_blocks"]["G3"] == 3
     m2.close()
+
+
+def test_an_explicit_g3_dir_that_cannot_open_raises(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("x")
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.BlockManager(small_layout(), "test-model", small_config(str(not_a_dir)))
+    assert e.value.code == "InvalidArgument"
+    assert f"G3 cannot open in g3.dir = {not_a_dir}" in str(e.value)
+    assert "g3.enabled = false" in str(e.value)
 
 
 def test_errors_raise_with_codes() -> None:

@@ -190,8 +190,16 @@ int RunBenchDisk(const CliArgs& args) {
   const std::string base = parent + "/bench-" + std::to_string(getpid());
   std::error_code ec;
   const bool parent_existed = std::filesystem::exists(parent, ec);
+  if (parent_existed && !std::filesystem::is_directory(parent, ec)) {
+    return UsageError(Status::InvalidArgument("--dir " + parent +
+                                              " exists and is not a directory; give a "
+                                              "directory to work in"));
+  }
   std::filesystem::create_directories(base, ec);
-  if (ec) return Failure(Status::IOError("cannot create " + base + ": " + ec.message()));
+  if (ec) {
+    return UsageError(Status::InvalidArgument("--dir: cannot create " + base + ": " + ec.message() +
+                                              "; give a writable directory"));
+  }
   struct Cleanup {
     std::string dir;
     std::string parent;  // removed too (when empty) if the bench created it

@@ -41,7 +41,7 @@ struct Args {
   uint32_t threads = 2;
   double commit_seconds = 2;
   uint32_t commit_interval_us = 200;
-  std::string dir = "./kvtier-data/bench-manager";
+  std::string dir;  // the bench's own directory, under --dir (RunBenchManager)
 };
 
 // Emulated G1 in host memory (layer-separate), pre-faulted.
@@ -440,7 +440,8 @@ void PrintUsage() {
       "  staged through G2 (vs the disk tier's own random reads in D), and the latency of\n"
       "  one-block Commits, one every I us for S seconds, while their demotions saturate the "
       "disk.\n"
-      "  Defaults: N 8, B 32, T 2, S 2, I 200, D ./kvtier-data/bench-manager (removed after).\n"
+      "  Defaults: N 8, B 32, T 2, S 2, I 200, D ./kvtier-data (the bench works in\n"
+      "  D/bench-manager-<pid> and removes it).\n"
       "  --metrics-compare [--reps R]: instead, lookups and G2 loads with the /metrics endpoint\n"
       "  off vs on (scraped at 10 Hz), interleaved, best of R (default 3) each, and on/off.\n");
 }
@@ -479,10 +480,30 @@ int RunBenchManager(const CliArgs& cli) {
   a.threads = static_cast<uint32_t>(*threads);
   a.commit_interval_us = static_cast<uint32_t>(*commits);
   a.commit_seconds = *commit_seconds;
-  a.dir = cli.GetString("dir", a.dir);
+  // The bench works in a directory of its own under --dir and removes only that (and --dir when
+  // it created it): --dir used to be removed whole, so `--dir ~` would have emptied a home.
+  const std::string parent = cli.GetString("dir", "./kvtier-data");
   std::error_code ec;
-  std::filesystem::remove_all(a.dir, ec);
+  const bool parent_existed = std::filesystem::exists(parent, ec);
+  if (parent_existed && !std::filesystem::is_directory(parent, ec)) {
+    return UsageError(Status::InvalidArgument("--dir " + parent +
+                                              " exists and is not a directory; give a "
+                                              "directory to work in"));
+  }
+  a.dir = parent + "/bench-manager-" + std::to_string(getpid());
   std::filesystem::create_directories(a.dir, ec);
+  if (ec) {
+    return UsageError(Status::InvalidArgument("--dir: cannot create " + a.dir + ": " +
+                                              ec.message() + "; give a writable directory"));
+  }
+  struct Cleanup {
+    std::string dir, parent;  // parent: removed too (when empty) if the bench created it
+    ~Cleanup() {
+      std::error_code e;
+      std::filesystem::remove_all(dir, e);
+      if (!parent.empty()) std::filesystem::remove(parent, e);
+    }
+  } cleanup{a.dir, parent_existed ? "" : parent};
   if (cli.Has("metrics-compare")) {
     auto reps = cli.GetUint("reps", 3);
     if (!reps.ok()) return UsageError(reps.status());

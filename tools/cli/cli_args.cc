@@ -1,11 +1,16 @@
 #include "cli/cli_args.h"
 
-#include "kvtier/config.h"
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+
+#include "core/regular_file.h"
+#include "kvtier/config.h"
 
 namespace kvtier::cli {
 
@@ -28,9 +33,9 @@ Result<CliArgs> CliArgs::Parse(int argc, char** argv, int first,
       value = "true";
     } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
       value = argv[++i];
-    } else {
-      return Status::InvalidArgument("flag --" + name + " needs a value (--" + name +
-                                     " VALUE or --" + name + "=VALUE)");
+    } else if (!name.empty()) {
+      args.valueless_.push_back(name);
+      continue;
     }
     if (name.empty()) return Status::InvalidArgument("empty flag name in '" + word + "'");
     args.flags_[name] = value;
@@ -40,6 +45,10 @@ Result<CliArgs> CliArgs::Parse(int argc, char** argv, int first,
 }
 
 bool CliArgs::Has(std::string_view flag) const { return flags_.find(flag) != flags_.end(); }
+
+bool CliArgs::Named(std::string_view flag) const {
+  return Has(flag) || std::find(valueless_.begin(), valueless_.end(), flag) != valueless_.end();
+}
 
 std::string CliArgs::GetString(std::string_view flag, std::string fallback) const {
   auto it = flags_.find(flag);
@@ -74,17 +83,31 @@ Result<double> CliArgs::GetDouble(std::string_view flag, double fallback) const 
     return Status::InvalidArgument("--" + std::string(flag) + " = '" + it->second +
                                    "' is not a number");
   }
+  // strtod reads "nan" and "inf"; no flag means either, and a nan passes every range check.
+  if (!std::isfinite(v)) {
+    return Status::InvalidArgument("--" + std::string(flag) + " = '" + it->second +
+                                   "' is not a finite number");
+  }
   return v;
 }
 
 Status CliArgs::CheckKnown(const std::vector<std::string>& known) const {
+  auto unknown = [&](const std::string& name) {
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "--" : ", --") + k;
+    return Status::InvalidArgument("unknown flag --" + name + "; this command takes " +
+                                   (list.empty() ? "no flags" : list));
+  };
   for (const auto& [name, value] : flags_) {
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      std::string list;
-      for (const auto& k : known) list += (list.empty() ? "--" : ", --") + k;
-      return Status::InvalidArgument("unknown flag --" + name + "; this command takes " +
-                                     (list.empty() ? "no flags" : list));
-    }
+    if (std::find(known.begin(), known.end(), name) == known.end()) return unknown(name);
+  }
+  for (const std::string& name : valueless_) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) return unknown(name);
+  }
+  if (!valueless_.empty()) {
+    const std::string& name = valueless_.front();
+    return Status::InvalidArgument("flag --" + name + " needs a value (--" + name + " VALUE or --" +
+                                   name + "=VALUE)");
   }
   return Status::Ok();
 }
@@ -97,6 +120,27 @@ int UsageError(const Status& status) {
 int Failure(const Status& status) {
   std::fprintf(stderr, "kvtier: %s\n", status.ToString().c_str());
   return 1;
+}
+
+Status CheckOutputFile(std::string_view flag, const std::string& path) {
+  const std::string f = "--" + std::string(flag);
+  if (path.empty()) return Status::InvalidArgument(f + " needs a file name");
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(f + " " + path + " is " + FileKindName(st.st_mode) +
+                                     ", not a regular file; give the path of a file to write");
+    }
+    return Status::Ok();
+  }
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(f + " " + path + ": " + parent.string() +
+                                   " is not an existing directory; create it or give another "
+                                   "path");
+  }
+  return Status::Ok();
 }
 
 Result<uint64_t> ParseSize(std::string_view text) {

@@ -1,6 +1,8 @@
 // kvtier inspect DIR: what an operator runs after a crash. Reads a G3 directory without
 // changing it (read-only, O_DIRECT) and reports its geometry and format versions, how many
 // blocks verify, how many bytes they hold, and which slots are corrupt.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -8,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/json_writer.h"
 #include "cli/progress.h"
+#include "core/regular_file.h"
 #include "tier/block_format.h"
 #include "tier/disk_files.h"
 #include "tier/disk_io.h"
@@ -35,8 +38,9 @@ std::string CheckSummary(const ScanReport& r) {
 }
 
 // The failure as the command reports it: on stderr, and with --json also as a JSON object on
-// stdout ({"dir", "error", "code"}), so a script that asked for JSON always gets JSON.
-int InspectFailure(const std::string& dir, bool json, const Status& status) {
+// stdout ({"dir", "error", "code"}), so a script that asked for JSON always gets JSON. Exit 1
+// (failed work), or 2 with `usage` (a path that is no directory).
+int InspectFailure(const std::string& dir, bool json, const Status& status, bool usage = false) {
   if (json) {
     JsonObject o;
     o.Add("dir", dir);
@@ -44,7 +48,7 @@ int InspectFailure(const std::string& dir, bool json, const Status& status) {
     o.Add("code", std::string(StatusCodeName(status.code())));
     std::printf("%s\n", o.Str().c_str());
   }
-  return Failure(status);
+  return usage ? UsageError(status) : Failure(status);
 }
 
 }  // namespace
@@ -67,6 +71,15 @@ int RunInspect(const CliArgs& args) {
   const bool json = args.Has("json");
   const bool verify_payload = !args.Has("headers-only");
 
+  // A path that is not a directory is the user's mistake (exit 2), named for what it is.
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    const Status s = Status::InvalidArgument(
+        (::stat(dir.c_str(), &st) != 0 ? dir + " does not exist"
+                                       : dir + " is " + FileKindName(st.st_mode)) +
+        "; give inspect a G3 directory (the g3.dir of a tier)");
+    return InspectFailure(dir, json, s, /*usage=*/true);
+  }
   auto files = DiskFileSet::OpenReadOnly(dir);
   if (!files.ok()) return InspectFailure(dir, json, files.status());
   const DiskGeometry& g = (*files)->geometry();

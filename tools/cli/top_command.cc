@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/host_port.h"
 #include "metrics/metrics.h"
 
 namespace kvtier::cli {
@@ -91,19 +92,22 @@ std::vector<Sample> ParseSamples(const std::string& text) {
   return out;
 }
 
-// Splits http://host:port/path (or host:port); false when there is no port.
-bool ParseUrl(const std::string& url, Target* t) {
+// Splits http://host:port/path (or host:port). InvalidArgument, saying what is wrong, when
+// there is no host or no port, or the port is not in 1..65535.
+Status ParseUrl(const std::string& url, Target* t) {
   std::string rest = url;
   if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
   const size_t slash = rest.find('/');
   t->path = slash == std::string::npos ? "/metrics" : rest.substr(slash);
-  const std::string hostport = rest.substr(0, slash);
-  const size_t colon = hostport.rfind(':');
-  if (colon == std::string::npos || colon + 1 == hostport.size()) return false;
-  t->host = hostport.substr(0, colon);
-  t->port = hostport.substr(colon + 1);
+  auto hp = ParseHostPort(rest.substr(0, slash), "target");
+  if (!hp.ok()) {
+    return Status::InvalidArgument(hp.status().message() + " (in '" + url +
+                                   "'); give http://HOST:PORT/metrics or HOST:PORT");
+  }
+  t->host = hp->host;
+  t->port = std::to_string(hp->port);
   t->url = url;
-  return !t->host.empty();
+  return Status::Ok();
 }
 
 // GET with a total time limit; the body, or an error message in *error.
@@ -374,11 +378,7 @@ int RunTop(const CliArgs& args) {
   std::vector<Target> targets;
   for (const std::string& u : urls) {
     Target t;
-    if (!ParseUrl(u, &t)) {
-      return UsageError(Status::InvalidArgument("'" + u +
-                                                "' is not a URL with a port; give "
-                                                "http://HOST:PORT/metrics or HOST:PORT"));
-    }
+    if (Status s = ParseUrl(u, &t); !s.ok()) return UsageError(s);
     targets.push_back(std::move(t));
   }
   const auto period = std::chrono::milliseconds(*interval);

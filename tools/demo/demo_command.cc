@@ -269,7 +269,7 @@ Status WritePlot(const std::vector<TurnResult>& turns, const std::string& png) {
 }  // namespace
 
 int RunDemo(const CliArgs& args) {
-  if (args.Has("workers")) return RunDemoWorkers(args);  // G4: several worker processes
+  if (args.Named("workers")) return RunDemoWorkers(args);  // G4: several worker processes
   if (args.Has("help")) {
     std::printf(
         "kvtier demo [--model PATH] [--users N] [--turns T] [--json] [--no-plot]\n\n"
@@ -298,13 +298,7 @@ int RunDemo(const CliArgs& args) {
   const bool plot = !args.Has("no-plot");
   FILE* log = json ? stderr : stdout;
 
-  if (!std::filesystem::exists(model_path)) {
-    std::fprintf(stderr,
-                 "kvtier: model file %s not found. Run scripts/fetch-model.sh to download "
-                 "SmolLM2-135M-Instruct (Q4_1), or pass --model PATH.\n",
-                 model_path.c_str());
-    return 1;
-  }
+  if (Status s = CheckDemoModelPath(model_path); !s.ok()) return UsageError(s);
   std::fprintf(log, "loading %s ...\n", model_path.c_str());
   std::fflush(log);
   auto loaded = LoadDemoModel(model_path);

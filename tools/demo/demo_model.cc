@@ -1,6 +1,26 @@
 #include "demo/demo_model.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "core/regular_file.h"
+
 namespace kvtier::cli {
+
+Status CheckDemoModelPath(const std::string& path) {
+  Result<int> fd = OpenRegularFile(path, O_RDONLY);
+  if (fd.ok()) {
+    ::close(*fd);
+    return Status::Ok();
+  }
+  if (fd.status().Is(StatusCode::kNotFound)) {
+    return Status::InvalidArgument("model file " + path +
+                                   " not found. Run scripts/fetch-model.sh to download "
+                                   "SmolLM2-135M-Instruct (Q4_1), or pass --model PATH.");
+  }
+  return Status::InvalidArgument("--model: " + fd.status().message() +
+                                 "; pass --model the path of a GGUF file");
+}
 
 Result<DemoModel> LoadDemoModel(const std::string& path) {
   DemoModel m;

@@ -20,6 +20,11 @@ struct DemoModel {
   engine::ChatTemplate chat;
 };
 
+// Checks, before anything starts (a model load, worker processes), that `path` can be the
+// model: InvalidArgument when it does not exist (saying how to fetch it) or is not a regular
+// file (a directory, a FIFO, a device: named). What is inside is LoadDemoModel's to check.
+Status CheckDemoModelPath(const std::string& path);
+
 // Opens `path` and builds all three from it. The first error of GgufFile::Open,
 // Tokenizer::FromGguf, LlamaModel::FromGguf or ChatTemplate::FromGguf, unchanged.
 Result<DemoModel> LoadDemoModel(const std::string& path);

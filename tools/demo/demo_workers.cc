@@ -202,13 +202,7 @@ int RunDemoWorkers(const CliArgs& args) {
   }
   const std::string model_path =
       args.GetString("model", "./models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  if (!std::filesystem::exists(model_path)) {
-    std::fprintf(stderr,
-                 "kvtier: model file %s not found. Run scripts/fetch-model.sh to download "
-                 "SmolLM2-135M-Instruct (Q4_1), or pass --model PATH.\n",
-                 model_path.c_str());
-    return 1;
-  }
+  if (Status s = CheckDemoModelPath(model_path); !s.ok()) return UsageError(s);
   const bool json = args.Has("json");
   FILE* log = json ? stderr : stdout;
   EmbeddedRedis own;

@@ -1,7 +1,11 @@
 // kvtier gen-trace: writes a synthetic workload in the Mooncake trace format from a named preset
 // (docs/workloads.md); the generator is tools/replay/trace_gen.h.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -98,17 +102,30 @@ int RunGenTrace(const CliArgs& args) {
     return UsageError(Status::InvalidArgument("--out FILE is required (- for stdout)"));
   }
   const std::string path = args.GetString("out", "");
-  if (path.empty()) return UsageError(Status::InvalidArgument("--out needs a file name"));
   if (path == "-") {
     std::ostream& out = std::cout;
     if (Status s = replay::GenerateTrace(params, *seed, out); !s.ok()) return Failure(s);
     return 0;
   }
-  const std::string tmp = path + ".tmp";
+  // The trace is written beside `path` and renamed over it: a FIFO or a device node there would
+  // be replaced (as root, `--out /dev/null` replaced /dev/null with a regular file).
+  if (Status s = CheckOutputFile("out", path); !s.ok()) return UsageError(s);
+  // A fresh name (O_EXCL), so no file already under it (a FIFO: the open would block) is used.
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int tmp_fd = mkstemp(tmp.data());
+  if (tmp_fd < 0) {
+    return Failure(Status::IOError("cannot create " + tmp + ": " + std::strerror(errno)));
+  }
+  const mode_t mask = umask(0);  // mkstemp makes it 0600; a trace is as readable as any file
+  umask(mask);
+  fchmod(tmp_fd, 0666 & ~mask);
+  ::close(tmp_fd);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) {
-      return Failure(Status::IOError("cannot create " + tmp + ": " + std::strerror(errno)));
+      const int err = errno;
+      std::remove(tmp.c_str());
+      return Failure(Status::IOError("cannot write " + tmp + ": " + std::strerror(err)));
     }
     if (Status s = replay::GenerateTrace(params, *seed, out); !s.ok()) {
       std::remove(tmp.c_str());

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <list>
 #include <memory>
 #include <numeric>
 #include <unordered_map>
 
+#include "index/jsonl_line.h"
 #include "replay/replay_host_g1.h"
 
 namespace kvtier::cli {
@@ -115,8 +115,10 @@ double MultiWorkerResult::load_imbalance() const {
 }
 
 Result<std::vector<double>> ReadArrivalSeconds(const std::string& path, const ReplayTrace& trace) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("cannot open trace " + path);
+  // Load() read it a moment ago; opened the same way, so a path swapped for a FIFO meanwhile
+  // cannot hold the replay.
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RegularFileStream> stream, OpenTraceFile(path));
+  std::istream& in = *stream;
   std::vector<double> out;
   out.reserve(trace.requests());
   std::string line;
@@ -157,6 +159,7 @@ Result<std::vector<double>> ReadArrivalSeconds(const std::string& path, const Re
     out.push_back(t);
     last = t;
   }
+  if (!stream->read_error().ok()) return stream->read_error();
   if (out.size() != trace.requests()) {
     return Status::InvalidArgument("trace " + path + " has " + std::to_string(out.size()) +
                                    " request lines but " + std::to_string(trace.requests()) +

@@ -198,6 +198,14 @@ int RunSweep(const CliArgs& args, const ReplayTrace& trace, const PolicyOptions&
   auto fractions = ParseFractions(args.GetString("sweep-fractions", "0.02,0.05,0.1,0.15,0.2,0.3"));
   if (!fractions.ok()) return UsageError(fractions.status());
   const std::string png = args.GetString("sweep-out", "replay-sweep.png");
+  // Checked before the simulations, not after them: a directory or a FIFO there, or a quote
+  // that would end the gnuplot script's string (and the shell's), would fail only the plot.
+  if (Status s = CheckOutputFile("sweep-out", png); !s.ok()) return UsageError(s);
+  if (png.find_first_of("'\n") != std::string::npos) {
+    return UsageError(Status::InvalidArgument("--sweep-out " + png +
+                                              ": a file name with a quote or a newline cannot "
+                                              "be handed to gnuplot; give another name"));
+  }
   const Trace& t = trace.blocks();
   const double unbounded = SimulateUnbounded(t).hit_ratio();
   std::vector<SweepRow> rows;
@@ -420,8 +428,10 @@ int RunReplayCommand(const CliArgs& args) {
   auto trace =
       ReplayTrace::Load(path, args.GetString("format", "auto"), static_cast<uint32_t>(*tpb));
   if (!trace.ok()) {
-    return trace.status().code() == StatusCode::kInvalidArgument ? UsageError(trace.status())
-                                                                 : Failure(trace.status());
+    // A path that does not exist or is no regular file is the user's to fix, as a bad line is.
+    const bool usage =
+        trace.status().Is(StatusCode::kInvalidArgument) || trace.status().Is(StatusCode::kNotFound);
+    return usage ? UsageError(trace.status()) : Failure(trace.status());
   }
   if (trace->requests() == 0) {
     return UsageError(Status::InvalidArgument(

@@ -2,7 +2,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <unordered_map>
 
 #include "index/jsonl_line.h"
@@ -123,18 +122,15 @@ Result<ReplayTrace> ReplayTrace::Load(const std::string& path, const std::string
   if (format != "auto" && format != "mooncake" && format != "kvtier") {
     return Status::InvalidArgument("--format " + format + ": use auto, mooncake or kvtier");
   }
-  std::ifstream in(path);
-  if (!in) {
-    const int err = errno;
-    if (err == ENOENT) return Status::NotFound("trace " + path + " does not exist");
-    return Status::IOError("cannot open trace " + path + ": " + std::strerror(err));
-  }
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RegularFileStream> stream, OpenTraceFile(path));
+  std::istream& in = *stream;
   bool mooncake = format == "mooncake";
   if (format == "auto") {
     std::string first;
     JsonLineReader reader(in);
     while (reader.Next(&first) && first.find_first_not_of(" \t\r\n") == std::string::npos) {
     }
+    if (!stream->read_error().ok()) return stream->read_error();
     if (!reader.status().ok())
       return Status::InvalidArgument(path + ": " + reader.status().message());
     mooncake = first.find("\"hash_ids\"") != std::string::npos;
@@ -143,10 +139,12 @@ Result<ReplayTrace> ReplayTrace::Load(const std::string& path, const std::string
   }
   if (mooncake) {
     auto trace = ParseMooncakeTrace(in);
+    if (!stream->read_error().ok()) return stream->read_error();
     if (!trace.ok()) return Status::InvalidArgument(path + ": " + trace.status().message());
     return FromMooncake(std::move(*trace), tokens_per_block);
   }
   auto trace = ParseTokens(in, tokens_per_block);
+  if (!stream->read_error().ok()) return stream->read_error();
   if (!trace.ok()) return Status::InvalidArgument(path + ": " + trace.status().message());
   return trace;
 }

@@ -180,8 +180,10 @@ int RunSim(const CliArgs& args) {
 
   auto trace = LoadMooncakeTrace(args.GetString("trace", ""));
   if (!trace.ok()) {
-    return trace.status().code() == StatusCode::kInvalidArgument ? UsageError(trace.status())
-                                                                 : Failure(trace.status());
+    // A path that does not exist or is no regular file is the user's to fix, as a bad line is.
+    const bool usage =
+        trace.status().Is(StatusCode::kInvalidArgument) || trace.status().Is(StatusCode::kNotFound);
+    return usage ? UsageError(trace.status()) : Failure(trace.status());
   }
   if (trace->requests() == 0) {
     return UsageError(Status::InvalidArgument("trace " + args.GetString("trace", "") +
