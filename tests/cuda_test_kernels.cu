@@ -94,8 +94,8 @@ int LaunchFill(uintptr_t stream, uint8_t* dev, uint64_t bytes, uint32_t seed, ui
   FillKernel<<<kBlocks, kThreads, 0, S(stream)>>>(dev, bytes, seed, off0, zero);
   return cudaGetLastError();
 }
-int LaunchCheck(uintptr_t stream, const uint8_t* dev, uint64_t bytes, uint32_t seed,
-                uint64_t off0, unsigned long long* bad_count) {
+int LaunchCheck(uintptr_t stream, const uint8_t* dev, uint64_t bytes, uint32_t seed, uint64_t off0,
+                unsigned long long* bad_count) {
   CheckKernel<<<kBlocks, kThreads, 0, S(stream)>>>(dev, bytes, seed, off0, bad_count);
   return cudaGetLastError();
 }

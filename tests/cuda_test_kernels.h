@@ -47,7 +47,7 @@ int LaunchFill(uintptr_t stream, uint8_t* dev, uint64_t bytes, uint32_t seed, ui
                bool zero);
 // Enqueues a kernel adding to *bad_count (device memory) the i < bytes with
 // dev[i] != TestByte(seed, off0 + i).
-int LaunchCheck(uintptr_t stream, const uint8_t* dev, uint64_t bytes, uint32_t seed,
-                uint64_t off0, unsigned long long* bad_count);
+int LaunchCheck(uintptr_t stream, const uint8_t* dev, uint64_t bytes, uint32_t seed, uint64_t off0,
+                unsigned long long* bad_count);
 
 }  // namespace kvtier::cuda_test

@@ -1,11 +1,11 @@
 // The CUDA transfer backend (see device_backend.h and docs/cuda.md).
 //
 // Structure: one stream per direction (saves: device -> host; loads: host -> device, at the
-// higher stream priority), one ordering event per direction (OrderAfterStream), a pool of at most max_batches Batch objects (each with its plan,
-// descriptor buffers and one event per layer, reused across submissions so the hot path
-// allocates nothing once warm), and one completion thread per direction that waits on a
-// batch's layer events in order and runs its callbacks. Submitters of one direction enqueue
-// under submit_mu_[dir], so the in-flight FIFO of a direction is in stream order.
+// higher stream priority), one ordering event per direction (OrderAfterStream), a pool of at most
+// max_batches Batch objects (each with its plan, descriptor buffers and one event per layer, reused
+// across submissions so the hot path allocates nothing once warm), and one completion thread per
+// direction that waits on a batch's layer events in order and runs its callbacks. Submitters of one
+// direction enqueue under submit_mu_[dir], so the in-flight FIFO of a direction is in stream order.
 //
 // NOT YET VERIFIED ON A GPU: this file was compiled and its CPU-side paths (probe, refusals)
 // tested on a machine without a GPU driver; see docs/cuda.md.
@@ -490,8 +490,9 @@ Status CudaBackend::OrderAfterStream(CopyDirection dir, uintptr_t engine_stream)
   cudaError_t e = cudaStreamIsCapturing(engine, &capture);
   if (e == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
     return Status::FailedPrecondition(
-        what + ": that stream is capturing a CUDA graph; waiting for it would pull the "
-               "backend's stream into the capture. Start loads and saves outside graph capture");
+        what +
+        ": that stream is capturing a CUDA graph; waiting for it would pull the "
+        "backend's stream into the capture. Start loads and saves outside graph capture");
   }
   if (e == cudaSuccess) e = cudaEventRecord(order_events_[d], engine);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(streams_[d], order_events_[d], 0);
