@@ -4,7 +4,9 @@
 #   2. configures and builds the release build with the CUDA backend (-j$(nproc));
 #   3. runs the GPU tests (byte-exact round trips of scattered blocks in both G1 arrangements
 #      with every copy method, per-layer completion in order, WaitLayer before later layers
-#      land) and FAILS if any of them skips: on a GPU machine a skip means the probe is wrong;
+#      land; StartSave/StartLoad(engine_stream) ordered after a slow kernel on an engine
+#      stream, CudaStreamOrderTest) and FAILS if any of them skips: on a GPU machine a skip
+#      means the probe is wrong;
 #   4. runs `kvtier bench copy --device cuda --json` for both G1 arrangements;
 #   5. prints a summary, including whether d2h_gbps and h2d_gbps reach 0.85 x cuda_memcpy_gbps.
 # Everything it produces goes to $OUT when set (the device tool collects it), else ./gpu-results.
@@ -87,7 +89,7 @@ timeout 60 build/tests/device_copy_plan_test >"$RESULTS/device_copy_plan_test.lo
 timeout 60 build/tests/transfer_engine_test >"$RESULTS/transfer_engine_test.log" 2>&1 ||
   { tail -n 30 "$RESULTS/transfer_engine_test.log"; fail "transfer_engine_test"; }
 say "GPU tests"
-GPU_FILTER='*CudaRoundTrip*:CudaBackendTest.*'
+GPU_FILTER='*CudaRoundTrip*:CudaBackendTest.*:*CudaStreamOrderTest.*:CudaStreamOrderCapture.*'
 set +e
 timeout 120 build/tests/cuda_backend_test --gtest_filter="$GPU_FILTER" \
   --gtest_output=json:"$RESULTS/gpu_tests.json" >"$RESULTS/gpu_tests.log" 2>&1
@@ -105,6 +107,8 @@ old_cuda=$(grep -c 'the batch method needs cudaMemcpyBatchAsync' "$RESULTS/gpu_t
 if [ "$old_cuda" -gt 0 ]; then
   say "note: $old_cuda batch-method test(s) skipped: this CUDA has no cudaMemcpyBatchAsync (< 12.8)"
 fi
+[ "$(grep -c 'OK \] .*CudaStreamOrder' "$RESULTS/gpu_tests.log" || true)" -ge 5 ] ||
+  fail "not all 5 CudaStreamOrder tests ran (is cuda_backend_test built with the CUDA backend?)"
 [ "$((skipped - old_cuda))" -le 0 ] ||
   fail "$skipped GPU test(s) SKIPPED on a GPU machine: $(grep -m1 -A1 'Skipped$' "$RESULTS/gpu_tests.log" | tail -n 1)"
 [ "$ran" -gt 0 ] || fail "no GPU test ran"

@@ -78,12 +78,16 @@ inline Config SmallConfig(const std::string& g3_dir, uint64_t g2_blocks, uint64_
 
 class MiniEngine {
  public:
-  MiniEngine(BlockManager* manager, uint32_t g1_blocks, std::string model = "test-model")
+  // `on_device`: G1 is registered as device memory (host memory all the same; for a manager
+  // whose device backend is a host stand-in, tests/host_device_backend.h).
+  MiniEngine(BlockManager* manager, uint32_t g1_blocks, std::string model = "test-model",
+             bool on_device = false)
       : manager_(manager), layout_(manager->layout()), model_(std::move(model)) {
     mem_.assign(layout_.BlockBytes() * g1_blocks, 0);
     G1Memory g1;
     g1.layout = layout_;
     g1.num_blocks = g1_blocks;
+    g1.on_device = on_device;
     const uint64_t chunk = layout_.ChunkBytes();
     for (uint32_t r = 0; r < layout_.num_layers * layout_.num_planes; ++r) {
       g1.regions.push_back({mem_.data() + r * chunk * g1_blocks, chunk});

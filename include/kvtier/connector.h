@@ -8,6 +8,12 @@
 //   worker     StartSave
 //   scheduler  RequestFinished ──> true: keep the G1 blocks until Finished() lists the request
 //
+// Device G1 (a GPU engine): the engine's kernels that write and read the KV run asynchronously
+// on its CUDA stream, while kvtier copies on streams of its own. StartSave(engine_stream) and
+// StartLoad(engine_stream) order kvtier's G1 accesses after the work the engine queued so far;
+// reading what a load wrote needs no stream, because WaitLayer and Finished() report a load only
+// once the device finished writing it. A host G1 uses StartSave() and StartLoad().
+//
 // Threads: scheduler-side and worker-side methods may run on different threads; each method is
 // thread-safe. Nothing here waits on I/O except WaitLayer, LoadedTokens, WaitForSaves and
 // WaitForRequestSaves, which exist to wait.
@@ -221,6 +227,29 @@ class BlockManager {
   // thread) at load priority: the synchronous ones as one batch, the asynchronous ones as
   // another. Returns at once.
   Status StartLoad();
+  // StartLoad for a device G1 that the engine's work on a CUDA stream uses: the loads started
+  // by this call and by later calls write G1 only after the work queued on `engine_stream`
+  // before this call has finished (vLLM zeroes new blocks and copies blocks on its stream just
+  // before it starts loads into them; a block freed by a preemption may still be in use by the
+  // previous step's kernels). `engine_stream` is a cudaStream_t of G1's device as an integer:
+  // PyTorch's torch.cuda.current_stream().cuda_stream, where 0 is the legacy default stream.
+  // Never waits on the host (kvtier's load stream waits on the device), but the loads start no
+  // earlier than that queued work ends: an engine that launched a whole forward pass before
+  // this call delays the loads by that pass.
+  // Reading the loaded KV needs no stream: WaitLayer(l) returns only after the device finished
+  // writing layer l of every synchronous load (kvtier's completion thread waited for the
+  // layer's CUDA event), so a kernel the engine launches after WaitLayer returns, on any
+  // stream, starts after those writes and sees them; an asynchronous load's blocks likewise
+  // once Finished() lists it in loads_done. A device-side wait on the engine's stream would add
+  // a CUDA call per layer and order nothing more.
+  // Errors (the loads are started all the same, and fail when the ordering failed: the engine
+  // recomputes them, as for any failed load; device loads keep failing until an ordering
+  // succeeds): FailedPrecondition before RegisterDeviceMemory, or while `engine_stream` is
+  // capturing a CUDA graph; InvalidArgument for a host G1 (use StartLoad()); IOError naming the
+  // CUDA error for a stream the device refuses.
+  // REQUIRES: `engine_stream` is a live stream (or 0); a dangling handle is undefined behaviour
+  // in CUDA itself.
+  Status StartLoad(uintptr_t engine_stream);
 
   // vLLM wait_for_layer_load. Blocks until layer `layer` of every synchronous load started so
   // far has landed in G1; asynchronous loads (PrepareLoad's async_load) are never waited for.
@@ -234,8 +263,26 @@ class BlockManager {
   uint32_t LoadedTokens(const std::string& request_id);
 
   // vLLM save_kv_layer / wait_for_save. Starts the saves that Commit queued, and deferred
-  // saves whose G2 slot has freed since. Returns at once.
+  // saves whose G2 slot has freed since. Returns at once. For a host G1, or a device G1 whose
+  // engine has finished (synchronized) the work that wrote the committed blocks.
   Status StartSave();
+  // StartSave for a device G1 that the engine's kernels write on a CUDA stream (vLLM launches
+  // the forward pass asynchronously, then calls wait_for_save): the saves started by this call,
+  // and every save started after it (deferred saves that Finished() or WaitForSaves() retry
+  // included), read G1 only after the work queued on `engine_stream` before this call has
+  // finished. `engine_stream` as for StartLoad(engine_stream): torch.cuda.current_stream()
+  // .cuda_stream, 0 being the legacy default stream. Never waits on the host: kvtier's save
+  // stream waits on the device (one CUDA event recorded on the engine's stream per call; no
+  // allocation). The engine may reuse a saved block's G1 memory once the save ended
+  // (Finished().saves_done, WaitForRequestSaves), which the host observes, so nothing orders
+  // the other way.
+  // REQUIRES: called after the Commit of blocks that the engine's queued work writes and before
+  // anything else starts saves (Finished() and WaitForSaves() start committed saves too when
+  // deferred saves wait); vLLM's connector commits and calls it back to back in wait_for_save.
+  // Errors as StartLoad(engine_stream), with "saves" for "loads": the saves are started all the
+  // same and, when the ordering failed, fail (dropped and counted, never read out of order);
+  // device saves keep failing until an ordering of saves succeeds.
+  Status StartSave(uintptr_t engine_stream);
   // Blocks until every save (deferred ones included) and every demotion to G3 started so far
   // has ended (for tests, benchmarks and shutdown).
   void WaitForSaves();

@@ -454,11 +454,17 @@ PYBIND11_MODULE(_kvtier, mod) {
             Check(WithoutGil([&] { return m.RegisterDeviceMemory(g1); }));
           },
           py::arg("layout"), py::arg("num_blocks"), py::arg("regions"), py::arg("on_device"))
-      .def("start_load",
-           [](PyBlockManager& self) {
-             BlockManager& m = self.m();
-             Check(WithoutGil([&] { return m.StartLoad(); }));
-           })
+      .def(
+          "start_load",
+          [](PyBlockManager& self, std::optional<uintptr_t> engine_stream) {
+            BlockManager& m = self.m();
+            Check(WithoutGil(
+                [&] { return engine_stream ? m.StartLoad(*engine_stream) : m.StartLoad(); }));
+          },
+          py::arg("engine_stream") = py::none(),
+          "engine_stream: for a device G1, the engine's CUDA stream as an int "
+          "(torch.cuda.current_stream().cuda_stream; 0 is the legacy default stream): the loads "
+          "write G1 only after the work queued on it so far. None: no ordering (host G1).")
       .def(
           "wait_layer",
           [](PyBlockManager& self, uint32_t layer) -> std::optional<std::string> {
@@ -477,11 +483,18 @@ PYBIND11_MODULE(_kvtier, mod) {
             return m.LoadedTokens(request_id);
           },
           py::arg("request_id"))
-      .def("start_save",
-           [](PyBlockManager& self) {
-             BlockManager& m = self.m();
-             Check(WithoutGil([&] { return m.StartSave(); }));
-           })
+      .def(
+          "start_save",
+          [](PyBlockManager& self, std::optional<uintptr_t> engine_stream) {
+            BlockManager& m = self.m();
+            Check(WithoutGil(
+                [&] { return engine_stream ? m.StartSave(*engine_stream) : m.StartSave(); }));
+          },
+          py::arg("engine_stream") = py::none(),
+          "engine_stream: for a device G1, the engine's CUDA stream as an int "
+          "(torch.cuda.current_stream().cuda_stream; 0 is the legacy default stream): the saves "
+          "read G1 only after the work queued on it so far. None: no ordering (host G1, or an "
+          "engine that synchronized).")
       .def("wait_for_saves",
            [](PyBlockManager& self) {
              BlockManager& m = self.m();

@@ -63,7 +63,8 @@ BlockManager::Impl::Impl(const ManagerOptions& options)
     : options_(options), layout_(options.layout), tpb_(options.layout.tokens_per_block) {}
 
 Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
-    const ManagerOptions& options, const DiskTier::OpenOptions& g3_open, WrapG4 wrap_g4) {
+    const ManagerOptions& options, const DiskTier::OpenOptions& g3_open, WrapG4 wrap_g4,
+    DeviceBackendFactory device_backend) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
   if (options.model_id.empty()) {
     return Status::InvalidArgument(
@@ -72,6 +73,7 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
   }
   std::unique_ptr<Impl> impl(new Impl(options));
   impl->wrap_g4_ = std::move(wrap_g4);
+  impl->device_backend_ = std::move(device_backend);
   KVTIER_RETURN_IF_ERROR(impl->Init(g3_open));
   return impl;
 }
@@ -188,6 +190,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   TransferEngine::Config tc;
   tc.copy_threads = static_cast<uint32_t>(cfg.GetUint("transfer.copy_threads"));
   tc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("transfer.max_queued_saves"));
+  tc.device_backend_factory = device_backend_;
   KVTIER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(tc));
   KVTIER_RETURN_IF_ERROR(engine_->RegisterHostArena(g2_.get(), layout_));
   if (!staging.empty()) KVTIER_RETURN_IF_ERROR(engine_->RegisterStagingSlots(std::move(staging)));
@@ -1530,11 +1533,23 @@ Status BlockManager::RegisterDeviceMemory(const G1Memory& g1) {
   return impl_->RegisterDeviceMemory(g1);
 }
 Status BlockManager::StartLoad() { return impl_->StartLoad(); }
+// Ordered first, then started either way: after a failed ordering the loads (saves) fail rather
+// than wait unstarted while the engine goes on (connector.h).
+Status BlockManager::StartLoad(uintptr_t engine_stream) {
+  const Status ordered = impl_->OrderAfterEngineStream(CopyDirection::kHostToDevice, engine_stream);
+  const Status started = impl_->StartLoad();
+  return ordered.ok() ? started : ordered;
+}
 Status BlockManager::WaitLayer(uint32_t layer) { return impl_->WaitLayer(layer); }
 uint32_t BlockManager::LoadedTokens(const std::string& request_id) {
   return impl_->LoadedTokens(request_id);
 }
 Status BlockManager::StartSave() { return impl_->StartSave(); }
+Status BlockManager::StartSave(uintptr_t engine_stream) {
+  const Status ordered = impl_->OrderAfterEngineStream(CopyDirection::kDeviceToHost, engine_stream);
+  const Status started = impl_->StartSave();
+  return ordered.ok() ? started : ordered;
+}
 void BlockManager::WaitForSaves() { impl_->WaitForSaves(); }
 void BlockManager::WaitForRequestSaves(const std::string& request_id) {
   impl_->WaitForRequestSaves(request_id);

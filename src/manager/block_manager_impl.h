@@ -63,11 +63,16 @@ class BlockManager::Impl {
  public:
   // Wraps the G4 store the manager opened (a seam for tests: e.g. a store whose calls stall).
   using WrapG4 = std::function<std::unique_ptr<RemoteStore>(std::unique_ptr<RemoteStore>)>;
-  // `g3_open` and `wrap_g4` are the seams for tests: e.g. g3_open.wrap_io injects faults under
-  // G3.
+  // Makes the device copy backend when a device G1 is registered (TransferEngine::Config::
+  // device_backend_factory); null = the CUDA backend.
+  using DeviceBackendFactory =
+      std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>;
+  // `g3_open`, `wrap_g4` and `device_backend` are the seams for tests: e.g. g3_open.wrap_io
+  // injects faults under G3; device_backend puts a host stand-in where no GPU exists.
   static Result<std::unique_ptr<Impl>> Create(const ManagerOptions& options,
                                               const DiskTier::OpenOptions& g3_open = {},
-                                              WrapG4 wrap_g4 = nullptr);
+                                              WrapG4 wrap_g4 = nullptr,
+                                              DeviceBackendFactory device_backend = nullptr);
   ~Impl();
 
   Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens)
@@ -83,6 +88,10 @@ class BlockManager::Impl {
   Status WaitLayer(uint32_t layer) EXCLUDES(mu_);
   uint32_t LoadedTokens(const std::string& request_id) EXCLUDES(mu_);
   Status StartSave() EXCLUDES(mu_);
+  // StartLoad/StartSave(engine_stream) (connector.h): TransferEngine::OrderAfterEngineStream.
+  Status OrderAfterEngineStream(CopyDirection dir, uintptr_t engine_stream) {
+    return engine_->OrderAfterEngineStream(dir, engine_stream);
+  }
   void WaitForSaves() EXCLUDES(mu_);
   void WaitForRequestSaves(const std::string& request_id) EXCLUDES(mu_);
   FinishedRequests Finished() EXCLUDES(mu_);
@@ -302,8 +311,9 @@ class BlockManager::Impl {
   std::unique_ptr<FirstSightingGate> g3_gate_;
   std::unique_ptr<TransferEngine> engine_;
   bool g1_registered_ = false;
-  std::unique_ptr<RemoteStore> g4_;  // null without G4; outlives engine_ (see ~Impl)
-  WrapG4 wrap_g4_;                   // set once by Create, before Init
+  std::unique_ptr<RemoteStore> g4_;      // null without G4; outlives engine_ (see ~Impl)
+  WrapG4 wrap_g4_;                       // set once by Create, before Init
+  DeviceBackendFactory device_backend_;  // set once by Create, before Init
   bool g4_write_through_ = true;
   std::chrono::milliseconds g4_lookup_deadline_{20};
   // G4 blocks are offered only when loading one is expected to be faster than recomputing it

@@ -1,11 +1,11 @@
 // The CUDA transfer backend (see device_backend.h and docs/cuda.md).
 //
 // Structure: one stream per direction (saves: device -> host; loads: host -> device, at the
-// higher stream priority), a pool of at most max_batches Batch objects (each with its plan,
-// descriptor buffers and one event per layer, reused across submissions so the hot path
-// allocates nothing once warm), and one completion thread per direction that waits on a
-// batch's layer events in order and runs its callbacks. Submitters of one direction enqueue
-// under submit_mu_[dir], so the in-flight FIFO of a direction is in stream order.
+// higher stream priority), one ordering event per direction (OrderAfterStream), a pool of at most
+// max_batches Batch objects (each with its plan, descriptor buffers and one event per layer, reused
+// across submissions so the hot path allocates nothing once warm), and one completion thread per
+// direction that waits on a batch's layer events in order and runs its callbacks. Submitters of one
+// direction enqueue under submit_mu_[dir], so the in-flight FIFO of a direction is in stream order.
 //
 // NOT YET VERIFIED ON A GPU: this file was compiled and its CPU-side paths (probe, refusals)
 // tested on a machine without a GPU driver; see docs/cuda.md.
@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -39,6 +40,13 @@ std::string CudaErrorText(cudaError_t e) {
 Status CudaCheck(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status::Ok();
   return Status::IOError(what + ": " + CudaErrorText(e));
+}
+
+std::string StreamText(uintptr_t stream) {
+  if (stream == 0) return "0 (the legacy default stream)";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(stream));
+  return buf;
 }
 
 std::string VersionText(int v) {
@@ -108,6 +116,7 @@ class CudaBackend final : public DeviceCopyBackend {
   Status RegisterHost(uint8_t* base, uint64_t bytes) override;
   Status Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies, LayerCallback on_layer,
                 DoneCallback on_done, bool wait_for_room) override EXCLUDES(mu_);
+  Status OrderAfterStream(CopyDirection dir, uintptr_t engine_stream) override;
 
   Result<uint8_t*> AllocateDevice(uint64_t bytes) override;
   void FreeDevice(uint8_t* ptr) override;
@@ -153,6 +162,8 @@ class CudaBackend final : public DeviceCopyBackend {
   Method method_ = Method::kKernel;
   std::string description_;
   cudaStream_t streams_[2] = {nullptr, nullptr};
+  // OrderAfterStream's events, one per direction, recorded and waited for under submit_mu_[d].
+  cudaEvent_t order_events_[2] = {nullptr, nullptr};
   G1Memory g1_;
   bool g1_registered_ = false;
   uint8_t* host_base_ = nullptr;
@@ -230,6 +241,10 @@ Status CudaBackend::Init() {
       CudaCheck(cudaStreamCreateWithPriority(&streams_[Index(CopyDirection::kHostToDevice)],
                                              cudaStreamNonBlocking, greatest),
                 "cudaStreamCreate (loads)"));
+  for (cudaEvent_t& e : order_events_) {
+    KVTIER_RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                     "cudaEventCreate (ordering after the engine's stream)"));
+  }
   description_ = "CUDA runtime " + VersionText(runtime) + ", driver " + VersionText(driver) +
                  ", device " + std::to_string(config_.device) + ": " + prop.name + " (sm_" +
                  std::to_string(prop.major) + std::to_string(prop.minor) + "), method " +
@@ -256,6 +271,9 @@ CudaBackend::~CudaBackend() {
   }
   for (cudaStream_t s : streams_) {
     if (s != nullptr) (void)cudaStreamDestroy(s);
+  }
+  for (cudaEvent_t e : order_events_) {
+    if (e != nullptr) (void)cudaEventDestroy(e);
   }
   if (host_owned_) {
     const cudaError_t e = cudaHostUnregister(host_base_);
@@ -452,6 +470,37 @@ Status CudaBackend::Submit(CopyDirection dir, std::span<const DeviceBlockCopy> c
     inflight_[d].push_back(b);
   }
   cv_.notify_all();
+  return Status::Ok();
+}
+
+Status CudaBackend::OrderAfterStream(CopyDirection dir, uintptr_t engine_stream) {
+  const int d = Index(dir);
+  const cudaStream_t engine = reinterpret_cast<cudaStream_t>(engine_stream);
+  const std::string what = std::string("ordering the CUDA backend's ") + CopyDirectionName(dir) +
+                           " work after the engine's stream " + StreamText(engine_stream);
+  // One event per direction, reused by every call, is enough and allocates nothing:
+  // cudaStreamWaitEvent waits for the work the event captured at its most recent record before
+  // the wait was enqueued, and a later cudaEventRecord does not change what an enqueued wait
+  // waits for (CUDA runtime API, cudaEventRecord). submit_mu_[d] keeps each record next to its
+  // wait (two callers must not interleave record, record, wait, wait) and orders the wait
+  // before the batches submitted after this call.
+  MutexLock submit(&submit_mu_[d]);
+  (void)cudaSetDevice(config_.device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(engine, &capture);
+  if (e == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+    return Status::FailedPrecondition(
+        what +
+        ": that stream is capturing a CUDA graph; waiting for it would pull the "
+        "backend's stream into the capture. Start loads and saves outside graph capture");
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(order_events_[d], engine);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(streams_[d], order_events_[d], 0);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status::IOError(what + ": " + CudaErrorText(e) + "; pass a live CUDA stream of device " +
+                           std::to_string(config_.device));
+  }
   return Status::Ok();
 }
 

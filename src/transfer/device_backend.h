@@ -74,6 +74,18 @@ class DeviceCopyBackend {
   virtual Status Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies,
                         LayerCallback on_layer, DoneCallback on_done, bool wait_for_room) = 0;
 
+  // Orders this backend's `dir` work after the engine's: every `dir` batch submitted after this
+  // call starts on the device only once the work queued on `engine_stream` before this call
+  // has finished. `engine_stream` is a cudaStream_t of the backend's device, as an integer
+  // (0 = the legacy default stream, as PyTorch's default stream appears; the per-thread
+  // default stream means the calling thread's). Returns at once: one event recorded on the
+  // engine's stream and waited for by the backend's `dir` stream, on the device; the host
+  // never waits for the engine's work. Batches submitted before this call are not affected.
+  // Ok; FailedPrecondition when the engine's stream is capturing a CUDA graph (the wait would
+  // pull the backend's stream into the capture); IOError naming the CUDA error otherwise (an
+  // invalid handle, a stream of another device or context). On an error nothing was ordered.
+  virtual Status OrderAfterStream(CopyDirection dir, uintptr_t engine_stream) = 0;
+
   // ---- device memory helpers for tests and benchmarks (synchronous) ----
   // Device memory of `bytes` bytes, freed by FreeDevice. IOError naming the CUDA error.
   virtual Result<uint8_t*> AllocateDevice(uint64_t bytes) = 0;

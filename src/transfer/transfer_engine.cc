@@ -318,6 +318,24 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
   return job;
 }
 
+Status TransferEngine::OrderAfterEngineStream(CopyDirection dir, uintptr_t engine_stream) {
+  const char* what = dir == CopyDirection::kDeviceToHost ? "saves" : "loads";
+  if (!g1_registered_) {
+    return Status::FailedPrecondition(std::string("ordering ") + what +
+                                      " after the engine's CUDA stream: no G1 is registered");
+  }
+  if (device_ == nullptr) {
+    return Status::InvalidArgument(
+        std::string("ordering ") + what + " after the engine's CUDA stream " +
+        std::to_string(engine_stream) +
+        ": G1 is host memory, whose copies no CUDA stream can order; pass no stream");
+  }
+  Status s = device_->OrderAfterStream(dir, engine_stream);
+  MutexLock lock(&order_mu_);
+  order_error_[static_cast<int>(dir)] = s;
+  return s;
+}
+
 void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyDirection dir,
                                   std::vector<uint32_t> moves, uint32_t reserved, bool as_load,
                                   uint32_t staging_slot) {
@@ -374,6 +392,21 @@ void TransferEngine::SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyD
       }
     }
   };
+  Status ordered;
+  {
+    MutexLock lock(&order_mu_);
+    ordered = order_error_[static_cast<int>(dir)];
+  }
+  if (!ordered.ok()) {
+    // Started now, the batch could read G1 before the engine wrote it (a save), or write G1
+    // before the engine's queued work is done with it (a load).
+    end_all(Status::IOError(std::string("CUDA ") + CopyDirectionName(dir) + " batch of " +
+                            std::to_string(copies.size()) +
+                            " blocks not started: the last ordering after the engine's stream "
+                            "failed (" +
+                            ordered.message() + ")"));
+    return;
+  }
   // Loads wait for room on the device; saves never wait (a full device drops them, counted).
   Status s = device_->Submit(dir, copies, std::move(on_layer), end_all, as_load);
   if (!s.ok()) {

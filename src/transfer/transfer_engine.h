@@ -150,6 +150,19 @@ class TransferEngine final : private DiskCompletionSink {
                                               TransferJob::DoneCallback on_done = nullptr)
       EXCLUDES(mu_, disk_mu_);
 
+  // Orders the device G1 accesses of one direction after the engine's own device work: the
+  // G1 reads of save batches (kDeviceToHost) or the G1 writes of load batches (kHostToDevice)
+  // submitted after this call, staged G3/G4 loads that reach G1 later included, start on the
+  // device only once the work queued on `engine_stream` (a cudaStream_t as an integer; 0 = the
+  // legacy default stream) before this call has finished. Never waits on the host. Earlier
+  // batches are not affected. Ok; FailedPrecondition when no G1 is registered; InvalidArgument
+  // when G1 is host memory (there is no device work to order after: a host G1's copies run when
+  // they are submitted); the device backend's error otherwise (DeviceCopyBackend::
+  // OrderAfterStream). After an error, every device batch of that direction fails (IOError,
+  // naming it) until an ordering of that direction succeeds, since it could touch G1 before the
+  // engine's work did.
+  Status OrderAfterEngineStream(CopyDirection dir, uintptr_t engine_stream) EXCLUDES(order_mu_);
+
   Stats stats() const;
   // Told the duration of each G3 I/O (one block, submit to completion) and each G4 call (one
   // batch of puts or gets), with its tier and whether it wrote: the metrics' I/O latency. Runs
@@ -203,7 +216,7 @@ class TransferEngine final : private DiskCompletionSink {
   // `staging_slot`: the pool slot a staged G3 -> G1 move read into (given back when it ends).
   void SubmitDevice(const std::shared_ptr<TransferJob>& job, CopyDirection dir,
                     std::vector<uint32_t> moves, uint32_t reserved, bool as_load,
-                    uint32_t staging_slot = BlockTransfer::kAnyStagingSlot);
+                    uint32_t staging_slot = BlockTransfer::kAnyStagingSlot) EXCLUDES(order_mu_);
   Status PinArenaForDevice();
   // Starts the disk I/O of `moves`. A staged move (kAnyStagingSlot) takes a pool slot or waits
   // for one; `given_slot` is the pool slot ReleaseStaging hands to one waiting move.
@@ -237,6 +250,10 @@ class TransferEngine final : private DiskCompletionSink {
   DiskTier* disk_ = nullptr;
   std::unique_ptr<DeviceCopyBackend> device_;  // set while a device G1 is registered
   bool device_host_registered_ = false;
+  // The last OrderAfterEngineStream of each direction (CopyDirection as index) failed: its
+  // device batches are failed, not started, until one succeeds.
+  Mutex order_mu_;
+  Status order_error_[2] GUARDED_BY(order_mu_);
 
   Mutex mu_;
   std::condition_variable work_cv_;

@@ -272,7 +272,17 @@ def test_errors_raise_with_codes() -> None:
         m.start_save()  # a save before register_memory: nowhere to read it from
     assert e.value.code == "FailedPrecondition"
     m.request_finished("early")
+    with pytest.raises(kvtier.KvtierError) as e:
+        m.start_load(engine_stream=0)  # no G1: nothing to order
+    assert e.value.code == "FailedPrecondition"
     HostG1(m, 4)
+    # A host G1's copies have no CUDA stream to be ordered after; the plain calls still work.
+    for call in (m.start_save, m.start_load):
+        with pytest.raises(kvtier.KvtierError) as e:
+            call(engine_stream=0x1234)
+        assert e.value.code == "InvalidArgument" and "host memory" in str(e.value)
+        call(engine_stream=None)
+        call()
     with pytest.raises(kvtier.KvtierError) as e:
         m.wait_layer(LAYERS)
     assert e.value.code == "InvalidArgument"

@@ -551,10 +551,14 @@ class KvtierConnector(KVConnectorBase_V1):
         self._rank = get_tensor_model_parallel_rank() if self._tp_size > 1 else 0
         self._pp_rank = get_pp_group().rank_in_group if self._pp_size > 1 else 0
         model_config = self._vllm_config.model_config
+        # The KV cache manager's block count tells an attention backend's kernel blocks (a
+        # block dimension k times longer) from vLLM's blocks; older vLLMs pass no config.
+        kv_cache_config = getattr(self, "_kv_cache_config", None)
         layout = describe_kv_caches(
             kv_caches, block_size=self._block_size,
             num_kv_heads=model_config.get_num_kv_heads(self._vllm_config.parallel_config),
-            head_size=model_config.get_head_size())
+            head_size=model_config.get_head_size(),
+            num_blocks=getattr(kv_cache_config, "num_blocks", None))
         self._layout = layout
         self._layer_index = {name: i for i, name in enumerate(layout.layer_names)}
         config = self._settings.kvtier_config(
@@ -650,7 +654,14 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._async_loads[spec.key] = (spec, planned)
             else:
                 self._sync_loads.append((spec, planned))
-        m.start_load()
+        if self._layout is not None and self._layout.on_device:
+            # vLLM zeroes and copies blocks on its stream right before the loads into them.
+            try:
+                m.start_load(torch.cuda.current_stream().cuda_stream)
+            except kvtier.KvtierError as e:  # started anyway; they fail and are recomputed
+                logger.warning("kvtier: loads not ordered after vLLM's stream: %s", e)
+        else:
+            m.start_load()
 
     @staticmethod
     def _prepare_load(m: Any, spec: LoadSpec) -> int:
@@ -750,7 +761,14 @@ class KvtierConnector(KVConnectorBase_V1):
             except kvtier.KvtierError as e:
                 # NotFound: the lookup for this request failed; its blocks are not saved.
                 logger.debug("kvtier: commit(%s): %s", save.key, e)
-        m.start_save()
+        if self._layout is not None and self._layout.on_device:
+            # The forward pass that wrote these blocks may still run on vLLM's stream.
+            try:
+                m.start_save(torch.cuda.current_stream().cuda_stream)
+            except kvtier.KvtierError as e:  # started anyway; they fail (dropped, counted)
+                logger.warning("kvtier: saves not ordered after vLLM's stream: %s", e)
+        else:
+            m.start_save()
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]],
                                                                  Optional[Set[str]]]:
