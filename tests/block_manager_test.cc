@@ -706,6 +706,10 @@ TEST(BlockManagerTest, BlocksOnlyG3HoldsAreSavedToG2WhenComputedAgain) {
   EXPECT_EQ(after.saved_blocks - before.saved_blocks, 4u);
   EXPECT_EQ(after.dedup_blocks, before.dedup_blocks) << "a G3-only copy is no reason to skip";
   mgr->RequestFinished("again");
+  auto g3_only = mgr->Lookup({"g3-only", first, "", "", {}, 1u << kTierG3}, 0);
+  ASSERT_TRUE(g3_only.ok());
+  EXPECT_EQ(g3_only->blocks_by_tier[kTierG3], 0u) << "the fresh copies replace G3's";
+  mgr->RequestFinished("g3-only");
 
   auto next = mgr->Lookup({"next", first, "", "", {}}, 0);
   ASSERT_TRUE(next.ok());
@@ -718,6 +722,13 @@ TEST(BlockManagerTest, BlocksOnlyG3HoldsAreSavedToG2WhenComputedAgain) {
   ASSERT_TRUE(mgr->Commit("third", first, g1b).ok());
   EXPECT_EQ(mgr->Stats().dedup_blocks - after.dedup_blocks, 4u);
   mgr->RequestFinished("third");
+  // The shutdown flush writes the fresh copies to G3: a restart finds them there.
+  mgr.reset();
+  auto restarted = MakeManager(SmallConfig(dir.path(), 12, 64));
+  auto found = restarted->Lookup({"found", first, "", "", {}}, 0);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->blocks_by_tier[kTierG3], 4u);
+  restarted->RequestFinished("found");
 }
 
 TEST(BlockManagerTest, EventsReportStoresAndRemovals) {

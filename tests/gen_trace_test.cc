@@ -121,12 +121,17 @@ TEST(GenTraceTest, BadFlagsAreUsageErrorsSayingWhatToFix) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/t.jsonl")) << "nothing written";
 }
 
+// An --out in a directory that does not exist is refused before any work (a usage error, exit
+// 2), naming the directory and what to do.
 TEST(GenTraceTest, UnwritableOutputIsAFailureNamingIt) {
   TempDir dir;
   const std::string path = dir.path() + "/no/such/dir/t.jsonl";
   CliRun r = CliAll("gen-trace --preset agent-loop --requests 10 --out " + path);
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("cannot create " + path), std::string::npos) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find(dir.path() + "/no/such/dir is not an existing directory"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 // --policy all runs every online policy and says how the default compares with lru, arc and

@@ -404,7 +404,7 @@ TEST_F(SimCommandTest, BadInputIsAUsageErrorThatSaysWhere) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("--trace"), std::string::npos) << r.out;
   r = Kvtier("sim --trace " + (dir_ / "missing.jsonl").string());
-  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << "a missing trace is a usage error: " << r.out;
   EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
 }
 

@@ -394,7 +394,7 @@ TEST(ReplayCliTest, UsageErrorsSayWhatToFix) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("power of two"), std::string::npos) << r.out;
   r = KvtierAll("replay --trace /nonexistent.jsonl");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2) << "a missing trace is a usage error";
   EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
   // A malformed trace: the line and what is wrong.
   char path[] = "/tmp/kvtier-replay-bad-XXXXXX";

@@ -199,7 +199,9 @@ class BlockManager {
 
   // The engine finished computing more of the request: `tokens` is everything so far (prompt
   // and generated), `g1_block_ids` its block table. Full blocks not committed before are keyed;
-  // those kvtier already holds count as reuse, the others are queued to save to G2 (StartSave
+  // those G2 already holds count as reuse (dedup_blocks; a copy in G3 alone is no reason to
+  // skip: the engine computed the block because that copy could not serve it, and the fresh
+  // one goes to G2, found first), the others are queued to save to G2 (StartSave
   // starts them). Never waits on I/O. A save that finds no free G2 slot while G2's victims are
   // being written to G3 waits for one (deferred: the engine keeps the G1 block meanwhile, as
   // for any save, up to transfer.max_queued_saves of them); with no slot free nor freeing it is

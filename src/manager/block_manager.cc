@@ -458,6 +458,22 @@ void BlockManager::Impl::MakeRoomInG3() {
   }
 }
 
+void BlockManager::Impl::DropReplacedG3Copy(const BlockKey& key, const BlockKey& parent) {
+  // The engine computed this block again although G3 held it (Commit saves such blocks), so
+  // G3's copy could not serve it and may be damaged unread: the fresh copy replaces it, and
+  // reaches G3 again by demotion or the shutdown flush. A copy a load is reading (pinned) stays.
+  if (!g3_) return;
+  const std::optional<BlockInfo> info = index_->Get(key);
+  if (!info.has_value() || ((info->tier_mask >> kTierG3) & 1u) == 0) return;
+  if (!index_->Remove(key, kTierG3).ok()) return;
+  if (g3_gate_) g3_gate_->OnRemoved(key);
+  const Status s = g3_->Remove(key);
+  if (!s.ok() && !s.Is(StatusCode::kNotFound)) {
+    KVTIER_LOG(kWarn) << "G3 remove of a replaced block: " << s.ToString();
+  }
+  Emit({Event(KvEvent::Kind::kRemoved, key, parent, kTierG3)});
+}
+
 void BlockManager::Impl::Demote(const EvictedBlock& victim) {
   BlockTransfer m;
   m.op = BlockTransfer::Op::kG2ToG3;
@@ -1115,6 +1131,7 @@ Status BlockManager::Impl::StartSave() {
         c_.saved.fetch_add(1, std::memory_order_relaxed);
         if (metrics_) metrics_->save->ObserveNanos(took);
         Emit({G2StoredEvent(s.g2_slot, s.key, s.parent)});
+        DropReplacedG3Copy(s.key, s.parent);
         if (auto w = PrepareWriteThrough(s.key, s.parent, s.g2_slot)) {
           // Counted before the save ends, so WaitForSaves sees it.
           g4_writes_in_flight_.fetch_add(1);

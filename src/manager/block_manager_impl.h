@@ -209,6 +209,9 @@ class BlockManager::Impl {
   // The store_tiers of the block G2 holds in `slot`.
   uint8_t SlotStoreTiers(uint32_t slot) EXCLUDES(slot_mu_);
   void Demote(const EvictedBlock& victim);
+  // After a save to G2 of `key`: drops G3's copy of it, unless a load is reading it (the fresh
+  // copy replaces one that could not serve the engine; see the definition).
+  void DropReplacedG3Copy(const BlockKey& key, const BlockKey& parent);
   // Clean shutdown (g3.flush_on_close): every G2 block not yet in G3 is written there, so a
   // warm restart finds what G2 held. Waits for the writes; at most `max_in_flight` at a time.
   void FlushG2ToG3() EXCLUDES(mu_);

@@ -63,9 +63,14 @@ def prompts(n_systems: int = SYSTEMS, per_system: int = 2, salt: str = "") -> Li
 def run_vllm(tmp: Path, name: str, steps: List[Dict[str, Any]],
              kvtier: Optional[Dict[str, Any]], timeout: float = 400, model: str = "",
              extra_plan: Optional[Dict[str, Any]] = None,
-             num_gpu_blocks: int = G1_BLOCKS) -> Dict[str, Any]:
+             num_gpu_blocks: int = G1_BLOCKS, processes: bool = False) -> Dict[str, Any]:
+    """One vLLM run of `steps`. By default the engine core and the worker run in the driver's
+    process (~20 s less per run); `processes` gives vLLM's own layout (an engine-core process
+    and a worker process, the scheduler's lookups over the socket), as some runs below and the
+    OpenAI server test use."""
     plan = {"model": model or MODEL, "kvtier": kvtier, "num_gpu_blocks": num_gpu_blocks,
-            "max_model_len": 1024, "steps": steps, **(extra_plan or {})}
+            "max_model_len": 1024, "steps": steps, "in_process": not processes,
+            **(extra_plan or {})}
     plan_path, out_path = tmp / f"{name}.plan.json", tmp / f"{name}.out.json"
     plan_path.write_text(json.dumps(plan))
     log = tmp / f"{name}.log"
@@ -170,7 +175,7 @@ def test_g3_after_restart_then_corrupt_files(tmp: Path, baseline: List[List[int]
     g3 = tmp / "g3-restart"
     config = kvtier_config(tmp, **{"g3.dir": str(g3)})
     first = run_vllm(tmp, "g3-first", [{"name": "all", "generate": prompts(), "max_tokens": 8}],
-                     config)
+                     config, processes=True)
     assert outputs(first) == baseline
     # A new vLLM process, a new (empty) G2: the prefixes come back from G3.
     second = run_vllm(tmp, "g3-second",
@@ -221,7 +226,7 @@ def test_g4_second_process_then_redis_killed(tmp: Path, baseline: List[List[int]
     assert outputs(writer) == baseline
     # Another vLLM process (its own G2, no G3) finds the prefixes the first one wrote to Redis.
     reader = run_vllm(tmp, "g4-reader", [{"name": "all", "generate": prompts(), "max_tokens": 8}],
-                      kvtier_config(tmp, **g4))
+                      kvtier_config(tmp, **g4), processes=True)
     assert outputs(reader) == baseline
     assert metric(reader, "hit_blocks_g4") >= 4 * SYSTEMS, counters(reader)
 
@@ -450,7 +455,7 @@ def test_openai_server_multi_turn_chats(tmp: Path) -> None:
         # A second vLLM instance on the same g3.dir: the first holds its lock. It must stop with
         # the reason, never run silently without G3.
         plan = {"model": MODEL, "kvtier": extra, "num_gpu_blocks": G1_BLOCKS,
-                "max_model_len": 1024, "steps": []}
+                "max_model_len": 1024, "steps": [], "in_process": True}
         (tmp / "second.plan.json").write_text(json.dumps(plan))
         second = subprocess.run([sys.executable, str(DRIVER), str(tmp / "second.plan.json"),
                                  str(tmp / "second.out.json")], capture_output=True, text=True,
