@@ -128,8 +128,7 @@ TEST(GenTraceTest, UnwritableOutputIsAFailureNamingIt) {
   const std::string path = dir.path() + "/no/such/dir/t.jsonl";
   CliRun r = CliAll("gen-trace --preset agent-loop --requests 10 --out " + path);
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find(dir.path() + "/no/such/dir is not an existing directory"),
-            std::string::npos)
+  EXPECT_NE(r.out.find(dir.path() + "/no/such/dir is not an existing directory"), std::string::npos)
       << r.out;
   EXPECT_FALSE(std::filesystem::exists(path));
 }

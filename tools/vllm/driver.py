@@ -95,7 +95,19 @@ def main() -> int:
     out: Dict[str, Any] = {"steps": []}
     for step in plan["steps"]:
         if step.get("reset_prefix_cache"):
-            llm.reset_prefix_cache(reset_connector=bool(step.get("reset_connector", False)))
+            reset_connector = bool(step.get("reset_connector", False))
+            ok = llm.reset_prefix_cache(reset_connector=reset_connector)
+            # vLLM refuses while blocks are still held (a finished request whose saves have
+            # not been reported yet). Its engine core's busy loop reports them by itself; an
+            # engine in this process only when stepped: step it, bounded.
+            deadline = time.monotonic() + 30
+            while not ok and time.monotonic() < deadline:
+                llm.llm_engine.step()
+                time.sleep(0.01)
+                ok = llm.reset_prefix_cache(reset_connector=reset_connector)
+            if not ok:
+                print("driver: vLLM refused reset_prefix_cache for 30 s", file=sys.stderr)
+                return 3
             continue
         if "signal" in step:
             os.kill(int(step["signal"]), int(step.get("signum", signal.SIGKILL)))
