@@ -24,9 +24,19 @@ using testing::Prompt;
 using testing::SmallConfig;
 using testing::TempDirectory;
 using testing::TestLayout;
+using testing::WaitFor;
 
 std::unique_ptr<BlockManager> MakeManager(const Config& config) {
   return testing::MakeTestManager(config);
+}
+
+// `n` prompts of 65 tokens with the seeds after `seed` (requests "f1".."fn"), then every save
+// and demotion ended: what G2 evicted meanwhile, the oldest blocks first, is in G3.
+void RunFillers(MiniEngine& engine, BlockManager& manager, uint32_t seed, uint32_t n) {
+  for (uint32_t i = 1; i <= n; ++i) {
+    engine.Run("f" + std::to_string(i), Prompt(seed + i, 16 * 4 + 1));
+  }
+  manager.WaitForSaves();
 }
 
 TEST(BlockManagerTest, SecondRequestLoadsTheFirstOnesPrefixFromG2ByteExact) {
@@ -322,8 +332,7 @@ TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(40, 16 * 4 + 1);
   engine.Run("a", prompt);
-  for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(40 + i, 16 * 4 + 1));
-  mgr->WaitForSaves();
+  RunFillers(engine, *mgr, 40, 3);
   ASSERT_GT(testing::CorruptG3Payloads(dir.path()), 0);
   const uint64_t g2_hits_before = mgr->Stats().hit_blocks[kTierG2];
   auto r = engine.Run("again", prompt);
@@ -346,8 +355,7 @@ TEST(BlockManagerTest, ACorruptG3BlockIsNeverOfferedAgain) {
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(45, 16 * 4 + 1);
   engine.Run("a", prompt);
-  for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(45 + i, 16 * 4 + 1));
-  mgr->WaitForSaves();
+  RunFillers(engine, *mgr, 45, 3);
   auto probe = mgr->Lookup({"probe", prompt, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt is in G3 only";
@@ -402,8 +410,7 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   MiniEngine engine(&manager, 64);
   const auto first = Prompt(90, 16 * 4 + 1);
   engine.Run("p0", first);
-  for (uint32_t i = 1; i <= 4; ++i) engine.Run("p" + std::to_string(i), Prompt(90 + i, 16 * 4 + 1));
-  manager.WaitForSaves();
+  RunFillers(engine, manager, 90, 4);
   auto probe = manager.Lookup({"probe", first, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_GT(probe->blocks_by_tier[kTierG3], 0u) << "the first prompt went to G3";
@@ -440,17 +447,6 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   manager.RequestFinished("next");
 }
 
-// Polls `done` every 5 ms for up to 30 s.
-template <typename F>
-bool WaitFor(F done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
 // A manager over G2 (12 slots: 4 staging, 8 cache) and a G3 in `dir` whose I/O goes through a
 // FaultInjectingIo (*faults).
 std::unique_ptr<BlockManager> FaultyG3Manager(const Config& config, FaultInjectingIo** faults) {
@@ -484,8 +480,7 @@ TEST(BlockManagerTest, ARequestFinishedWithItsLoadInFlightIsReportedThenForgotte
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(80, 16 * 4 + 1);
   engine.Run("a", prompt);
-  for (uint32_t i = 1; i <= 3; ++i) engine.Run("f" + std::to_string(i), Prompt(80 + i, 16 * 4 + 1));
-  mgr->WaitForSaves();
+  RunFillers(engine, *mgr, 80, 3);
   auto probe = mgr->Lookup({"probe", prompt, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt is in G3 only";
@@ -688,8 +683,7 @@ TEST(BlockManagerTest, BlocksOnlyG3HoldsAreSavedToG2WhenComputedAgain) {
   MiniEngine engine(mgr.get(), 64);
   const auto first = Prompt(70, 16 * 4 + 1);
   engine.Run("p0", first);
-  for (uint32_t i = 1; i <= 4; ++i) engine.Run("p" + std::to_string(i), Prompt(70 + i, 16 * 4 + 1));
-  mgr->WaitForSaves();
+  RunFillers(engine, *mgr, 70, 4);
   auto probe = mgr->Lookup({"probe", first, "", "", {}}, 0);
   ASSERT_TRUE(probe.ok());
   ASSERT_EQ(probe->blocks_by_tier[kTierG3], 4u) << "the first prompt went to G3 alone";

@@ -31,6 +31,7 @@ using testing::RunGuarded;
 using testing::SmallConfig;
 using testing::TempDirectory;
 using testing::TestLayout;
+using testing::WaitFor;
 
 constexpr uint32_t kTpb = 16;
 constexpr uint32_t kG1Blocks = 64;
@@ -72,17 +73,6 @@ Status WaitAllLayers(BlockManager* m) {
     if (first.ok() && !s.ok()) first = s;
   }
   return first;
-}
-
-// Polls `done` every 10 ms for up to 30 s.
-template <typename F>
-bool WaitFor(F done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 // The reproduction: the lookup stat()s a regular file; before the load opens it, a

@@ -29,6 +29,7 @@ using testing::RedisServer;
 using testing::SmallConfig;
 using testing::TempDirectory;
 using testing::TestLayout;
+using testing::WaitFor;
 
 std::unique_ptr<BlockManager> MakeManager(const Config& config) {
   return testing::MakeTestManager(config);
@@ -325,17 +326,6 @@ G4Backdoor RedisBackdoor(uint16_t port) {
 uint64_t TestNamespace() {
   KeyNamespace kn{"test-model", TestLayout().Fingerprint(), "", ""};
   return BlockHasher::Create(kn, kTpb)->root().hi;
-}
-
-// Polls `done` every 10 ms for up to 30 s.
-template <typename F>
-bool WaitFor(F done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 struct LoadOnlyOutcome {
