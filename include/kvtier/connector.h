@@ -41,6 +41,9 @@
 #include "kvtier/tier.h"
 
 namespace kvtier {
+namespace service {
+class AttachedManager;
+}
 
 struct ManagerOptions {
   KvLayout layout;       // the engine's KV layout (G1 arrangement included)
@@ -160,6 +163,14 @@ struct ManagerStats {
 
 class BlockManager {
  public:
+  // With service.socket set (a file, KVTIER_SERVICE_SOCKET or Set): attached mode. The manager
+  // is kvtier serve, the per-host daemon on that socket (docs/service.md); this process only
+  // copies between its G1 and its mapping of the daemon's G2. Every call below keeps its
+  // contract, and a daemon that is absent, dies or does not answer makes the calls answer as
+  // an empty cache would (Lookup 0 tokens, loads none, Commit Ok), never an error or a hang;
+  // the manager attaches again by itself. Stats() are the daemon's; SubscribeEvents callbacks
+  // are not called (the daemon publishes events.endpoint).
+  // Otherwise (the default), embedded:
   // Builds the tiers from options.config: the G2 arena (pre-faulted), G3 in g3.dir when
   // g3.enabled (its blocks recovered from a previous run), the index and the transfer engine.
   // InvalidArgument for a bad layout or config; the tiers' errors otherwise. A G3 that cannot
@@ -304,14 +315,18 @@ class BlockManager {
   // Registers a callback for every store/removal event in every tier.
   void SubscribeEvents(KvEventCallback callback);
   const KvLayout& layout() const;
+  // True in attached mode.
+  bool attached() const;
 
   // Internal: what Create builds (src/manager). Users cannot make an Impl; tests use it to
   // inject faults into G3.
   class Impl;
   explicit BlockManager(std::unique_ptr<Impl> impl);
+  explicit BlockManager(std::unique_ptr<service::AttachedManager> attached);
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;                          // embedded, or
+  std::unique_ptr<service::AttachedManager> attached_;  // attached
 };
 
 }  // namespace kvtier

@@ -64,7 +64,7 @@ BlockManager::Impl::Impl(const ManagerOptions& options)
 
 Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
     const ManagerOptions& options, const DiskTier::OpenOptions& g3_open, WrapG4 wrap_g4,
-    DeviceBackendFactory device_backend) {
+    DeviceBackendFactory device_backend, bool shared_g2) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
   if (options.model_id.empty()) {
     return Status::InvalidArgument(
@@ -74,6 +74,7 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
   std::unique_ptr<Impl> impl(new Impl(options));
   impl->wrap_g4_ = std::move(wrap_g4);
   impl->device_backend_ = std::move(device_backend);
+  impl->shared_g2_ = shared_g2;
   KVTIER_RETURN_IF_ERROR(impl->Init(g3_open));
   return impl;
 }
@@ -88,6 +89,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   g2.hugepages = cfg.GetBool("g2.hugepages");
   g2.lock_memory = cfg.GetBool("g2.lock_memory");
   g2.prefault_threads = static_cast<uint32_t>(cfg.GetUint("g2.prefault_threads"));
+  g2.shared = shared_g2_;
   if (g2.capacity_bytes < (g2.slot_bytes + 4095) / 4096 * 4096) {
     return Status::InvalidArgument("g2.capacity_bytes = " + std::to_string(g2.capacity_bytes) +
                                    " holds no block of this layout (" +
@@ -582,7 +584,7 @@ std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
 // Scheduler side
 
 Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
-                                                uint32_t num_computed_tokens) {
+                                                uint32_t num_computed_tokens, uint32_t instance) {
   if (spec.request_id.empty()) return Status::InvalidArgument("Lookup: empty request_id");
   if (num_computed_tokens % tpb_ != 0) {
     return Status::InvalidArgument(
@@ -673,6 +675,7 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
     r.block_extra = spec.block_extra;
     r.committed_blocks = std::min(r.committed_blocks, prompt_blocks);
   }
+  r.instance = instance;
   r.load_tiers = spec.load_tiers;
   r.store_tiers = spec.store_tiers;
   r.hasher = hasher;
@@ -797,6 +800,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     for (PlannedLoad& p : plan) {
       p.parent = p.block_index == 0 ? r.hasher->root() : r.keys[p.block_index - 1];
       p.async = async_load;
+      p.instance = r.instance;
     }
     r.load_first = start;
     r.load_planned = static_cast<uint32_t>(plan.size());
@@ -820,6 +824,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<BlockKey> seen;
   uint64_t ns;
   uint8_t store_tiers;
+  uint32_t instance;
   {
     MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
@@ -829,6 +834,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     Touch(it);
     Request& r = it->second;
     ns = r.namespace_id;
+    instance = r.instance;
     store_tiers = r.store_tiers;
     // Adopt the engine's view of the tokens; re-key from the first block that changed.
     size_t same = 0;
@@ -908,7 +914,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
       continue;
     }
     SetSlotMeta(*slot, SlotMeta{c.key, c.parent, ns, store_tiers}, c.tokens);
-    saves.push_back(PendingSave{request_id, c.key, c.parent, c.g1_block, *slot});
+    saves.push_back(PendingSave{instance, request_id, c.key, c.parent, c.g1_block, *slot});
   }
   MutexLock lock(&mu_);
   if (DrainingSaves(request_id)) {
@@ -934,7 +940,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     if (slot_coming && deferred_saves_.size() < max_deferred_saves_) {
       c_.deferred.fetch_add(1, std::memory_order_relaxed);
       deferred_saves_.push_back(
-          DeferredSave{request_id, c.key, c.parent, ns, c.g1_block, std::move(c.tokens),
+          DeferredSave{instance, request_id, c.key, c.parent, ns, c.g1_block, std::move(c.tokens),
                        std::chrono::steady_clock::now() + max_defer_, store_tiers});
     } else {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
@@ -960,7 +966,7 @@ void BlockManager::Impl::RetryDeferredSaves() {
     std::optional<uint32_t> slot = AllocateG2Slot();
     if (!slot) break;
     SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
-    saves.push_back(PendingSave{d.request_id, d.key, d.parent, d.g1_block, *slot});
+    saves.push_back(PendingSave{d.instance, d.request_id, d.key, d.parent, d.g1_block, *slot});
   }
   MutexLock lock(&mu_);
   for (auto& s : saves) {
@@ -1022,7 +1028,7 @@ void BlockManager::Impl::RetireIfDone(RequestMap::iterator it) {
   Request& r = it->second;
   if (!r.finished || !Idle(r)) return;
   if (r.kept_for_saves) {
-    saves_done_.push_back(it->first);
+    if (!gone_instances_.count(r.instance)) saves_done_.emplace_back(r.instance, it->first);
     r.kept_for_saves = false;
   }
   if (!r.load_unreported && !r.retiring) EraseRequest(it);
@@ -1086,12 +1092,23 @@ Status BlockManager::Impl::RegisterDeviceMemory(const G1Memory& g1) {
   return Status::Ok();
 }
 
-Status BlockManager::Impl::StartSave() {
+Status BlockManager::Impl::StartSave(uint32_t instance) {
   RetryDeferredSaves();
   std::vector<PendingSave> saves;
   {
     MutexLock lock(&mu_);
-    saves.swap(pending_saves_);
+    if (instance == kAllInstances) {
+      saves.swap(pending_saves_);
+    } else {
+      // This engine's saves, and any left by an engine that is gone (they fail and free their
+      // slots); the others wait for their own engine's StartSave.
+      std::vector<PendingSave> others;
+      for (PendingSave& p : pending_saves_) {
+        (p.instance == instance || gone_instances_.count(p.instance) ? saves : others)
+            .push_back(std::move(p));
+      }
+      pending_saves_.swap(others);
+    }
     saves_outstanding_ += saves.size();
   }
   if (saves.empty()) return Status::Ok();
@@ -1169,7 +1186,7 @@ void BlockManager::Impl::WaitForSaves() {
       if (deferred_saves_.empty() && pending_saves_.empty()) return;
     }
     // Deferred saves get the slots the demotions freed (or are dropped if none can free).
-    Status s = StartSave();
+    Status s = StartSave(kAllInstances);
     if (!s.ok()) KVTIER_LOG(kWarn) << "WaitForSaves: " << s.ToString();
   }
 }
@@ -1221,12 +1238,16 @@ void BlockManager::Impl::EndDemotion() {
   saves_cv_.notify_all();
 }
 
-Status BlockManager::Impl::StartLoad() {
+Status BlockManager::Impl::StartLoad(uint32_t instance) {
   MutexLock start_lock(&start_load_mu_);
   std::vector<PlannedLoad> loads;
   {
     MutexLock lock(&mu_);
-    loads.swap(pending_loads_);
+    std::vector<PlannedLoad> others;
+    for (PlannedLoad& p : pending_loads_) {
+      (Matches(p.instance, instance) ? loads : others).push_back(std::move(p));
+    }
+    pending_loads_.swap(others);
   }
   if (loads.empty()) return Status::Ok();
   if (!g1_registered_) return Status::FailedPrecondition("StartLoad before RegisterDeviceMemory");
@@ -1309,8 +1330,8 @@ Status BlockManager::Impl::SubmitLoads(std::vector<PlannedLoad> loads, bool asyn
     return job.status();
   }
   MutexLock lock(&mu_);
-  std::erase_if(load_jobs_, [](const auto& j) { return j->Done(); });
-  if (!async) load_jobs_.push_back(*job);
+  std::erase_if(load_jobs_, [](const auto& j) { return j.second->Done(); });
+  if (!async) load_jobs_.emplace_back(shared->front().instance, *job);
   for (const PlannedLoad& p : *shared) {
     auto it = requests_.find(p.request_id);
     if (it != requests_.end() && it->second.load_in_flight) it->second.load_job = *job;
@@ -1362,16 +1383,18 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     }
     r.load_in_flight = false;
     r.load_job.reset();
-    loads_done_.push_back(id);
+    // An engine that is gone is told nothing (and its entries are not kept for a report).
+    const bool gone = gone_instances_.count(r.instance) != 0;
+    if (!gone) loads_done_.emplace_back(r.instance, id);
     // Finished while loading: kept until the engine has been told (loads_done) and has had a
     // step to ask LoadedTokens.
-    if (r.finished) r.load_unreported = true;
+    if (r.finished && !gone) r.load_unreported = true;
     Touch(it);
     RetireIfDone(it);
   }
 }
 
-Status BlockManager::Impl::WaitLayer(uint32_t layer) {
+Status BlockManager::Impl::WaitLayer(uint32_t layer, uint32_t instance) {
   if (layer >= layout_.num_layers) {
     return Status::InvalidArgument("WaitLayer(" + std::to_string(layer) + "): the layout has " +
                                    std::to_string(layout_.num_layers) + " layers");
@@ -1380,7 +1403,9 @@ Status BlockManager::Impl::WaitLayer(uint32_t layer) {
   {
     MutexLock start_lock(&start_load_mu_);  // a StartLoad in progress has registered its job
     MutexLock lock(&mu_);
-    jobs = load_jobs_;
+    for (const auto& [owner, job] : load_jobs_) {
+      if (Matches(owner, instance)) jobs.push_back(job);
+    }
   }
   Status first;
   for (const auto& job : jobs) {
@@ -1393,6 +1418,7 @@ Status BlockManager::Impl::WaitLayer(uint32_t layer) {
 uint32_t BlockManager::Impl::LoadedTokens(const std::string& request_id) {
   std::shared_ptr<TransferJob> job;
   bool unstarted = false;
+  uint32_t instance = 0;
   {
     MutexLock start_lock(&start_load_mu_);  // a StartLoad in progress has registered its job
     MutexLock lock(&mu_);
@@ -1400,10 +1426,11 @@ uint32_t BlockManager::Impl::LoadedTokens(const std::string& request_id) {
     if (it == requests_.end()) return 0;
     job = it->second.load_job;
     unstarted = it->second.load_in_flight && !job;
+    instance = it->second.instance;
   }
   if (unstarted) {
     // Prepared but never started: start it now rather than report a load that may still land.
-    (void)StartLoad();
+    (void)StartLoad(instance);
     MutexLock start_lock(&start_load_mu_);
     MutexLock lock(&mu_);
     auto it = requests_.find(request_id);
@@ -1417,7 +1444,7 @@ uint32_t BlockManager::Impl::LoadedTokens(const std::string& request_id) {
   return it->second.loaded_blocks * tpb_;
 }
 
-FinishedRequests BlockManager::Impl::Finished() {
+FinishedRequests BlockManager::Impl::Finished(uint32_t instance) {
   {
     bool deferred;
     {
@@ -1425,30 +1452,90 @@ FinishedRequests BlockManager::Impl::Finished() {
       deferred = !deferred_saves_.empty();
     }
     if (deferred) {
-      Status s = StartSave();
+      Status s = StartSave(instance);
       if (!s.ok()) KVTIER_LOG(kWarn) << "Finished: " << s.ToString();
     }
   }
   FinishedRequests f;
   MutexLock lock(&mu_);
   // Finished requests the last call listed in loads_done: their step has passed.
-  for (const std::string& id : retiring_) {
-    auto it = requests_.find(id);
-    if (it == requests_.end() || !it->second.retiring) continue;
-    it->second.retiring = false;
-    RetireIfDone(it);
-  }
-  retiring_.clear();
-  f.saves_done.swap(saves_done_);
-  f.loads_done.swap(loads_done_);
+  std::erase_if(retiring_, [&](const std::pair<uint32_t, std::string>& e) {
+    if (!Matches(e.first, instance)) return false;
+    auto it = requests_.find(e.second);
+    if (it != requests_.end() && it->second.retiring) {
+      it->second.retiring = false;
+      RetireIfDone(it);
+    }
+    return true;
+  });
+  TakeInstance(&saves_done_, instance, &f.saves_done);
+  TakeInstance(&loads_done_, instance, &f.loads_done);
   for (const std::string& id : f.loads_done) {
     auto it = requests_.find(id);
     if (it == requests_.end() || !it->second.load_unreported) continue;
     it->second.load_unreported = false;
     it->second.retiring = true;
-    retiring_.push_back(id);
+    retiring_.emplace_back(it->second.instance, id);
   }
   return f;
+}
+
+void BlockManager::Impl::TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from,
+                                      uint32_t instance, std::vector<std::string>* to) {
+  std::erase_if(*from, [&](std::pair<uint32_t, std::string>& e) {
+    if (!Matches(e.first, instance)) return false;
+    to->push_back(std::move(e.second));
+    return true;
+  });
+}
+
+void BlockManager::Impl::AdoptInstance(uint32_t instance) {
+  MutexLock lock(&mu_);
+  gone_instances_.erase(instance);
+}
+
+size_t BlockManager::Impl::InstanceRequests(uint32_t instance) {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, r] : requests_) n += Matches(r.instance, instance);
+  return n;
+}
+
+size_t BlockManager::Impl::ForgetInstance(uint32_t instance) {
+  std::vector<std::string> ids;
+  {
+    MutexLock lock(&mu_);
+    gone_instances_.insert(instance);
+    // Deferred saves of the engine would wait for a slot only to copy from a G1 that is gone.
+    std::vector<std::pair<std::string, BlockKey>> dropped;
+    for (auto d = deferred_saves_.begin(); d != deferred_saves_.end();) {
+      if (d->instance != instance) {
+        ++d;
+        continue;
+      }
+      saving_keys_.erase(d->key);
+      ReleaseSaveHolds(d->request_id, 1);
+      c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+      d = deferred_saves_.erase(d);
+    }
+    for (const auto& [id, r] : requests_) {
+      if (r.instance == instance) ids.push_back(id);
+    }
+  }
+  // What was bound but not started runs now and fails in the copy backend (the engine's copies
+  // cannot run), releasing pins and slots on the usual failure path.
+  Status s = StartLoad(instance);
+  if (!s.ok()) KVTIER_LOG(kWarn) << "ForgetInstance(" << instance << "): " << s.ToString();
+  s = StartSave(instance);
+  if (!s.ok()) KVTIER_LOG(kWarn) << "ForgetInstance(" << instance << "): " << s.ToString();
+  for (const std::string& id : ids) (void)RequestFinished(id);
+  {
+    MutexLock lock(&mu_);
+    std::vector<std::string> unused;
+    TakeInstance(&saves_done_, instance, &unused);
+    TakeInstance(&loads_done_, instance, &unused);
+  }
+  return ids.size();
 }
 
 ManagerStats BlockManager::Impl::Stats() {
@@ -1518,64 +1605,5 @@ ManagerStats BlockManager::Impl::Stats() {
   }
   return s;
 }
-
-// ---------------------------------------------------------------------------------------------
-// The public facade
-
-BlockManager::BlockManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-BlockManager::~BlockManager() = default;
-
-Result<std::unique_ptr<BlockManager>> BlockManager::Create(const ManagerOptions& options) {
-  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::Create(options));
-  return std::unique_ptr<BlockManager>(new BlockManager(std::move(impl)));
-}
-
-Result<LookupResult> BlockManager::Lookup(const RequestSpec& request,
-                                          uint32_t num_computed_tokens) {
-  return impl_->Lookup(request, num_computed_tokens);
-}
-Result<uint32_t> BlockManager::PrepareLoad(const std::string& request_id,
-                                           std::span<const uint32_t> g1_block_ids,
-                                           uint32_t num_external_tokens, bool async_load) {
-  return impl_->PrepareLoad(request_id, g1_block_ids, num_external_tokens, async_load);
-}
-Status BlockManager::Commit(const std::string& request_id, std::span<const TokenId> tokens,
-                            std::span<const uint32_t> g1_block_ids) {
-  return impl_->Commit(request_id, tokens, g1_block_ids);
-}
-bool BlockManager::RequestFinished(const std::string& request_id) {
-  return impl_->RequestFinished(request_id);
-}
-Status BlockManager::RegisterDeviceMemory(const G1Memory& g1) {
-  return impl_->RegisterDeviceMemory(g1);
-}
-Status BlockManager::StartLoad() { return impl_->StartLoad(); }
-// Ordered first, then started either way: after a failed ordering the loads (saves) fail rather
-// than wait unstarted while the engine goes on (connector.h).
-Status BlockManager::StartLoad(uintptr_t engine_stream) {
-  const Status ordered = impl_->OrderAfterEngineStream(CopyDirection::kHostToDevice, engine_stream);
-  const Status started = impl_->StartLoad();
-  return ordered.ok() ? started : ordered;
-}
-Status BlockManager::WaitLayer(uint32_t layer) { return impl_->WaitLayer(layer); }
-uint32_t BlockManager::LoadedTokens(const std::string& request_id) {
-  return impl_->LoadedTokens(request_id);
-}
-Status BlockManager::StartSave() { return impl_->StartSave(); }
-Status BlockManager::StartSave(uintptr_t engine_stream) {
-  const Status ordered = impl_->OrderAfterEngineStream(CopyDirection::kDeviceToHost, engine_stream);
-  const Status started = impl_->StartSave();
-  return ordered.ok() ? started : ordered;
-}
-void BlockManager::WaitForSaves() { impl_->WaitForSaves(); }
-void BlockManager::WaitForRequestSaves(const std::string& request_id) {
-  impl_->WaitForRequestSaves(request_id);
-}
-FinishedRequests BlockManager::Finished() { return impl_->Finished(); }
-ManagerStats BlockManager::Stats() { return impl_->Stats(); }
-void BlockManager::SubscribeEvents(KvEventCallback callback) {
-  impl_->SubscribeEvents(std::move(callback));
-}
-const KvLayout& BlockManager::layout() const { return impl_->layout(); }
 
 }  // namespace kvtier

@@ -69,14 +69,30 @@ class BlockManager::Impl {
       std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>;
   // `g3_open`, `wrap_g4` and `device_backend` are the seams for tests: e.g. g3_open.wrap_io
   // injects faults under G3; device_backend puts a host stand-in where no GPU exists.
+  // Engine instances. An in-process manager serves one engine: every request is instance 0.
+  // kvtier serve (src/service) serves many through one Impl: each attached engine is an
+  // instance, its requests carry its number, and the per-engine calls (StartLoad, WaitLayer,
+  // StartSave, Finished) touch only that instance's work, so one engine never starts, waits for
+  // or reports another's. kAllInstances (WaitForSaves, shutdown) means every instance.
+  static constexpr uint32_t kAllInstances = UINT32_MAX;
+  static bool Matches(uint32_t instance, uint32_t want) {
+    return want == kAllInstances || instance == want;
+  }
+
   static Result<std::unique_ptr<Impl>> Create(const ManagerOptions& options,
                                               const DiskTier::OpenOptions& g3_open = {},
                                               WrapG4 wrap_g4 = nullptr,
-                                              DeviceBackendFactory device_backend = nullptr);
+                                              DeviceBackendFactory device_backend = nullptr,
+                                              bool shared_g2 = false);
   ~Impl();
+  // The G2 arena. kvtier serve makes it shared (Create's shared_g2: a memfd that attached
+  // engines map; HostArena::Config::shared) and hands out its descriptor.
+  const HostArena* g2_arena() const { return g2_.get(); }
 
-  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens)
-      EXCLUDES(mu_);
+  // `instance`: the engine the request belongs to (see kAllInstances); set by the Lookup that
+  // makes the request's entry.
+  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens,
+                              uint32_t instance = 0) EXCLUDES(mu_);
   Result<uint32_t> PrepareLoad(const std::string& request_id,
                                std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
                                bool async_load) EXCLUDES(mu_);
@@ -84,23 +100,39 @@ class BlockManager::Impl {
                 std::span<const uint32_t> g1_block_ids) EXCLUDES(mu_);
   bool RequestFinished(const std::string& request_id) EXCLUDES(mu_);
   Status RegisterDeviceMemory(const G1Memory& g1);
-  Status StartLoad() EXCLUDES(mu_, start_load_mu_);
-  Status WaitLayer(uint32_t layer) EXCLUDES(mu_);
+  // The loads PrepareLoad bound for requests of `instance`.
+  Status StartLoad(uint32_t instance = 0) EXCLUDES(mu_, start_load_mu_);
+  // Waits for layer `layer` of `instance`'s synchronous loads.
+  Status WaitLayer(uint32_t layer, uint32_t instance = 0) EXCLUDES(mu_);
   uint32_t LoadedTokens(const std::string& request_id) EXCLUDES(mu_);
-  Status StartSave() EXCLUDES(mu_);
+  // The saves Commit queued for requests of `instance` (and deferred saves given a slot since).
+  Status StartSave(uint32_t instance = 0) EXCLUDES(mu_);
   // StartLoad/StartSave(engine_stream) (connector.h): TransferEngine::OrderAfterEngineStream.
   Status OrderAfterEngineStream(CopyDirection dir, uintptr_t engine_stream) {
     return engine_->OrderAfterEngineStream(dir, engine_stream);
   }
   void WaitForSaves() EXCLUDES(mu_);
   void WaitForRequestSaves(const std::string& request_id) EXCLUDES(mu_);
-  FinishedRequests Finished() EXCLUDES(mu_);
+  // What ended for `instance`'s requests since its last call.
+  FinishedRequests Finished(uint32_t instance = 0) EXCLUDES(mu_);
+  // The engine of `instance` is gone (its process died or detached): its loads and saves that
+  // were bound but not started are started (they fail at once when its copies cannot run, and
+  // release their pins and slots as any failed move does), its deferred saves are dropped, and
+  // each of its requests is finished as by RequestFinished. Later calls for it are answered as
+  // for unknown requests. Returns the number of requests it had.
+  size_t ForgetInstance(uint32_t instance) EXCLUDES(mu_);
+  // `instance` serves an engine again (kvtier serve reuses a number only once
+  // InstanceRequests(instance) is 0 after ForgetInstance).
+  void AdoptInstance(uint32_t instance) EXCLUDES(mu_);
+  // Requests tracked for `instance` now.
+  size_t InstanceRequests(uint32_t instance) EXCLUDES(mu_);
   ManagerStats Stats();
   void SubscribeEvents(KvEventCallback callback) EXCLUDES(events_mu_);
   const KvLayout& layout() const { return layout_; }
 
  private:
   struct Request {
+    uint32_t instance = 0;  // the engine it belongs to (kAllInstances)
     const BlockHasher* hasher = nullptr;
     uint64_t namespace_id = 0;
     std::vector<TokenId> tokens;           // the prompt, then what Commit reported
@@ -134,6 +166,7 @@ class BlockManager::Impl {
   };
   // One block to move into G1.
   struct PlannedLoad {
+    uint32_t instance = 0;
     std::string request_id;
     uint32_t block_index = 0;  // in the request
     BlockKey key;
@@ -160,6 +193,7 @@ class BlockManager::Impl {
   // it waits (the engine keeps its G1 block, as for any save in flight) for a slot to free,
   // instead of being dropped. Retried on the engine's next StartSave/Finished/WaitForSaves.
   struct DeferredSave {
+    uint32_t instance = 0;
     std::string request_id;
     BlockKey key;
     BlockKey parent;
@@ -175,6 +209,7 @@ class BlockManager::Impl {
            p.g2_slot != BlockTransfer::kAnyStagingSlot;
   }
   struct PendingSave {
+    uint32_t instance = 0;
     std::string request_id;
     BlockKey key;
     BlockKey parent;
@@ -232,6 +267,9 @@ class BlockManager::Impl {
       EXCLUDES(slot_mu_, hashers_mu_);
   // Starts the publisher when events.endpoint is set. InvalidArgument for a bad address.
   Status InitEventPublisher();
+  // Moves the ids of `instance` (kAllInstances: all) from `from` to `to`, in order.
+  static void TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from, uint32_t instance,
+                           std::vector<std::string>* to);
   // Ends one save of `request_id` (its G1 block is no longer read).
   void EndSave(const std::string& request_id, const BlockKey& key) EXCLUDES(mu_);
   // Drops n of the request's save holds; erases a finished request left with none.
@@ -317,6 +355,7 @@ class BlockManager::Impl {
   std::unique_ptr<RemoteStore> g4_;      // null without G4; outlives engine_ (see ~Impl)
   WrapG4 wrap_g4_;                       // set once by Create, before Init
   DeviceBackendFactory device_backend_;  // set once by Create, before Init
+  bool shared_g2_ = false;               // set once by Create, before Init
   bool g4_write_through_ = true;
   std::chrono::milliseconds g4_lookup_deadline_{20};
   // G4 blocks are offered only when loading one is expected to be faster than recomputing it
@@ -353,7 +392,7 @@ class BlockManager::Impl {
   std::list<std::string> by_activity_ GUARDED_BY(mu_);
   std::chrono::milliseconds idle_ttl_{600000};  // manager.idle_request_ttl_ms; set once in Init
   // Finished requests that the last Finished() listed in loads_done: erased at the next one.
-  std::vector<std::string> retiring_ GUARDED_BY(mu_);
+  std::vector<std::pair<uint32_t, std::string>> retiring_ GUARDED_BY(mu_);  // (instance, id)
   std::condition_variable request_saves_cv_;  // some request's save holds reached 0
   std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
   std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
@@ -363,10 +402,14 @@ class BlockManager::Impl {
   std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
   // Synchronous load batches started and not yet seen finished; WaitLayer waits on all of them
   // (asynchronous batches are only in their requests' load_job).
-  std::vector<std::shared_ptr<TransferJob>> load_jobs_ GUARDED_BY(mu_);
+  std::vector<std::pair<uint32_t, std::shared_ptr<TransferJob>>> load_jobs_ GUARDED_BY(mu_);
   uint64_t saves_outstanding_ GUARDED_BY(mu_) = 0;  // save moves submitted, not ended
-  std::vector<std::string> saves_done_ GUARDED_BY(mu_);
-  std::vector<std::string> loads_done_ GUARDED_BY(mu_);
+  // (instance, request id) for Finished(instance).
+  std::vector<std::pair<uint32_t, std::string>> saves_done_ GUARDED_BY(mu_);
+  std::vector<std::pair<uint32_t, std::string>> loads_done_ GUARDED_BY(mu_);
+  // Instances ForgetInstance ended: their saves still queued are started by anyone's StartSave
+  // (and fail), so none keeps a G2 slot.
+  std::unordered_set<uint32_t> gone_instances_ GUARDED_BY(mu_);
 
   std::atomic<uint32_t> demotions_in_flight_{0};
 

@@ -1,6 +1,9 @@
 #include "tier/host_arena.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -71,6 +74,26 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const Config& config) {
   const uintptr_t raw_end = addr + reserve;
   if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
   arena->base_ = reinterpret_cast<uint8_t*>(aligned);
+  if (config.shared) {
+    // kvtier serve's G2: a sealed memfd mapped over the aligned range, so attached engines can
+    // map the same pages (Attach). Shared memory gets huge pages only where the kernel's
+    // transparent_hugepage/shmem_enabled allows it (advise, always).
+    int fd = memfd_create("kvtier-g2", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    const int err = errno;
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(arena->mapped_bytes_)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        mmap(arena->base_, arena->mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+             0) == MAP_FAILED) {
+      const int e = fd < 0 ? err : errno;
+      if (fd >= 0) close(fd);
+      munmap(arena->base_, arena->mapped_bytes_);
+      arena->base_ = nullptr;
+      return Status::FromErrno(e, "G2: a shared arena of " + std::to_string(arena->mapped_bytes_) +
+                                      " bytes (memfd) could not be made");
+    }
+    arena->shared_fd_ = fd;
+    arena->startup_.shared = true;
+  }
   if (config.hugepages) {
     arena->startup_.hugepages_advised =
         madvise(arena->base_, arena->mapped_bytes_, MADV_HUGEPAGE) == 0;
@@ -124,6 +147,36 @@ HostArena::~HostArena() {
     if (startup_.locked) munlock(base_, mapped_bytes_);
     munmap(base_, mapped_bytes_);
   }
+  if (shared_fd_ >= 0) close(shared_fd_);
+}
+
+Result<std::unique_ptr<HostArena>> HostArena::Attach(int fd, const Config& config) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<HostArena> arena(new HostArena());
+  arena->config_ = config;
+  arena->attached_ = true;
+  arena->slot_stride_ = RoundUp(config.slot_bytes, kSlotAlignment);
+  arena->num_slots_ = static_cast<uint32_t>(config.capacity_bytes / arena->slot_stride_);
+  arena->mapped_bytes_ = RoundUp(uint64_t{arena->num_slots_} * arena->slot_stride_, kHugePage);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "G2 attach: fstat of the descriptor");
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != arena->mapped_bytes_) {
+    return Status::InvalidArgument("G2 attach: the descriptor holds " + std::to_string(st.st_size) +
+                                   " bytes, but " + std::to_string(config.capacity_bytes) +
+                                   " bytes of " + std::to_string(config.slot_bytes) +
+                                   "-byte slots map " + std::to_string(arena->mapped_bytes_) +
+                                   ": not the daemon's arena, or a daemon of another version");
+  }
+  void* raw =
+      mmap(nullptr, arena->mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (raw == MAP_FAILED) return Status::FromErrno(errno, "G2 attach: mmap of the shared arena");
+  arena->base_ = static_cast<uint8_t*>(raw);
+  arena->shared_fd_ = dup(fd);
+  arena->startup_.shared = true;
+  if (config.lock_memory && mlock(arena->base_, arena->mapped_bytes_) == 0) {
+    arena->startup_.locked = true;
+  }
+  return arena;
 }
 
 std::optional<uint32_t> HostArena::Allocate() {
@@ -136,6 +189,9 @@ std::optional<uint32_t> HostArena::Allocate() {
 }
 
 Status HostArena::Release(uint32_t slot) {
+  if (attached_) {
+    return Status::FailedPrecondition("an attached G2 arena's slots are the daemon's to lend");
+  }
   MutexLock lock(&mu_);
   if (slot >= num_slots_) {
     return Status::FailedPrecondition("G2: release of slot " + std::to_string(slot) +

@@ -30,6 +30,9 @@ class HostArena {
     uint32_t prefault_threads = 0;  // 0 = one per online CPU
     bool hugepages = true;          // madvise(MADV_HUGEPAGE) before pre-faulting
     bool lock_memory = true;        // mlock after pre-faulting, when permitted
+    // kvtier serve: the memory is a sealed memfd (shared_fd()) that other processes map with
+    // Attach, so attached engines copy G1 <-> G2 in their own process.
+    bool shared = false;
 
     // Ok, or InvalidArgument naming the field: slot_bytes >= 1; capacity holds >= 1 slot and
     // < 2^32 slots.
@@ -43,12 +46,18 @@ class HostArena {
     uint32_t threads = 0;
     bool hugepages_advised = false;
     bool locked = false;
+    bool shared = false;
     double total_ms() const { return map_ms + prefault_ms + lock_ms; }
   };
 
   // Maps, pre-faults and (if permitted) locks the arena. InvalidArgument for a bad config;
   // NoSpace/IOError when the memory cannot be mapped.
   static Result<std::unique_ptr<HostArena>> Create(const Config& config);
+  // Maps a shared arena another process made (its shared_fd(), received over a socket: never
+  // trusted): InvalidArgument unless the descriptor's size is what `config` (capacity_bytes,
+  // slot_bytes) maps. MAP_POPULATE, mlock when permitted; the descriptor is dup()ed. An
+  // attached arena lends no slots: Allocate() returns nullopt, Release() FailedPrecondition.
+  static Result<std::unique_ptr<HostArena>> Attach(int fd, const Config& config);
   ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -58,6 +67,9 @@ class HostArena {
   uint64_t slot_stride() const { return slot_stride_; }
   // The whole mapping, for buffer registration (io_uring, cudaHostRegister).
   uint8_t* base() const { return base_; }
+  // The memfd of a shared arena (Config::shared, or Attach), owned by the arena; -1 otherwise.
+  int shared_fd() const { return shared_fd_; }
+  bool attached() const { return attached_; }
   uint64_t mapped_bytes() const { return mapped_bytes_; }
   const StartupStats& startup() const { return startup_; }
 
@@ -79,6 +91,8 @@ class HostArena {
   uint64_t mapped_bytes_ = 0;
   uint64_t slot_stride_ = 0;
   uint32_t num_slots_ = 0;
+  int shared_fd_ = -1;
+  bool attached_ = false;
   StartupStats startup_;
 
   mutable Mutex mu_;

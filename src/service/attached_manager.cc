@@ -1,0 +1,727 @@
+#include "service/attached_manager.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "core/log.h"
+#include "transfer/block_copy.h"
+
+namespace kvtier::service {
+
+AttachedManager::AttachedManager(const ManagerOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
+    const ManagerOptions& options, DeviceBackendFactory device_backend) {
+  KVTIER_RETURN_IF_ERROR(options.layout.Validate());
+  if (options.model_id.empty()) {
+    return Status::InvalidArgument(
+        "ManagerOptions.model_id is empty; name the model, so keys of different models never "
+        "collide");
+  }
+  std::unique_ptr<AttachedManager> m(new AttachedManager(options));
+  const Config& cfg = options.config;
+  m->socket_path_ = cfg.GetString("service.socket");
+  if (m->socket_path_.empty()) {
+    return Status::InvalidArgument("attached mode needs service.socket (the daemon's socket)");
+  }
+  m->instance_name_ = cfg.GetString("service.instance");
+  if (m->instance_name_.empty()) {
+    m->instance_name_ = "pid-" + std::to_string(::getpid()) + "-" +
+                        std::to_string(reinterpret_cast<uintptr_t>(m.get()) & 0xffffff);
+  }
+  m->call_timeout_ = std::chrono::milliseconds(cfg.GetUint("service.call_timeout_ms"));
+  m->reattach_ = std::chrono::milliseconds(cfg.GetUint("service.reattach_ms"));
+  m->device_factory_ = std::move(device_backend);
+  // Test hook (tests/service_test.cc): each block a save copies waits this long first, so a
+  // test can kill an engine in the middle of its saves.
+  if (const char* stall = std::getenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS"); stall != nullptr) {
+    m->copy_stall_ = std::chrono::milliseconds(std::atoi(stall));
+  }
+  {
+    std::lock_guard attach(m->attach_mu_);
+    Status s = m->AttachLocked();
+    if (!s.ok()) {
+      KVTIER_LOG(kWarn) << "kvtier: cannot attach to kvtier serve at " << m->socket_path_ << ": "
+                        << s.message() << "; every lookup is a miss until it can (retried every "
+                        << cfg.GetUint("service.reattach_ms") << " ms)";
+    }
+  }
+  return m;
+}
+
+AttachedManager::~AttachedManager() {
+  {
+    std::lock_guard lock(mu_);
+    attached_ = false;
+    idle_.clear();
+  }
+  if (data_fd_) ::shutdown(data_fd_.get(), SHUT_RDWR);
+  if (data_thread_.joinable()) data_thread_.join();
+  device_.reset();
+}
+
+Status AttachedManager::AttachLocked() {
+  {
+    std::lock_guard lock(mu_);
+    last_attempt_ = Clock::now();
+    if (attached_) return Status::Ok();
+  }
+  KVTIER_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path_));
+  Hello hello;
+  hello.role = Role::kCall;
+  hello.instance_name = instance_name_;
+  hello.model_id = options_.model_id;
+  hello.layout = options_.layout;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  WireWriter w;
+  EncodeHello(&w, hello);
+  const auto deadline = Clock::now() + call_timeout_;
+  KVTIER_RETURN_IF_ERROR(
+      SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), ++seq_, w.data(), -1, deadline));
+  KVTIER_ASSIGN_OR_RETURN(Frame reply, RecvFrame(fd.get(), deadline));
+  WireReader r(reply.payload);
+  Status status;
+  KVTIER_RETURN_IF_ERROR(DecodeStatus(&r, &status));
+  KVTIER_RETURN_IF_ERROR(status);
+  HelloReply hr;
+  KVTIER_RETURN_IF_ERROR(DecodeHelloReply(&r, &hr));
+  {
+    std::lock_guard lock(mu_);
+    epoch_ = hr.epoch;
+    instance_ = hr.instance;
+    lease_ms_ = hr.lease_ms;
+    idle_.push_back(std::move(fd));
+  }
+  if (g1_) {
+    Status data = OpenDataLocked();
+    if (!data.ok()) {
+      std::lock_guard lock(mu_);
+      idle_.clear();
+      return data;
+    }
+  }
+  std::lock_guard lock(mu_);
+  attached_ = true;
+  stats_.attaches++;
+  stats_.attached = true;
+  stats_.instance = instance_;
+  KVTIER_LOG(kInfo) << "kvtier: attached to kvtier serve at " << socket_path_ << " as instance "
+                    << instance_ << " ('" << instance_name_ << "')";
+  return Status::Ok();
+}
+
+Status AttachedManager::OpenDataLocked() {
+  // The previous data connection (a daemon that went away) ends first: its thread may still
+  // be copying through the old mapping.
+  if (data_fd_) ::shutdown(data_fd_.get(), SHUT_RDWR);
+  if (data_thread_.joinable()) data_thread_.join();
+  data_fd_.reset();
+  device_.reset();
+  arena_.reset();
+
+  KVTIER_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path_));
+  Hello hello;
+  hello.role = Role::kData;
+  hello.instance_name = instance_name_;
+  hello.model_id = options_.model_id;
+  hello.layout = options_.layout;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  WireWriter w;
+  EncodeHello(&w, hello);
+  const auto deadline = Clock::now() + call_timeout_;
+  KVTIER_RETURN_IF_ERROR(
+      SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), ++seq_, w.data(), -1, deadline));
+  KVTIER_ASSIGN_OR_RETURN(Frame reply, RecvFrame(fd.get(), deadline));
+  WireReader r(reply.payload);
+  Status status;
+  KVTIER_RETURN_IF_ERROR(DecodeStatus(&r, &status));
+  KVTIER_RETURN_IF_ERROR(status);
+  HelloReply hr;
+  KVTIER_RETURN_IF_ERROR(DecodeHelloReply(&r, &hr));
+  if (!reply.fd) {
+    return Status::InvalidArgument("kvtier serve sent no G2 descriptor with its data Hello reply");
+  }
+  HostArena::Config ac;
+  ac.capacity_bytes = hr.g2_capacity_bytes;
+  ac.slot_bytes = hr.g2_slot_bytes;
+  ac.hugepages = options_.config.GetBool("g2.hugepages");
+  ac.lock_memory = options_.config.GetBool("g2.lock_memory");
+  KVTIER_ASSIGN_OR_RETURN(arena_, HostArena::Attach(reply.fd.get(), ac));
+  if (g1_->on_device) {
+    Result<std::unique_ptr<DeviceCopyBackend>> backend =
+        device_factory_ ? device_factory_(DeviceCopyBackend::Config{})
+                        : CreateCudaBackend(DeviceCopyBackend::Config{});
+    KVTIER_RETURN_IF_ERROR(backend.status());
+    KVTIER_RETURN_IF_ERROR((*backend)->RegisterG1(*g1_));
+    KVTIER_RETURN_IF_ERROR((*backend)->RegisterHost(arena_->base(), arena_->mapped_bytes()));
+    device_ = std::move(*backend);
+  }
+  // The daemon bounds the block ids this instance may name by its G1.
+  WireWriter reg;
+  reg.U32(g1_->num_blocks);
+  UniqueFd call;
+  {
+    std::lock_guard lock(mu_);
+    if (!idle_.empty()) {
+      call = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  if (!call) return Status::Unavailable("no call connection to register G1 on");
+  KVTIER_RETURN_IF_ERROR(SendFrame(call.get(), static_cast<uint16_t>(MsgType::kRegisterG1), ++seq_,
+                                   reg.data(), -1, deadline));
+  KVTIER_ASSIGN_OR_RETURN(Frame reg_reply, RecvFrame(call.get(), deadline));
+  WireReader rr(reg_reply.payload);
+  KVTIER_RETURN_IF_ERROR(DecodeStatus(&rr, &status));
+  KVTIER_RETURN_IF_ERROR(status);
+  {
+    std::lock_guard lock(mu_);
+    idle_.push_back(std::move(call));
+  }
+  data_fd_ = std::move(fd);
+  const int data = data_fd_.get();
+  data_thread_ = std::thread([this, data] { DataLoop(data); });
+  return Status::Ok();
+}
+
+bool AttachedManager::EnsureAttached() {
+  {
+    std::lock_guard lock(mu_);
+    if (attached_) return true;
+    if (Clock::now() - last_attempt_ < reattach_) return false;
+  }
+  std::lock_guard attach(attach_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (attached_) return true;
+    if (Clock::now() - last_attempt_ < reattach_) return false;
+  }
+  Status s = AttachLocked();
+  if (!s.ok()) KVTIER_LOG(kDebug) << "kvtier: attach to " << socket_path_ << ": " << s.message();
+  return s.ok();
+}
+
+void AttachedManager::Detach(const std::string& why) {
+  std::lock_guard lock(mu_);
+  if (!attached_) return;
+  attached_ = false;
+  stats_.attached = false;
+  stats_.detaches++;
+  last_attempt_ = Clock::now();
+  idle_.clear();
+  // What the engine waits for can no longer come from the daemon: report it as ended.
+  for (const std::string& id : kept_) orphan_saves_done_.push_back(id);
+  for (const std::string& id : loading_) orphan_loads_done_.push_back(id);
+  kept_.clear();
+  loading_.clear();
+  finished_.clear();
+  // request_epoch_ stays: those requests' later calls are misses (their epoch is gone).
+  pending_sync_ = started_sync_ = false;
+  if (data_fd_) ::shutdown(data_fd_.get(), SHUT_RDWR);
+  KVTIER_LOG(kWarn) << "kvtier: kvtier serve at " << socket_path_ << " went away (" << why
+                    << "); lookups are misses until it is back";
+}
+
+Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
+                             std::vector<uint8_t>* reply_payload, size_t* status_end) {
+  (void)status_end;
+  UniqueFd fd;
+  {
+    std::lock_guard lock(mu_);
+    if (!attached_) return Status::Unavailable("not attached to kvtier serve");
+    if (!idle_.empty()) {
+      fd = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  const uint64_t epoch = [&] {
+    std::lock_guard lock(mu_);
+    return epoch_;
+  }();
+  if (!fd) {
+    // One more call connection for this call in flight.
+    Result<UniqueFd> c = ConnectUnix(socket_path_);
+    Status s = c.status();
+    if (s.ok()) {
+      fd = std::move(*c);
+      Hello hello;
+      hello.instance_name = instance_name_;
+      hello.model_id = options_.model_id;
+      hello.layout = options_.layout;
+      hello.pid = static_cast<uint32_t>(::getpid());
+      WireWriter w;
+      EncodeHello(&w, hello);
+      const auto deadline = Clock::now() + call_timeout_;
+      s = SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), ++seq_, w.data(), -1,
+                    deadline);
+      Result<Frame> reply = s.ok() ? RecvFrame(fd.get(), deadline) : Result<Frame>(s);
+      s = reply.status();
+      if (s.ok()) {
+        WireReader r(reply->payload);
+        Status st;
+        HelloReply hr;
+        s = DecodeStatus(&r, &st);
+        if (s.ok()) s = st;
+        if (s.ok()) s = DecodeHelloReply(&r, &hr);
+        if (s.ok() && hr.epoch != epoch) s = Status::Unavailable("kvtier serve restarted");
+      }
+    }
+    if (!s.ok()) {
+      Detach(s.message());
+      std::lock_guard lock(mu_);
+      stats_.failed_calls++;
+      return Status::Unavailable(s.message());
+    }
+  }
+  const uint64_t seq = ++seq_;
+  const auto deadline = Clock::now() + timeout;
+  Status sent = SendFrame(fd.get(), static_cast<uint16_t>(type), seq, payload.data(), -1, deadline);
+  Result<Frame> reply = sent.ok() ? RecvFrame(fd.get(), deadline) : Result<Frame>(sent);
+  Status s = reply.status();
+  if (s.ok() &&
+      (reply->header.type != static_cast<uint16_t>(MsgType::kReply) || reply->header.seq != seq)) {
+    s = Status::InvalidArgument("kvtier serve answered out of step (type " +
+                                std::to_string(reply->header.type) + ", seq " +
+                                std::to_string(reply->header.seq) + ")");
+  }
+  if (!s.ok()) {
+    Detach(std::string(MsgTypeName(static_cast<uint16_t>(type))) + ": " + s.message());
+    std::lock_guard lock(mu_);
+    stats_.failed_calls++;
+    return Status::Unavailable(s.message());
+  }
+  *reply_payload = std::move(reply->payload);
+  std::lock_guard lock(mu_);
+  if (attached_ && epoch_ == epoch) idle_.push_back(std::move(fd));
+  return Status::Ok();
+}
+
+namespace {
+// Runs `call`, then decodes the reply's status into *status; false when the daemon was gone.
+struct Reply {
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<WireReader> reader;
+  Status status;  // the call's own status (from the daemon)
+};
+}  // namespace
+
+bool AttachedManager::Current(const std::string& request_id) {
+  std::lock_guard lock(mu_);
+  auto it = request_epoch_.find(request_id);
+  return attached_ && it != request_epoch_.end() && it->second == epoch_;
+}
+
+#define KVTIER_CALL(type, writer, timeout, reply)                                 \
+  [&]() -> bool {                                                                 \
+    if (!EnsureAttached()) return false;                                          \
+    if (!Call(type, writer, timeout, &(reply).bytes, nullptr).ok()) return false; \
+    (reply).reader = std::make_unique<WireReader>((reply).bytes);                 \
+    Status decoded = DecodeStatus((reply).reader.get(), &(reply).status);         \
+    if (!decoded.ok()) {                                                          \
+      Detach("a reply that does not decode: " + decoded.message());               \
+      return false;                                                               \
+    }                                                                             \
+    return true;                                                                  \
+  }()
+
+Result<LookupResult> AttachedManager::Lookup(const RequestSpec& request,
+                                             uint32_t num_computed_tokens) {
+  if (request.request_id.empty()) {
+    return Status::InvalidArgument("Lookup: the request id is empty");
+  }
+  if (num_computed_tokens % options_.layout.tokens_per_block != 0) {
+    return Status::InvalidArgument(
+        "Lookup: num_computed_tokens = " + std::to_string(num_computed_tokens) +
+        " is not a multiple of the block size " + std::to_string(options_.layout.tokens_per_block));
+  }
+  WireWriter w;
+  EncodeLookup(&w, request, num_computed_tokens);
+  Reply reply;
+  if (!KVTIER_CALL(MsgType::kLookup, w, call_timeout_, reply)) return LookupResult{};
+  KVTIER_RETURN_IF_ERROR(reply.status);
+  LookupResult result;
+  Status decoded = DecodeLookupResult(reply.reader.get(), &result);
+  if (!decoded.ok()) {
+    Detach(decoded.message());
+    return LookupResult{};
+  }
+  std::lock_guard lock(mu_);
+  if (attached_) request_epoch_[request.request_id] = epoch_;
+  finished_.erase(request.request_id);
+  return result;
+}
+
+Result<uint32_t> AttachedManager::PrepareLoad(const std::string& request_id,
+                                              std::span<const uint32_t> g1_block_ids,
+                                              uint32_t num_external_tokens, bool async_load) {
+  {
+    std::lock_guard lock(mu_);
+    if (!attached_) return 0u;
+    // A request of a daemon that went away: nothing of it can load. (One this manager never
+    // looked up goes to the daemon, which says NotFound, as the in-process manager does.)
+    auto it = request_epoch_.find(request_id);
+    if (it != request_epoch_.end() && it->second != epoch_) return 0u;
+  }
+  PrepareLoadCall m;
+  m.request_id = request_id;
+  m.g1_block_ids.assign(g1_block_ids.begin(), g1_block_ids.end());
+  m.num_external_tokens = num_external_tokens;
+  m.async_load = async_load;
+  WireWriter w;
+  EncodePrepareLoad(&w, m);
+  Reply reply;
+  if (!KVTIER_CALL(MsgType::kPrepareLoad, w, call_timeout_, reply)) return 0u;
+  KVTIER_RETURN_IF_ERROR(reply.status);
+  uint32_t n = 0;
+  if (!reply.reader->U32("prepare_load.tokens", &n).ok()) {
+    Detach("a PrepareLoad reply that does not decode");
+    return 0u;
+  }
+  if (n > 0) {
+    std::lock_guard lock(mu_);
+    loading_.insert(request_id);
+    if (!async_load) pending_sync_ = true;
+  }
+  return n;
+}
+
+Status AttachedManager::Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                               std::span<const uint32_t> g1_block_ids) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = request_epoch_.find(request_id);
+    // Detached, or a request of an earlier daemon: nothing is saved (a miss, not an error).
+    if (!attached_ || (it != request_epoch_.end() && it->second != epoch_)) return Status::Ok();
+  }
+  WireWriter w;
+  EncodeCommit(&w, request_id, tokens, g1_block_ids);
+  Reply reply;
+  if (!KVTIER_CALL(MsgType::kCommit, w, call_timeout_, reply)) return Status::Ok();
+  return reply.status;
+}
+
+bool AttachedManager::RequestFinished(const std::string& request_id) {
+  WireWriter w;
+  w.String(request_id);
+  Reply reply;
+  bool kept = false;
+  if (Current(request_id) && KVTIER_CALL(MsgType::kRequestFinished, w, call_timeout_, reply)) {
+    uint8_t v = 0;
+    kept = reply.status.ok() && reply.reader->U8("kept", &v).ok() && v != 0;
+  }
+  std::lock_guard lock(mu_);
+  if (kept) kept_.insert(request_id);
+  auto known = request_epoch_.find(request_id);
+  if (known != request_epoch_.end() && known->second != epoch_) {
+    request_epoch_.erase(known);
+    return false;
+  }
+  if (!kept && loading_.count(request_id) == 0) {
+    request_epoch_.erase(request_id);
+  } else {
+    finished_.insert(request_id);
+  }
+  return kept;
+}
+
+Status AttachedManager::RegisterDeviceMemory(const G1Memory& g1) {
+  KVTIER_RETURN_IF_ERROR(g1.Validate());
+  if (g1.layout.Fingerprint() != options_.layout.Fingerprint()) {
+    return Status::InvalidArgument("G1 layout " + g1.layout.ToString() +
+                                   " differs from the manager's " + options_.layout.ToString());
+  }
+  if (g1.num_blocks > kMaxG1Blocks) {
+    return Status::InvalidArgument("an attached engine's G1 holds at most " +
+                                   std::to_string(kMaxG1Blocks) + " blocks, not " +
+                                   std::to_string(g1.num_blocks));
+  }
+  if (g1.on_device && !device_factory_) {
+    Status probe = ProbeCuda();
+    if (!probe.ok()) {
+      return Status(probe.code(), "G1 is device memory, which only the CUDA backend can reach: " +
+                                      probe.message());
+    }
+  }
+  std::lock_guard attach(attach_mu_);
+  if (g1_) return Status::FailedPrecondition("G1 is registered already; one per engine");
+  g1_ = g1;
+  bool attached;
+  {
+    std::lock_guard lock(mu_);
+    attached = attached_;
+  }
+  if (attached) {
+    Status s = OpenDataLocked();
+    if (!s.ok()) {
+      KVTIER_LOG(kWarn) << "kvtier: data connection to kvtier serve: " << s.ToString();
+      Detach(s.message());
+    }
+  }
+  return Status::Ok();
+}
+
+Status AttachedManager::StartLoad() {
+  {
+    std::lock_guard lock(mu_);
+    started_sync_ = started_sync_ || pending_sync_;
+    pending_sync_ = false;
+    if (!attached_) return Status::Ok();
+  }
+  Reply reply;
+  if (!KVTIER_CALL(MsgType::kStartLoad, WireWriter(), call_timeout_, reply)) return Status::Ok();
+  return reply.status;
+}
+
+Status AttachedManager::StartLoad(uintptr_t engine_stream) {
+  if (!g1_)
+    return Status::FailedPrecondition("StartLoad(engine_stream) before RegisterDeviceMemory");
+  if (!g1_->on_device) {
+    return Status::InvalidArgument("StartLoad(engine_stream) is for a device G1; use StartLoad()");
+  }
+  Status ordered = device_ ? device_->OrderAfterStream(CopyDirection::kHostToDevice, engine_stream)
+                           : Status::Ok();
+  Status started = StartLoad();
+  return ordered.ok() ? started : ordered;
+}
+
+Status AttachedManager::WaitLayer(uint32_t layer) {
+  if (layer >= options_.layout.num_layers) {
+    return Status::InvalidArgument("WaitLayer(" + std::to_string(layer) + "): the layout has " +
+                                   std::to_string(options_.layout.num_layers) + " layers");
+  }
+  bool lost = false;
+  {
+    std::lock_guard lock(mu_);
+    lost = !orphan_loads_done_.empty();
+    if (!started_sync_) {
+      return lost ? Status::Unavailable("kvtier serve went away with loads in flight")
+                  : Status::Ok();
+    }
+    if (layer + 1 == options_.layout.num_layers) started_sync_ = false;
+  }
+  WireWriter w;
+  w.U32(layer);
+  Reply reply;
+  const auto timeout = call_timeout_ + std::chrono::milliseconds(lease_ms_);
+  Status s = KVTIER_CALL(MsgType::kWaitLayer, w, timeout, reply)
+                 ? reply.status
+                 : Status::Unavailable("kvtier serve went away with loads in flight");
+  Barrier();
+  return s;
+}
+
+uint32_t AttachedManager::LoadedTokens(const std::string& request_id) {
+  if (!Current(request_id)) return 0;
+  WireWriter w;
+  w.String(request_id);
+  Reply reply;
+  uint32_t n = 0;
+  const auto timeout = call_timeout_ + std::chrono::milliseconds(lease_ms_);
+  if (KVTIER_CALL(MsgType::kLoadedTokens, w, timeout, reply) && reply.status.ok()) {
+    if (!reply.reader->U32("loaded_tokens", &n).ok()) n = 0;
+  }
+  Barrier();
+  return n;
+}
+
+Status AttachedManager::StartSave() {
+  Reply reply;
+  if (!KVTIER_CALL(MsgType::kStartSave, WireWriter(), call_timeout_, reply)) return Status::Ok();
+  return reply.status;
+}
+
+Status AttachedManager::StartSave(uintptr_t engine_stream) {
+  if (!g1_)
+    return Status::FailedPrecondition("StartSave(engine_stream) before RegisterDeviceMemory");
+  if (!g1_->on_device) {
+    return Status::InvalidArgument("StartSave(engine_stream) is for a device G1; use StartSave()");
+  }
+  Status ordered = device_ ? device_->OrderAfterStream(CopyDirection::kDeviceToHost, engine_stream)
+                           : Status::Ok();
+  Status started = StartSave();
+  return ordered.ok() ? started : ordered;
+}
+
+void AttachedManager::WaitForSaves() {
+  Reply reply;
+  (void)KVTIER_CALL(MsgType::kWaitForSaves, WireWriter(),
+                    call_timeout_ + 4 * std::chrono::milliseconds(lease_ms_), reply);
+}
+
+void AttachedManager::WaitForRequestSaves(const std::string& request_id) {
+  if (!Current(request_id)) return;
+  WireWriter w;
+  w.String(request_id);
+  Reply reply;
+  (void)KVTIER_CALL(MsgType::kWaitForRequestSaves, w,
+                    call_timeout_ + 2 * std::chrono::milliseconds(lease_ms_), reply);
+}
+
+FinishedRequests AttachedManager::Finished() {
+  FinishedRequests out;
+  Reply reply;
+  bool have = false;
+  {
+    std::lock_guard lock(mu_);
+    have = attached_;
+  }
+  if (have && KVTIER_CALL(MsgType::kFinished, WireWriter(), call_timeout_, reply) &&
+      reply.status.ok()) {
+    if (!DecodeFinished(reply.reader.get(), &out).ok()) {
+      out = {};
+      Detach("a Finished reply that does not decode");
+    }
+  } else {
+    EnsureAttached();
+  }
+  Barrier();
+  std::lock_guard lock(mu_);
+  for (const std::string& id : out.saves_done) kept_.erase(id);
+  for (const std::string& id : out.loads_done) loading_.erase(id);
+  for (auto* list : {&out.saves_done, &out.loads_done}) {
+    for (const std::string& id : *list) {
+      if (finished_.count(id) != 0 && kept_.count(id) == 0 && loading_.count(id) == 0) {
+        finished_.erase(id);
+        request_epoch_.erase(id);
+      }
+    }
+  }
+  out.saves_done.insert(out.saves_done.end(), orphan_saves_done_.begin(), orphan_saves_done_.end());
+  out.loads_done.insert(out.loads_done.end(), orphan_loads_done_.begin(), orphan_loads_done_.end());
+  orphan_saves_done_.clear();
+  orphan_loads_done_.clear();
+  return out;
+}
+
+ManagerStats AttachedManager::Stats() {
+  ManagerStats stats;
+  Reply reply;
+  if (KVTIER_CALL(MsgType::kStats, WireWriter(), call_timeout_, reply) && reply.status.ok()) {
+    if (!DecodeStats(reply.reader.get(), &stats).ok()) stats = ManagerStats{};
+  }
+  return stats;
+}
+
+void AttachedManager::SubscribeEvents(KvEventCallback callback) {
+  KVTIER_LOG(kWarn) << "kvtier: attached to kvtier serve: KV events come from the daemon's "
+                       "events.endpoint; a SubscribeEvents callback is not called";
+  std::lock_guard lock(mu_);
+  callbacks_.push_back(std::move(callback));
+}
+
+AttachedManager::ClientStats AttachedManager::client_stats() {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+Status AttachedManager::SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer,
+                                   const Status& status) {
+  WireWriter w;
+  w.U64(batch);
+  if (type == MsgType::kCopyLayer) {
+    w.U32(layer);
+  } else {
+    EncodeStatus(&w, status);
+  }
+  std::lock_guard lock(send_mu_);
+  return SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
+                   Clock::now() + call_timeout_);
+}
+
+void AttachedManager::RunCopy(int fd, const CopyCall& call) {
+  const KvLayout& layout = options_.layout;
+  const uint64_t block_bytes = layout.BlockBytes();
+  for (const auto& [block, offset] : call.copies) {
+    if (block >= g1_->num_blocks || offset > arena_->mapped_bytes() ||
+        arena_->mapped_bytes() - offset < block_bytes) {
+      (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0,
+                       Status::InvalidArgument("a copy names G1 block " + std::to_string(block) +
+                                               " or G2 offset " + std::to_string(offset) +
+                                               " outside this engine's memory"));
+      return;
+    }
+  }
+  const auto deadline = Clock::time_point(std::chrono::nanoseconds(call.deadline_ns));
+  auto late = [&] {
+    std::lock_guard lock(mu_);
+    stats_.late_batches++;
+    return Status::TimedOut("the copy's lease ended before it could run");
+  };
+  {
+    std::lock_guard lock(mu_);
+    stats_.copy_batches++;
+  }
+  if (Clock::now() >= deadline) {
+    (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, late());
+    return;
+  }
+  if (device_) {
+    std::vector<DeviceBlockCopy> copies;
+    for (const auto& [block, offset] : call.copies) {
+      copies.push_back(DeviceBlockCopy{block, arena_->base() + offset});
+    }
+    const uint64_t batch = call.batch;
+    const bool load = call.dir == 1;
+    Status s = device_->Submit(
+        load ? CopyDirection::kHostToDevice : CopyDirection::kDeviceToHost, copies,
+        [this, fd, batch, load](uint32_t layer) {
+          if (load) (void)SendReport(fd, MsgType::kCopyLayer, batch, layer, Status::Ok());
+        },
+        [this, fd, batch](const Status& st) {
+          (void)SendReport(fd, MsgType::kCopyDone, batch, 0, st);
+        },
+        load);
+    if (!s.ok()) (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, s);
+    return;
+  }
+  Status status;
+  if (call.dir == 1) {
+    for (uint32_t l = 0; l < layout.num_layers && status.ok(); ++l) {
+      {
+        std::lock_guard lock(copy_mu_);
+        if (Clock::now() >= deadline) {
+          status = late();
+          break;
+        }
+        for (const auto& [block, offset] : call.copies) {
+          ScatterLayer(*g1_, arena_->base() + offset, block, l);
+        }
+      }
+      status = SendReport(fd, MsgType::kCopyLayer, call.batch, l, Status::Ok());
+      if (!status.ok()) return;  // the daemon is gone
+    }
+  } else {
+    for (const auto& [block, offset] : call.copies) {
+      if (copy_stall_.count() > 0) std::this_thread::sleep_for(copy_stall_);
+      std::lock_guard lock(copy_mu_);
+      if (Clock::now() >= deadline) {
+        status = late();
+        break;
+      }
+      GatherBlock(*g1_, block, arena_->base() + offset);
+    }
+  }
+  (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, status);
+}
+
+void AttachedManager::DataLoop(int fd) {
+  for (;;) {
+    Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
+    if (!frame.ok()) break;
+    CopyCall call;
+    WireReader r(frame->payload);
+    Status decoded = frame->header.type == static_cast<uint16_t>(MsgType::kCopy)
+                         ? DecodeCopy(&r, &call)
+                         : Status::InvalidArgument("a data connection frame that is not Copy");
+    if (!decoded.ok()) {
+      KVTIER_LOG(kWarn) << "kvtier: kvtier serve sent a bad copy frame: " << decoded.ToString();
+      break;
+    }
+    RunCopy(fd, call);
+  }
+  // Device batches still running report into a closed socket; their callbacks end first.
+}
+
+}  // namespace kvtier::service

@@ -1,0 +1,143 @@
+// AttachedManager: BlockManager's attached mode (service.socket = PATH; docs/service.md). The
+// same calls as the in-process manager, answered by kvtier serve; the G1 <-> G2 copies run in
+// this process, through its own mapping of the daemon's G2 (a memfd passed at attach): memcpy
+// for a host G1, the CUDA backend over the registered mapping for a device G1.
+//
+// Faults: a daemon that is not there, dies, restarts or does not answer within
+// service.call_timeout_ms turns every call into what an empty cache answers (Lookup 0 tokens,
+// PrepareLoad 0, Commit Ok, RequestFinished false), never an error and never a wait past the
+// timeout; requests that were loading or kept for saves when it went are listed by the next
+// Finished(), so the engine frees their G1 blocks. Calls try to attach again, at most once per
+// service.reattach_ms; requests from before (another daemon epoch) stay misses.
+//
+// Leases: every kCopy batch carries its deadline; a batch past it is refused, and a load
+// checks it before each layer, under copy_mu_. WaitLayer, LoadedTokens and Finished wait for
+// the layer copy in progress before they return, so once the engine hears a load failed no
+// copy of it writes G1 any more.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/unique_fd.h"
+#include "kvtier/connector.h"
+#include "service/protocol.h"
+#include "service/unix_socket.h"
+#include "tier/host_arena.h"
+#include "transfer/device_backend.h"
+
+namespace kvtier::service {
+
+class AttachedManager {
+ public:
+  using DeviceBackendFactory =
+      std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>;
+
+  // Reads service.* from options.config and tries to attach once. A daemon that is not there
+  // is no error (a warning; calls are misses until it is). InvalidArgument for a bad layout,
+  // an empty model id or an empty service.socket. `device_backend`: as the in-process
+  // manager's seam (null = the CUDA backend), for a device G1.
+  static Result<std::unique_ptr<AttachedManager>> Create(const ManagerOptions& options,
+                                                         DeviceBackendFactory device_backend = {});
+  ~AttachedManager();
+
+  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens);
+  Result<uint32_t> PrepareLoad(const std::string& request_id,
+                               std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
+                               bool async_load);
+  Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                std::span<const uint32_t> g1_block_ids);
+  bool RequestFinished(const std::string& request_id);
+  Status RegisterDeviceMemory(const G1Memory& g1);
+  Status StartLoad();
+  Status StartLoad(uintptr_t engine_stream);
+  Status WaitLayer(uint32_t layer);
+  uint32_t LoadedTokens(const std::string& request_id);
+  Status StartSave();
+  Status StartSave(uintptr_t engine_stream);
+  void WaitForSaves();
+  void WaitForRequestSaves(const std::string& request_id);
+  FinishedRequests Finished();
+  // The daemon's pool's counters (all of zero while detached).
+  ManagerStats Stats();
+  // Events come from kvtier serve's events.endpoint; a callback here is kept but not called.
+  void SubscribeEvents(KvEventCallback callback);
+  const KvLayout& layout() const { return options_.layout; }
+
+  struct ClientStats {
+    bool attached = false;
+    uint32_t instance = 0;
+    uint64_t attaches = 0;      // successful attaches (the first included)
+    uint64_t detaches = 0;      // times the daemon went away
+    uint64_t failed_calls = 0;  // calls answered as misses because the daemon was gone
+    uint64_t copy_batches = 0;  // kCopy batches run
+    uint64_t late_batches = 0;  // batches (or loads' layers) refused past their lease
+  };
+  ClientStats client_stats();
+
+ private:
+  explicit AttachedManager(const ManagerOptions& options);
+  using Clock = std::chrono::steady_clock;
+
+  // Attaches when detached and the last attempt is old enough. True when attached.
+  bool EnsureAttached();
+  // REQUIRES: attach_mu_ held. Connects the call side (and the data side, with a G1).
+  Status AttachLocked();
+  Status OpenDataLocked();
+  // The daemon went away (or stopped answering): miss mode, see the header.
+  void Detach(const std::string& why);
+  // One call: request frame, reply frame. Transport failures detach and return Unavailable;
+  // `reply` is positioned after the reply's status, which is returned as the call's own.
+  Status Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
+              std::vector<uint8_t>* reply_payload, size_t* status_end);
+  // Decodes the reply's leading status.
+  bool Current(const std::string& request_id);  // the request's Lookup is of this epoch
+  void Barrier() { std::lock_guard lock(copy_mu_); }
+  void DataLoop(int fd);
+  void RunCopy(int fd, const CopyCall& call);
+  Status SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer, const Status& status);
+
+  const ManagerOptions options_;
+  std::string socket_path_;
+  std::string instance_name_;
+  Clock::duration call_timeout_;
+  Clock::duration reattach_;
+  DeviceBackendFactory device_factory_;
+
+  std::mutex attach_mu_;  // serializes attaching; held while connecting
+  std::mutex mu_;         // everything below but the data plane
+  bool attached_ = false;
+  uint64_t epoch_ = 0;
+  uint32_t instance_ = 0;
+  uint32_t lease_ms_ = 0;
+  Clock::time_point last_attempt_{};
+  std::vector<UniqueFd> idle_;  // call connections not in use
+  std::unordered_map<std::string, uint64_t> request_epoch_;
+  std::set<std::string> kept_, loading_, finished_;
+  std::vector<std::string> orphan_saves_done_, orphan_loads_done_;
+  bool pending_sync_ = false, started_sync_ = false;
+  ClientStats stats_;
+  std::optional<G1Memory> g1_;
+  std::vector<KvEventCallback> callbacks_;
+
+  // Data plane.
+  std::mutex copy_mu_;  // held while a layer or block is copied; see the header
+  std::mutex send_mu_;  // one report at a time on the data connection
+  UniqueFd data_fd_;
+  std::thread data_thread_;
+  std::unique_ptr<HostArena> arena_;           // this process's mapping of G2
+  std::unique_ptr<DeviceCopyBackend> device_;  // device G1 only
+  std::atomic<uint64_t> seq_{0};
+  std::chrono::milliseconds copy_stall_{0};  // KVTIER_TEST_ATTACHED_COPY_STALL_MS
+};
+
+}  // namespace kvtier::service

@@ -1,0 +1,360 @@
+#include "service/protocol.h"
+
+#include "kvtier/tier.h"
+
+namespace kvtier::service {
+
+const char* MsgTypeName(uint16_t type) {
+  switch (static_cast<MsgType>(type)) {
+    case MsgType::kHello:
+      return "Hello";
+    case MsgType::kReply:
+      return "Reply";
+    case MsgType::kLookup:
+      return "Lookup";
+    case MsgType::kPrepareLoad:
+      return "PrepareLoad";
+    case MsgType::kCommit:
+      return "Commit";
+    case MsgType::kRequestFinished:
+      return "RequestFinished";
+    case MsgType::kRegisterG1:
+      return "RegisterG1";
+    case MsgType::kStartLoad:
+      return "StartLoad";
+    case MsgType::kStartSave:
+      return "StartSave";
+    case MsgType::kWaitLayer:
+      return "WaitLayer";
+    case MsgType::kLoadedTokens:
+      return "LoadedTokens";
+    case MsgType::kWaitForSaves:
+      return "WaitForSaves";
+    case MsgType::kWaitForRequestSaves:
+      return "WaitForRequestSaves";
+    case MsgType::kFinished:
+      return "Finished";
+    case MsgType::kStats:
+      return "Stats";
+    case MsgType::kCopy:
+      return "Copy";
+    case MsgType::kCopyLayer:
+      return "CopyLayer";
+    case MsgType::kCopyDone:
+      return "CopyDone";
+  }
+  return "unknown";
+}
+
+void EncodeStatus(WireWriter* w, const Status& status) {
+  w->U8(static_cast<uint8_t>(status.code()));
+  w->String(status.ok() ? std::string_view() : std::string_view(status.message()));
+}
+
+Status DecodeStatus(WireReader* r, Status* out) {
+  uint8_t code = 0;
+  std::string message;
+  KVTIER_RETURN_IF_ERROR(r->U8("status code", &code));
+  KVTIER_RETURN_IF_ERROR(r->String("status message", kMaxMessageBytes, &message));
+  if (code > static_cast<uint8_t>(StatusCode::kInternal)) {
+    return Status::InvalidArgument("service protocol: status code " + std::to_string(code) +
+                                   " is not one this build knows");
+  }
+  *out = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), std::move(message));
+  return Status::Ok();
+}
+
+namespace {
+
+void EncodeLayout(WireWriter* w, const KvLayout& l) {
+  w->U32(l.num_layers);
+  w->U32(l.num_planes);
+  w->U32(l.num_kv_heads);
+  w->U32(l.head_dim);
+  w->U32(l.tokens_per_block);
+  w->U8(static_cast<uint8_t>(l.dtype));
+  w->U8(static_cast<uint8_t>(l.g1_arrangement));
+}
+
+Status DecodeLayout(WireReader* r, KvLayout* l) {
+  uint8_t dtype = 0, arrangement = 0;
+  KVTIER_RETURN_IF_ERROR(r->U32("layout.num_layers", &l->num_layers));
+  KVTIER_RETURN_IF_ERROR(r->U32("layout.num_planes", &l->num_planes));
+  KVTIER_RETURN_IF_ERROR(r->U32("layout.num_kv_heads", &l->num_kv_heads));
+  KVTIER_RETURN_IF_ERROR(r->U32("layout.head_dim", &l->head_dim));
+  KVTIER_RETURN_IF_ERROR(r->U32("layout.tokens_per_block", &l->tokens_per_block));
+  KVTIER_RETURN_IF_ERROR(r->U8("layout.dtype", &dtype));
+  KVTIER_RETURN_IF_ERROR(r->U8("layout.g1_arrangement", &arrangement));
+  if (dtype > static_cast<uint8_t>(DType::kFp8) ||
+      arrangement > static_cast<uint8_t>(G1Arrangement::kBlockContiguous)) {
+    return Status::InvalidArgument("service protocol: layout dtype " + std::to_string(dtype) +
+                                   " / arrangement " + std::to_string(arrangement) +
+                                   " names none this build knows");
+  }
+  l->dtype = static_cast<DType>(dtype);
+  l->g1_arrangement = static_cast<G1Arrangement>(arrangement);
+  Status valid = l->Validate();
+  if (!valid.ok()) return Status::InvalidArgument("service protocol: " + valid.message());
+  return Status::Ok();
+}
+
+Status DecodeTokens(WireReader* r, const char* field, std::vector<TokenId>* out) {
+  std::vector<uint32_t> raw;
+  KVTIER_RETURN_IF_ERROR(r->U32Array(field, kMaxPromptTokens, &raw));
+  out->assign(raw.begin(), raw.end());
+  return Status::Ok();
+}
+
+void EncodeTokens(WireWriter* w, std::span<const TokenId> tokens) {
+  static_assert(sizeof(TokenId) == sizeof(uint32_t));
+  w->U32Array(
+      std::span<const uint32_t>(reinterpret_cast<const uint32_t*>(tokens.data()), tokens.size()));
+}
+
+void EncodeStrings(WireWriter* w, const std::vector<std::string>& v) {
+  w->U32(static_cast<uint32_t>(v.size()));
+  for (const std::string& s : v) w->String(s);
+}
+
+Status DecodeStrings(WireReader* r, const char* field, uint32_t max_count,
+                     std::vector<std::string>* out) {
+  uint32_t n = 0;
+  KVTIER_RETURN_IF_ERROR(r->Count(field, max_count, 4, &n));
+  out->resize(n);
+  for (uint32_t i = 0; i < n; ++i)
+    KVTIER_RETURN_IF_ERROR(r->String(field, kMaxIdBytes, &(*out)[i]));
+  return Status::Ok();
+}
+
+// Every field of ManagerStats, in one fixed order, for encoding and decoding alike.
+template <typename S, typename U64, typename Bool>
+void ForEachStat(S& s, U64 u64, Bool boolean) {
+  u64(s.lookups);
+  u64(s.lookup_blocks);
+  for (auto& v : s.hit_blocks) u64(v);
+  u64(s.miss_blocks);
+  u64(s.load_failures);
+  u64(s.saved_blocks);
+  u64(s.dedup_blocks);
+  u64(s.dropped_saves);
+  u64(s.deferred_saves);
+  u64(s.demoted_blocks);
+  u64(s.demotions_not_admitted);
+  u64(s.demotions_first_sighting);
+  boolean(s.g3_admitting_first_sightings);
+  u64(s.demotion_failures);
+  u64(s.evicted_blocks_g2);
+  u64(s.evicted_blocks_g3);
+  u64(s.promoted_blocks);
+  u64(s.corrupt_blocks);
+  u64(s.g3_quarantines);
+  boolean(s.g3_quarantined);
+  for (auto& v : s.bytes_by_path) u64(v);
+  u64(s.g2_blocks);
+  u64(s.g2_slots);
+  u64(s.g2_free_slots);
+  u64(s.g3_blocks);
+  u64(s.g3_slots);
+  u64(s.g2_staging_slots);
+  u64(s.staged_via_pool);
+  u64(s.pinned_blocks);
+  u64(s.events_emitted);
+  u64(s.events_published);
+  u64(s.events_publish_dropped);
+  u64(s.event_batches_published);
+  u64(s.event_replay_requests);
+  boolean(s.g4_enabled);
+  boolean(s.g4_breaker_open);
+  u64(s.g4_lookup_blocks);
+  u64(s.g4_skipped_lookups);
+  u64(s.g4_lookup_failures);
+  u64(s.g4_lookup_timeouts);
+  u64(s.g4_saved_blocks);
+  u64(s.g4_save_failures);
+  u64(s.g4_dropped_saves);
+  u64(s.g4_load_failures);
+  u64(s.g4_corrupt_blocks);
+  u64(s.g4_timeouts);
+  u64(s.g4_abandoned_loads);
+  u64(s.g4_late_returns);
+  u64(s.g4_rejected_keys);
+  u64(s.g4_removed_corrupt);
+  u64(s.tracked_requests);
+  u64(s.expired_requests);
+}
+
+}  // namespace
+
+void EncodeHello(WireWriter* w, const Hello& m) {
+  w->U8(static_cast<uint8_t>(m.role));
+  w->String(m.instance_name);
+  w->String(m.model_id);
+  EncodeLayout(w, m.layout);
+  w->U32(m.pid);
+}
+
+Status DecodeHello(WireReader* r, Hello* m) {
+  uint8_t role = 0;
+  KVTIER_RETURN_IF_ERROR(r->U8("hello.role", &role));
+  if (role > static_cast<uint8_t>(Role::kData)) {
+    return Status::InvalidArgument("service protocol: hello.role " + std::to_string(role) +
+                                   " is neither call (0) nor data (1)");
+  }
+  m->role = static_cast<Role>(role);
+  KVTIER_RETURN_IF_ERROR(r->String("hello.instance_name", kMaxNameBytes, &m->instance_name));
+  KVTIER_RETURN_IF_ERROR(r->String("hello.model_id", kMaxNameBytes, &m->model_id));
+  KVTIER_RETURN_IF_ERROR(DecodeLayout(r, &m->layout));
+  KVTIER_RETURN_IF_ERROR(r->U32("hello.pid", &m->pid));
+  return r->Done();
+}
+
+void EncodeHelloReply(WireWriter* w, const HelloReply& m) {
+  w->U32(m.instance);
+  w->U64(m.epoch);
+  w->U32(m.lease_ms);
+  w->U64(m.g2_capacity_bytes);
+  w->U64(m.g2_slot_bytes);
+}
+
+Status DecodeHelloReply(WireReader* r, HelloReply* m) {
+  KVTIER_RETURN_IF_ERROR(r->U32("hello.instance", &m->instance));
+  KVTIER_RETURN_IF_ERROR(r->U64("hello.epoch", &m->epoch));
+  KVTIER_RETURN_IF_ERROR(r->U32("hello.lease_ms", &m->lease_ms));
+  KVTIER_RETURN_IF_ERROR(r->U64("hello.g2_capacity_bytes", &m->g2_capacity_bytes));
+  KVTIER_RETURN_IF_ERROR(r->U64("hello.g2_slot_bytes", &m->g2_slot_bytes));
+  return r->Done();
+}
+
+void EncodeLookup(WireWriter* w, const RequestSpec& spec, uint32_t num_computed_tokens) {
+  w->String(spec.request_id);
+  EncodeTokens(w, spec.prompt);
+  w->String(spec.cache_salt);
+  w->String(spec.adapter_id);
+  EncodeStrings(w, spec.block_extra);
+  w->U8(spec.load_tiers);
+  w->U8(spec.store_tiers);
+  w->U32(num_computed_tokens);
+}
+
+Status DecodeLookup(WireReader* r, LookupCall* m) {
+  KVTIER_RETURN_IF_ERROR(r->String("lookup.request_id", kMaxIdBytes, &m->request_id));
+  KVTIER_RETURN_IF_ERROR(DecodeTokens(r, "lookup.prompt", &m->prompt));
+  KVTIER_RETURN_IF_ERROR(r->String("lookup.cache_salt", kMaxIdBytes, &m->cache_salt));
+  KVTIER_RETURN_IF_ERROR(r->String("lookup.adapter_id", kMaxIdBytes, &m->adapter_id));
+  KVTIER_RETURN_IF_ERROR(DecodeStrings(r, "lookup.block_extra", kMaxBlockIds, &m->block_extra));
+  KVTIER_RETURN_IF_ERROR(r->U8("lookup.load_tiers", &m->load_tiers));
+  KVTIER_RETURN_IF_ERROR(r->U8("lookup.store_tiers", &m->store_tiers));
+  KVTIER_RETURN_IF_ERROR(r->U32("lookup.num_computed_tokens", &m->num_computed_tokens));
+  return r->Done();
+}
+
+void EncodeLookupResult(WireWriter* w, const LookupResult& m) {
+  w->U32(m.num_tokens);
+  for (uint32_t b : m.blocks_by_tier) w->U32(b);
+}
+
+Status DecodeLookupResult(WireReader* r, LookupResult* m) {
+  KVTIER_RETURN_IF_ERROR(r->U32("lookup.num_tokens", &m->num_tokens));
+  for (uint32_t& b : m->blocks_by_tier) KVTIER_RETURN_IF_ERROR(r->U32("lookup.blocks_by_tier", &b));
+  return r->Done();
+}
+
+void EncodePrepareLoad(WireWriter* w, const PrepareLoadCall& m) {
+  w->String(m.request_id);
+  w->U32Array(m.g1_block_ids);
+  w->U32(m.num_external_tokens);
+  w->U8(m.async_load ? 1 : 0);
+}
+
+Status DecodePrepareLoad(WireReader* r, PrepareLoadCall* m) {
+  uint8_t async = 0;
+  KVTIER_RETURN_IF_ERROR(r->String("prepare_load.request_id", kMaxIdBytes, &m->request_id));
+  KVTIER_RETURN_IF_ERROR(r->U32Array("prepare_load.g1_block_ids", kMaxBlockIds, &m->g1_block_ids));
+  KVTIER_RETURN_IF_ERROR(r->U32("prepare_load.num_external_tokens", &m->num_external_tokens));
+  KVTIER_RETURN_IF_ERROR(r->U8("prepare_load.async_load", &async));
+  m->async_load = async != 0;
+  return r->Done();
+}
+
+void EncodeCommit(WireWriter* w, std::string_view request_id, std::span<const TokenId> tokens,
+                  std::span<const uint32_t> g1_block_ids) {
+  w->String(request_id);
+  EncodeTokens(w, tokens);
+  w->U32Array(g1_block_ids);
+}
+
+Status DecodeCommit(WireReader* r, CommitCall* m) {
+  KVTIER_RETURN_IF_ERROR(r->String("commit.request_id", kMaxIdBytes, &m->request_id));
+  KVTIER_RETURN_IF_ERROR(DecodeTokens(r, "commit.tokens", &m->tokens));
+  KVTIER_RETURN_IF_ERROR(r->U32Array("commit.g1_block_ids", kMaxBlockIds, &m->g1_block_ids));
+  return r->Done();
+}
+
+Status DecodeRequestId(WireReader* r, std::string* id) {
+  KVTIER_RETURN_IF_ERROR(r->String("request_id", kMaxIdBytes, id));
+  return r->Done();
+}
+
+void EncodeFinished(WireWriter* w, const FinishedRequests& m) {
+  EncodeStrings(w, m.saves_done);
+  EncodeStrings(w, m.loads_done);
+}
+
+Status DecodeFinished(WireReader* r, FinishedRequests* m) {
+  KVTIER_RETURN_IF_ERROR(DecodeStrings(r, "finished.saves_done", kMaxBlockIds, &m->saves_done));
+  KVTIER_RETURN_IF_ERROR(DecodeStrings(r, "finished.loads_done", kMaxBlockIds, &m->loads_done));
+  return r->Done();
+}
+
+void EncodeStats(WireWriter* w, const ManagerStats& m) {
+  ManagerStats copy = m;
+  ForEachStat(
+      copy, [w](uint64_t& v) { w->U64(v); }, [w](bool& b) { w->U8(b ? 1 : 0); });
+}
+
+Status DecodeStats(WireReader* r, ManagerStats* m) {
+  Status s = Status::Ok();
+  ForEachStat(
+      *m,
+      [&](uint64_t& v) {
+        if (s.ok()) s = r->U64("stats", &v);
+      },
+      [&](bool& b) {
+        uint8_t v = 0;
+        if (s.ok()) s = r->U8("stats", &v);
+        b = v != 0;
+      });
+  KVTIER_RETURN_IF_ERROR(s);
+  return r->Done();
+}
+
+void EncodeCopy(WireWriter* w, const CopyCall& m) {
+  w->U64(m.batch);
+  w->U8(m.dir);
+  w->I64(m.deadline_ns);
+  w->U32(static_cast<uint32_t>(m.copies.size()));
+  for (const auto& [block, offset] : m.copies) {
+    w->U32(block);
+    w->U64(offset);
+  }
+}
+
+Status DecodeCopy(WireReader* r, CopyCall* m) {
+  KVTIER_RETURN_IF_ERROR(r->U64("copy.batch", &m->batch));
+  KVTIER_RETURN_IF_ERROR(r->U8("copy.dir", &m->dir));
+  if (m->dir > 1) {
+    return Status::InvalidArgument("service protocol: copy.dir " + std::to_string(m->dir) +
+                                   " is neither save (0) nor load (1)");
+  }
+  KVTIER_RETURN_IF_ERROR(r->I64("copy.deadline_ns", &m->deadline_ns));
+  uint32_t n = 0;
+  KVTIER_RETURN_IF_ERROR(r->Count("copy.copies", kMaxCopies, 12, &n));
+  m->copies.resize(n);
+  for (auto& [block, offset] : m->copies) {
+    KVTIER_RETURN_IF_ERROR(r->U32("copy.g1_block", &block));
+    KVTIER_RETURN_IF_ERROR(r->U64("copy.offset", &offset));
+  }
+  return r->Done();
+}
+
+}  // namespace kvtier::service

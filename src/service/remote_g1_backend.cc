@@ -1,0 +1,268 @@
+#include "service/remote_g1_backend.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+
+namespace kvtier::service {
+
+RemoteG1Backend::RemoteG1Backend(SendCopy send, std::chrono::milliseconds lease,
+                                 uint32_t num_layers)
+    : send_(std::move(send)), lease_(lease), num_layers_(num_layers) {
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
+
+RemoteG1Backend::~RemoteG1Backend() {
+  std::vector<std::shared_ptr<Batch>> open;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    for (auto& [id, b] : open_) {
+      for (Part& p : b->parts) {
+        if (!p.ended) EndPart(b.get(), &p, Status::Unavailable("kvtier serve is shutting down"));
+      }
+      open.push_back(b);
+    }
+  }
+  cv_.notify_all();
+  for (auto& b : open) Deliver(b);
+  watchdog_.join();
+}
+
+std::string RemoteG1Backend::Describe() const {
+  return "attached engines' G1 over kvtier serve data connections (lease " +
+         std::to_string(lease_.count()) + " ms)";
+}
+
+Status RemoteG1Backend::RegisterG1(const G1Memory& g1) { return g1.Validate(); }
+
+Status RemoteG1Backend::RegisterHost(uint8_t* base, uint64_t bytes) {
+  if (base == nullptr || bytes == 0) {
+    return Status::InvalidArgument("RemoteG1Backend::RegisterHost: null or empty range");
+  }
+  if (host_base_ != nullptr) return Status::FailedPrecondition("host memory registered twice");
+  host_base_ = base;
+  host_bytes_ = bytes;
+  return Status::Ok();
+}
+
+Status RemoteG1Backend::Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies,
+                               LayerCallback on_layer, DoneCallback on_done, bool) {
+  if (host_base_ == nullptr) return Status::FailedPrecondition("no G2 arena registered");
+  if (copies.empty()) return Status::InvalidArgument("a batch of no copies");
+  // One kCopy per instance the batch touches, in first-seen order.
+  std::vector<CopyCall> calls;
+  std::vector<uint32_t> instances;
+  for (const DeviceBlockCopy& c : copies) {
+    const uint64_t offset = static_cast<uint64_t>(c.host - host_base_);
+    if (c.host < host_base_ || offset >= host_bytes_) {
+      return Status::InvalidArgument("a copy's host pointer is outside the G2 arena");
+    }
+    const uint32_t instance = c.g1_block >> kInstanceShift;
+    auto it = std::find(instances.begin(), instances.end(), instance);
+    size_t k = static_cast<size_t>(it - instances.begin());
+    if (it == instances.end()) {
+      instances.push_back(instance);
+      calls.emplace_back();
+    }
+    calls[k].copies.emplace_back(c.g1_block & (kMaxG1Blocks - 1), offset);
+  }
+  auto batch = std::make_shared<Batch>();
+  batch->dir = dir;
+  batch->deadline = std::chrono::steady_clock::now() + lease_;
+  batch->on_layer = std::move(on_layer);
+  batch->on_done = std::move(on_done);
+  for (uint32_t instance : instances) batch->parts.push_back(Part{instance, 0, false});
+  {
+    std::lock_guard lock(mu_);
+    batch->id = next_batch_++;
+    open_[batch->id] = batch;
+    ++stats_.batches;
+  }
+  for (size_t k = 0; k < calls.size(); ++k) {
+    calls[k].batch = batch->id;
+    calls[k].dir = dir == CopyDirection::kHostToDevice ? 1 : 0;
+    calls[k].deadline_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(batch->deadline.time_since_epoch())
+            .count();
+    Status sent = send_(instances[k], calls[k]);
+    if (!sent.ok()) {
+      std::lock_guard lock(mu_);
+      EndPart(batch.get(), &batch->parts[k], sent);
+    }
+  }
+  Deliver(batch);
+  return Status::Ok();
+}
+
+void RemoteG1Backend::EndPart(Batch* batch, Part* part, const Status& status) {
+  if (part->ended) return;
+  part->ended = true;
+  if (status.ok()) {
+    part->layers_done = num_layers_;
+  } else {
+    ++stats_.failed_parts;
+    if (batch->status.ok()) batch->status = status;
+  }
+}
+
+bool RemoteG1Backend::Ended(const Batch& b) {
+  return std::all_of(b.parts.begin(), b.parts.end(), [](const Part& p) { return p.ended; });
+}
+
+uint32_t RemoteG1Backend::ReadyLayers(const Batch& b) const {
+  if (!b.status.ok()) return b.reported;  // after a failure no further layer is reported
+  uint32_t ready = num_layers_;
+  for (const Part& p : b.parts) ready = std::min(ready, p.layers_done);
+  return ready;
+}
+
+void RemoteG1Backend::Deliver(const std::shared_ptr<Batch>& batch) {
+  std::lock_guard callbacks(batch->callback_mu);
+  for (;;) {
+    uint32_t layer = 0;
+    bool run_layer = false, run_done = false;
+    Status status;
+    {
+      std::lock_guard lock(mu_);
+      if (batch->done_called) return;
+      if (batch->reported < ReadyLayers(*batch)) {
+        layer = batch->reported++;
+        run_layer = true;
+      } else if (Ended(*batch)) {
+        batch->done_called = true;
+        run_done = true;
+        status = batch->status;
+        open_.erase(batch->id);
+      } else {
+        return;
+      }
+    }
+    if (run_layer && batch->on_layer) batch->on_layer(layer);
+    if (run_done) {
+      if (batch->on_done) batch->on_done(status);
+      cv_.notify_all();
+      return;
+    }
+  }
+}
+
+void RemoteG1Backend::OnLayer(uint32_t instance, uint64_t batch_id, uint32_t layer) {
+  std::shared_ptr<Batch> batch;
+  {
+    std::lock_guard lock(mu_);
+    auto it = open_.find(batch_id);
+    Part* part = nullptr;
+    if (it != open_.end()) {
+      for (Part& p : it->second->parts) {
+        if (p.instance == instance) part = &p;
+      }
+    }
+    if (part == nullptr || part->ended || layer != part->layers_done || layer >= num_layers_) {
+      ++stats_.stray_reports;
+      return;
+    }
+    part->layers_done = layer + 1;
+    batch = it->second;
+  }
+  Deliver(batch);
+}
+
+void RemoteG1Backend::OnDone(uint32_t instance, uint64_t batch_id, const Status& status) {
+  std::shared_ptr<Batch> batch;
+  {
+    std::lock_guard lock(mu_);
+    auto it = open_.find(batch_id);
+    Part* part = nullptr;
+    if (it != open_.end()) {
+      for (Part& p : it->second->parts) {
+        if (p.instance == instance) part = &p;
+      }
+    }
+    if (part == nullptr || part->ended) {
+      ++stats_.stray_reports;
+      return;
+    }
+    // An engine that says Ok must have reported every layer of a load.
+    Status end = status;
+    if (end.ok() && it->second->dir == CopyDirection::kHostToDevice &&
+        part->layers_done != num_layers_) {
+      end = Status::IOError("the engine reported a load done after " +
+                            std::to_string(part->layers_done) + " of " +
+                            std::to_string(num_layers_) + " layers");
+    }
+    EndPart(it->second.get(), part, end);
+    batch = it->second;
+  }
+  Deliver(batch);
+}
+
+void RemoteG1Backend::FailInstance(uint32_t instance, const Status& why) {
+  std::vector<std::shared_ptr<Batch>> touched;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, b] : open_) {
+      for (Part& p : b->parts) {
+        if (p.instance == instance && !p.ended) {
+          EndPart(b.get(), &p, why);
+          touched.push_back(b);
+        }
+      }
+    }
+  }
+  for (auto& b : touched) Deliver(b);
+}
+
+void RemoteG1Backend::Watchdog() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock,
+                 std::min<std::chrono::milliseconds>(lease_ / 4 + std::chrono::milliseconds(1),
+                                                     std::chrono::milliseconds(50)));
+    if (stop_) break;
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<Batch>> expired;
+    for (auto& [id, b] : open_) {
+      // Loads only: see the header for why a live engine's save is never failed at its deadline.
+      if (b->dir != CopyDirection::kHostToDevice || now < b->deadline || b->done_called) continue;
+      bool any = false;
+      for (Part& p : b->parts) {
+        if (!p.ended) {
+          EndPart(b.get(), &p,
+                  Status::TimedOut("the engine did not finish a load within its lease of " +
+                                   std::to_string(lease_.count()) + " ms"));
+          any = true;
+        }
+      }
+      if (any) {
+        ++stats_.lease_expired;
+        expired.push_back(b);
+      }
+    }
+    if (expired.empty()) continue;
+    lock.unlock();
+    for (auto& b : expired) Deliver(b);
+    lock.lock();
+  }
+}
+
+Result<uint8_t*> RemoteG1Backend::AllocateDevice(uint64_t) {
+  return Status::Unavailable("kvtier serve has no device memory of its own");
+}
+Status RemoteG1Backend::CopyToDevice(uint8_t*, const uint8_t*, uint64_t) {
+  return Status::Unavailable("kvtier serve has no device memory of its own");
+}
+Status RemoteG1Backend::CopyFromDevice(uint8_t*, const uint8_t*, uint64_t) {
+  return Status::Unavailable("kvtier serve has no device memory of its own");
+}
+Result<double> RemoteG1Backend::TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t,
+                                              uint32_t) {
+  return Status::Unavailable("kvtier serve has no device memory of its own");
+}
+
+RemoteG1Backend::Stats RemoteG1Backend::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace kvtier::service

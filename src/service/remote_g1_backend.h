@@ -1,0 +1,118 @@
+// RemoteG1Backend: the daemon's "device": every G1 of every attached engine, reached through
+// that engine's data connection. kvtier serve runs the same BlockManager::Impl as the
+// in-process manager; its transfer engine sees one device G1 whose block ids carry the
+// engine's instance in their top 8 bits (service::kInstanceShift), and this backend turns each
+// batch the transfer engine submits into kCopy frames, one per instance it touches. The engine
+// copies between its G1 and its own mapping of G2 and reports each layer and the end.
+//
+// Leases (docs/service.md): a batch's slots are lent to the engine until its deadline
+// (now + service.lease_ms at Submit). A load batch that has not ended by then fails TimedOut:
+// the engine checks the same deadline (both processes share the host's steady clock) before
+// each layer it copies, and its connector waits for the copy in progress before it reports the
+// failure to its engine, so nothing lands in G1 after the engine was told to recompute. A save
+// batch is never failed at its deadline while its engine lives: it ends when the engine
+// answers (an engine past the deadline refuses to start it) or when the engine's data
+// connection ends (FailInstance: the process is gone, so nothing writes the slots any more),
+// because a slot given back while a live engine may still write it could corrupt the block
+// stored there next.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "service/protocol.h"
+#include "transfer/device_backend.h"
+
+namespace kvtier::service {
+
+class RemoteG1Backend final : public DeviceCopyBackend {
+ public:
+  // Queues a kCopy frame for the engine of `instance`; must not block. Unavailable when the
+  // instance has no data connection (then that part of the batch fails at once).
+  using SendCopy = std::function<Status(uint32_t instance, const CopyCall& call)>;
+
+  RemoteG1Backend(SendCopy send, std::chrono::milliseconds lease, uint32_t num_layers);
+  // Fails every batch still open (Unavailable), waits for their callbacks, stops the watchdog.
+  ~RemoteG1Backend() override;
+
+  std::string Describe() const override;
+  Method method() const override { return Method::kMemcpyPerChunk; }
+  Status RegisterG1(const G1Memory& g1) override;
+  // The G2 arena: host pointers of copies are turned into offsets in it.
+  Status RegisterHost(uint8_t* base, uint64_t bytes) override;
+  Status Submit(CopyDirection dir, std::span<const DeviceBlockCopy> copies, LayerCallback on_layer,
+                DoneCallback on_done, bool wait_for_room) override;
+  // The engine orders its own copies after its stream (its connector does so before it asks
+  // the daemon to start them): nothing to do here.
+  Status OrderAfterStream(CopyDirection, uintptr_t) override { return Status::Ok(); }
+  Result<uint8_t*> AllocateDevice(uint64_t) override;
+  void FreeDevice(uint8_t*) override {}
+  Status CopyToDevice(uint8_t*, const uint8_t*, uint64_t) override;
+  Status CopyFromDevice(uint8_t*, const uint8_t*, uint64_t) override;
+  Result<double> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t, uint32_t) override;
+  void StallNextLoadAfterLayerForTest(uint32_t) override {}
+  void ReleaseStallForTest() override {}
+
+  // From the engine's data connection: layer `layer` of its part of `batch` landed / the part
+  // ended. Reports for unknown or ended batches, or out of order, are ignored (counted).
+  void OnLayer(uint32_t instance, uint64_t batch, uint32_t layer);
+  void OnDone(uint32_t instance, uint64_t batch, const Status& status);
+  // The engine's data connection ended: every part of a batch it held fails with `why`.
+  void FailInstance(uint32_t instance, const Status& why);
+
+  struct Stats {
+    uint64_t batches = 0;
+    uint64_t lease_expired = 0;  // load batches failed at their deadline
+    uint64_t stray_reports = 0;  // reports for no open batch (late, or from a confused engine)
+    uint64_t failed_parts = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Part {
+    uint32_t instance = 0;
+    uint32_t layers_done = 0;
+    bool ended = false;
+  };
+  struct Batch {
+    uint64_t id = 0;
+    CopyDirection dir = CopyDirection::kDeviceToHost;
+    std::chrono::steady_clock::time_point deadline;
+    std::vector<Part> parts;
+    LayerCallback on_layer;
+    DoneCallback on_done;
+    Status status;             // the first failure
+    uint32_t reported = 0;     // layers handed to on_layer
+    bool done_called = false;  // on_done ran (or runs)
+    std::mutex callback_mu;    // one thread runs a batch's callbacks at a time, in order
+  };
+  // Runs the callbacks that `batch`'s state allows now, in order; forgets it once ended.
+  void Deliver(const std::shared_ptr<Batch>& batch);
+  // REQUIRES: mu_ held. Marks `part` ended with `status`.
+  void EndPart(Batch* batch, Part* part, const Status& status);
+  static bool Ended(const Batch& b);
+  uint32_t ReadyLayers(const Batch& b) const;
+  void Watchdog();
+
+  const SendCopy send_;
+  const std::chrono::milliseconds lease_;
+  const uint32_t num_layers_;
+  uint8_t* host_base_ = nullptr;
+  uint64_t host_bytes_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // a batch ended (destructor), or stop_
+  std::map<uint64_t, std::shared_ptr<Batch>> open_;
+  uint64_t next_batch_ = 1;
+  Stats stats_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace kvtier::service

@@ -1,0 +1,411 @@
+// kvtier serve with real processes: the daemon is the real `kvtier serve` binary, started and
+// killed (SIGKILL) by the tests; engines are attached BlockManagers with a host G1, in this
+// process and in child processes (this binary run again with KVTIER_TEST_SERVICE_ROLE, so each
+// engine is its own process with its own mapping of G2). docs/service.md.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/unique_fd.h"
+#include "kvtier/connector.h"
+#include "service/attached_manager.h"
+#include "service/protocol.h"
+#include "service/unix_socket.h"
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+KvLayout TestLayout() {
+  KvLayout l;
+  l.num_layers = 4;
+  l.num_planes = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 16;
+  l.tokens_per_block = 16;
+  l.dtype = DType::kFp16;
+  l.g1_arrangement = G1Arrangement::kBlockContiguous;
+  return l;
+}
+
+// An engine: an attached manager and a host G1 of `blocks` blocks.
+struct Engine {
+  std::vector<uint8_t> g1_bytes;
+  G1Memory g1;
+  std::unique_ptr<BlockManager> manager;
+};
+
+Engine MakeEngine(const std::string& socket, const std::string& name, uint32_t blocks = 64) {
+  Engine e;
+  const KvLayout layout = TestLayout();
+  e.g1_bytes.assign(uint64_t{blocks} * layout.BlockBytes(), 0);
+  e.g1.layout = layout;
+  e.g1.num_blocks = blocks;
+  e.g1.regions = {G1Region{e.g1_bytes.data(), layout.BlockBytes()}};
+  ManagerOptions o;
+  o.layout = layout;
+  o.model_id = "service-test";
+  EXPECT_TRUE(o.config.Set("service.socket", socket).ok());
+  EXPECT_TRUE(o.config.Set("service.instance", name).ok());
+  EXPECT_TRUE(o.config.Set("service.reattach_ms", "100").ok());
+  EXPECT_TRUE(o.config.Set("service.call_timeout_ms", "2000").ok());
+  auto m = BlockManager::Create(o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  e.manager = std::move(*m);
+  EXPECT_TRUE(e.manager->attached());
+  Status reg = e.manager->RegisterDeviceMemory(e.g1);
+  EXPECT_TRUE(reg.ok()) << reg.ToString();
+  return e;
+}
+
+std::vector<TokenId> Prompt(uint32_t seed, uint32_t tokens) {
+  std::vector<TokenId> p(tokens);
+  for (uint32_t i = 0; i < tokens; ++i) p[i] = seed * 100003u + i * 7u + 1u;
+  return p;
+}
+
+// The bytes block `index` of prompt `seed` holds: a function of both, so a block loaded from
+// another prompt or another position is caught.
+void FillBlock(uint8_t* dst, uint64_t bytes, uint32_t seed, uint32_t index) {
+  uint64_t x = (uint64_t{seed} << 32) ^ (index * 0x9e3779b97f4a7c15ull) ^ 0x1234567ull;
+  for (uint64_t i = 0; i < bytes; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    dst[i] = static_cast<uint8_t>(x);
+  }
+}
+
+bool BlockIs(const uint8_t* src, uint64_t bytes, uint32_t seed, uint32_t index) {
+  std::vector<uint8_t> want(bytes);
+  FillBlock(want.data(), bytes, seed, index);
+  return std::memcmp(src, want.data(), bytes) == 0;
+}
+
+// Computes (fills) and saves prompt `seed` (`blocks` full blocks + 1 token) in G1 blocks
+// [first, first + blocks); waits until its saves are done.
+void ComputeAndSave(Engine& e, const std::string& id, uint32_t seed, uint32_t blocks,
+                    uint32_t first = 0) {
+  const KvLayout& l = e.g1.layout;
+  const std::vector<TokenId> prompt = Prompt(seed, blocks * l.tokens_per_block + 1);
+  RequestSpec spec;
+  spec.request_id = id;
+  spec.prompt = prompt;
+  ASSERT_TRUE(e.manager->Lookup(spec, 0).ok());
+  std::vector<uint32_t> ids;
+  for (uint32_t b = 0; b < blocks + 1; ++b) ids.push_back(first + b);
+  ASSERT_TRUE(e.manager->PrepareLoad(id, ids, 0).ok());
+  for (uint32_t b = 0; b < blocks; ++b) {
+    FillBlock(e.g1_bytes.data() + uint64_t{first + b} * l.BlockBytes(), l.BlockBytes(), seed, b);
+  }
+  ASSERT_TRUE(e.manager->Commit(id, prompt, ids).ok());
+  ASSERT_TRUE(e.manager->StartSave().ok());
+  if (e.manager->RequestFinished(id)) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    bool done = false;
+    while (!done && Clock::now() < deadline) {
+      for (const std::string& s : e.manager->Finished().saves_done) done = done || s == id;
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(done) << "the saves of " << id << " did not end within 10 s";
+  }
+}
+
+// Looks prompt `seed` up and loads what is found into G1 blocks from `first`; returns the
+// tokens loaded intact, and checks every loaded block's bytes.
+uint32_t LookupAndLoad(Engine& e, const std::string& id, uint32_t seed, uint32_t blocks,
+                       uint32_t first, bool* bytes_ok) {
+  const KvLayout& l = e.g1.layout;
+  const std::vector<TokenId> prompt = Prompt(seed, blocks * l.tokens_per_block + 1);
+  RequestSpec spec;
+  spec.request_id = id;
+  spec.prompt = prompt;
+  auto found = e.manager->Lookup(spec, 0);
+  EXPECT_TRUE(found.ok()) << found.status().ToString();
+  if (!found.ok()) return 0;
+  std::vector<uint32_t> ids;
+  for (uint32_t b = 0; b < blocks + 1; ++b) ids.push_back(first + b);
+  std::fill(e.g1_bytes.begin() + uint64_t{first} * l.BlockBytes(),
+            e.g1_bytes.begin() + uint64_t{first + blocks} * l.BlockBytes(), 0);
+  auto planned = e.manager->PrepareLoad(id, ids, found->num_tokens);
+  EXPECT_TRUE(planned.ok());
+  EXPECT_TRUE(e.manager->StartLoad().ok());
+  for (uint32_t layer = 0; layer < l.num_layers; ++layer) (void)e.manager->WaitLayer(layer);
+  const uint32_t loaded = e.manager->LoadedTokens(id);
+  *bytes_ok = true;
+  for (uint32_t b = 0; b < loaded / l.tokens_per_block; ++b) {
+    if (!BlockIs(e.g1_bytes.data() + uint64_t{first + b} * l.BlockBytes(), l.BlockBytes(), seed,
+                 b)) {
+      *bytes_ok = false;
+    }
+  }
+  (void)e.manager->RequestFinished(id);
+  (void)e.manager->Finished();
+  return loaded;
+}
+
+// A real `kvtier serve` process.
+class Daemon {
+ public:
+  explicit Daemon(std::string socket) : socket_(std::move(socket)) {}
+  ~Daemon() { Kill(SIGKILL); }
+  void Start(uint32_t lease_ms = 1000) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setenv("KVTIER_G2_CAPACITY_BYTES", "8MiB", 1);
+      ::setenv("KVTIER_G3_ENABLED", "false", 1);
+      ::setenv("KVTIER_G2_LOCK_MEMORY", "false", 1);
+      ::setenv("KVTIER_SERVICE_LEASE_MS", std::to_string(lease_ms).c_str(), 1);
+      ::execl(KVTIER_CLI_PATH, KVTIER_CLI_PATH, "serve", "--socket", socket_.c_str(),
+              static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ASSERT_GT(pid_, 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (Clock::now() < deadline) {
+      if (service::ConnectUnix(socket_).ok()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FAIL() << "kvtier serve did not listen on " << socket_ << " within 20 s";
+  }
+  // Returns the exit status (for SIGTERM: 0 when it shut down cleanly).
+  int Kill(int sig) {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, sig);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+std::string TempDir(const std::string& tag) {
+  std::string dir = "/tmp/kvtier-service-test-" + tag + "-" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ::chmod(dir.c_str(), 0700);
+  return dir;
+}
+
+// Runs this binary again as a child engine with `role`; returns its pid.
+pid_t SpawnEngine(const std::string& role, const std::string& socket, const std::string& arg) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("KVTIER_TEST_SERVICE_ROLE", role.c_str(), 1);
+    ::setenv("KVTIER_TEST_SERVICE_SOCKET", socket.c_str(), 1);
+    ::setenv("KVTIER_TEST_SERVICE_ARG", arg.c_str(), 1);
+    ::execl("/proc/self/exe", "service_test", "--gtest_filter=ServiceChild.Run",
+            static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The child side. Roles:
+//   load   loads prompt ARG (8 blocks) and exits 0 when all of it came from kvtier intact
+//   save   computes and saves prompt ARG (8 blocks), exits 0
+//   stall  commits prompt ARG (32 blocks), starts the saves with its copies stalled
+//          (KVTIER_TEST_ATTACHED_COPY_STALL_MS), and waits to be killed
+TEST(ServiceChild, Run) {
+  const char* role = std::getenv("KVTIER_TEST_SERVICE_ROLE");
+  if (role == nullptr) GTEST_SKIP() << "the child side of the service tests (run by them)";
+  const std::string socket = std::getenv("KVTIER_TEST_SERVICE_SOCKET");
+  const uint32_t seed = static_cast<uint32_t>(std::atoi(std::getenv("KVTIER_TEST_SERVICE_ARG")));
+  Engine e = MakeEngine(socket, std::string("child-") + role + "-" + std::to_string(::getpid()));
+  if (std::string(role) == "load") {
+    bool ok = false;
+    const uint32_t loaded = LookupAndLoad(e, "b-req", seed, 8, 0, &ok);
+    std::fprintf(stderr, "child: loaded %u tokens, bytes %s\n", loaded, ok ? "ok" : "WRONG");
+    _exit(loaded == 8 * 16 && ok ? 0 : 1);
+  }
+  if (std::string(role) == "save") {
+    ComputeAndSave(e, "s-req", seed, 8);
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  }
+  if (std::string(role) == "stall") {
+    const KvLayout& l = e.g1.layout;
+    const std::vector<TokenId> prompt = Prompt(seed, 32 * l.tokens_per_block + 1);
+    RequestSpec spec;
+    spec.request_id = "k-req";
+    spec.prompt = prompt;
+    (void)e.manager->Lookup(spec, 0);
+    std::vector<uint32_t> ids;
+    for (uint32_t b = 0; b < 33; ++b) ids.push_back(b);
+    (void)e.manager->PrepareLoad("k-req", ids, 0);
+    for (uint32_t b = 0; b < 32; ++b) {
+      FillBlock(e.g1_bytes.data() + uint64_t{b} * l.BlockBytes(), l.BlockBytes(), seed, b);
+    }
+    // Four save batches of 8 blocks, as four engine steps would commit them.
+    for (uint32_t round = 1; round <= 4; ++round) {
+      (void)e.manager->Commit(
+          "k-req", std::span<const TokenId>(prompt.data(), round * 8 * l.tokens_per_block), ids);
+      (void)e.manager->StartSave();
+    }
+    std::fprintf(stderr, "child: saves started\n");
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  _exit(2);
+}
+
+// Two engine processes on one daemon: B's first request for a prefix A computed loads it from
+// the shared G2, byte for byte.
+TEST(Service, SecondEngineLoadsWhatTheFirstSaved) {
+  const std::string dir = TempDir("share");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start());
+  Engine a = MakeEngine(socket, "engine-a");
+  ComputeAndSave(a, "a-req", 7, 8);
+  EXPECT_EQ(a.manager->Stats().saved_blocks, 8u);
+  EXPECT_EQ(WaitExit(SpawnEngine("load", socket, "7")), 0) << "B did not load A's prefix intact";
+  // A prompt nobody computed is a miss for B.
+  EXPECT_EQ(WaitExit(SpawnEngine("load", socket, "8")), 1);
+  const ManagerStats s = a.manager->Stats();
+  EXPECT_EQ(s.hit_blocks[kTierG2], 8u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+}
+
+// An engine killed with -9 while its saves are in flight: the daemon stays up, the dead
+// engine's unfinished saves are dropped (never served), its requests and slots come back, and
+// the other engine is unaffected.
+TEST(Service, EngineKilledMidSaveLosesOnlyItsUnfinishedSaves) {
+  const std::string dir = TempDir("kill");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/500));
+  Engine a = MakeEngine(socket, "engine-a");
+  ComputeAndSave(a, "a-req", 3, 8, 0);
+  const ManagerStats before = a.manager->Stats();
+
+  ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "20", 1);
+  pid_t child = SpawnEngine("stall", socket, "11");
+  ::unsetenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS");
+  // Wait until its first batch reached G2 but not all four (8 blocks of 20 ms each a batch).
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < deadline && a.manager->Stats().saved_blocks < before.saved_blocks + 8) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(WaitExit(child), 128 + SIGKILL);
+
+  // Within the bound its instance ends: requests finished, pins and slots back.
+  ManagerStats s;
+  const auto bound = Clock::now() + std::chrono::seconds(5);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    s = a.manager->Stats();
+  } while (Clock::now() < bound && (s.tracked_requests != 0 || s.pinned_blocks != 0 ||
+                                    s.g2_free_slots + s.g2_blocks != s.g2_slots));
+  EXPECT_EQ(s.tracked_requests, 0u);
+  EXPECT_EQ(s.pinned_blocks, 0u);
+  EXPECT_EQ(s.g2_free_slots + s.g2_blocks, s.g2_slots) << "a dead engine's G2 slots leaked";
+  EXPECT_LT(s.saved_blocks, before.saved_blocks + 32) << "the kill came after every save";
+
+  // The other engine is unaffected: its prefix still loads intact.
+  bool ok = false;
+  EXPECT_EQ(LookupAndLoad(a, "a-again", 3, 8, 16, &ok), 8u * 16);
+  EXPECT_TRUE(ok);
+  // What the dead engine finished saving is its own prefix, exact; nothing else is served.
+  const uint32_t loaded = LookupAndLoad(a, "k-check", 11, 32, 24, &ok);
+  EXPECT_TRUE(ok) << "a block the killed engine was writing was served";
+  EXPECT_GE(loaded, 8u * 16) << "not even its first batch, which ended before the kill, is served";
+  EXPECT_LT(loaded, 32u * 16);
+}
+
+// kill -9 of the daemon: the engine's calls turn into misses (never an error, never a hang),
+// then it attaches again by itself once a daemon is back, and reuses again.
+TEST(Service, DaemonKilledTurnsCallsIntoMissesThenReattaches) {
+  const std::string dir = TempDir("daemon");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start());
+  Engine a = MakeEngine(socket, "engine-a");
+  ComputeAndSave(a, "a-req", 5, 8);
+  daemon.Kill(SIGKILL);
+
+  const auto t0 = Clock::now();
+  bool ok = false;
+  EXPECT_EQ(LookupAndLoad(a, "miss-1", 5, 8, 16, &ok), 0u);
+  RequestSpec spec;
+  const std::vector<TokenId> prompt = Prompt(5, 8 * 16 + 1);
+  spec.request_id = "miss-2";
+  spec.prompt = prompt;
+  auto found = a.manager->Lookup(spec, 0);
+  ASSERT_TRUE(found.ok()) << "a gone daemon must be a miss, not " << found.status().ToString();
+  EXPECT_EQ(found->num_tokens, 0u);
+  std::vector<uint32_t> ids(9);
+  EXPECT_TRUE(a.manager->Commit("miss-2", prompt, ids).ok());
+  EXPECT_FALSE(a.manager->RequestFinished("miss-2"));
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3)) << "calls hung on a dead daemon";
+
+  Daemon again(socket);
+  ASSERT_NO_FATAL_FAILURE(again.Start());
+  // Attaches within service.reattach_ms of a call; G2 is new, so compute once, then reuse.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ComputeAndSave(a, "b-req", 6, 8);
+  EXPECT_EQ(WaitExit(SpawnEngine("load", socket, "6")), 0);
+  EXPECT_EQ(a.manager->Stats().hit_blocks[kTierG2], 8u);
+}
+
+// A peer that sends garbage is cut off; the daemon keeps serving the others.
+TEST(Service, BadFramesEndOnlyTheirConnection) {
+  const std::string dir = TempDir("bad");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start());
+  Engine a = MakeEngine(socket, "engine-a");
+  uint32_t seed = 99;
+  for (int i = 0; i < 50; ++i) {
+    auto fd = service::ConnectUnix(socket);
+    ASSERT_TRUE(fd.ok());
+    std::vector<uint8_t> junk(1 + (seed % 200));
+    for (auto& b : junk) {
+      seed = seed * 1103515245u + 12345u;
+      b = static_cast<uint8_t>(seed >> 16);
+    }
+    if (i % 2 == 0) {
+      // A well-formed frame header around a payload that is not a Hello.
+      (void)service::SendFrame(fd->get(), static_cast<uint16_t>(service::MsgType::kHello), 1, junk,
+                               -1, Clock::now() + std::chrono::seconds(1));
+      auto reply = service::RecvFrame(fd->get(), Clock::now() + std::chrono::seconds(5));
+      ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+      service::WireReader r(reply->payload);
+      Status st;
+      ASSERT_TRUE(service::DecodeStatus(&r, &st).ok());
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    } else {
+      (void)::write(fd->get(), junk.data(), junk.size());
+    }
+  }
+  ComputeAndSave(a, "a-req", 1, 4);
+  bool ok = false;
+  EXPECT_EQ(LookupAndLoad(a, "a-again", 1, 4, 8, &ok), 4u * 16);
+  EXPECT_TRUE(ok);
+}
+
+}  // namespace
+}  // namespace kvtier
