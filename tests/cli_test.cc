@@ -50,6 +50,20 @@ TEST(CliTest, BenchCopyJsonHasTheKeys) {
   }
 }
 
+// --shared: the attached-mapping path and its ratios to a private memcpy, in the same JSON.
+TEST(CliTest, BenchCopySharedJsonHasTheKeys) {
+  CliRun r = Kvtier("bench copy --shared --blocks 8 --layers 4 --reps 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* key :
+       {"\"shared\": true", "\"shared_save_gbps\"", "\"shared_load_gbps\"",
+        "\"memcpy_private_gbps\"", "\"shared_ratio_to_memcpy_save\"",
+        "\"shared_ratio_to_memcpy_load\"", "\"offload_gbps\"", "\"block_bytes\": 262144"}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
+  }
+  r = Kvtier("bench copy --help");
+  EXPECT_NE(r.out.find("--shared"), std::string::npos) << r.out;
+}
+
 TEST(CliTest, BenchIndexJsonHasTheKeys) {
   CliRun r = Kvtier("bench index --tokens 4096 --reps 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -217,15 +217,19 @@ void BlockIndex::Touch(std::span<const BlockKey> keys) {
   }
 }
 
-std::optional<EvictedBlock> BlockIndex::EvictOne(TierId tier) {
+std::optional<EvictedBlock> BlockIndex::EvictOne(TierId tier) { return EvictOne(tier, nullptr); }
+
+std::optional<EvictedBlock> BlockIndex::EvictOne(
+    TierId tier, const std::function<bool(uint32_t slot)>& allowed) {
   if (tier >= kNumTiers) return std::nullopt;
   TierState& ts = tiers_[tier];
   MutexLock tier_lock(&ts.mu);
-  auto unpinned = [this](const BlockKey& key) {
+  auto unpinned = [this, tier, &allowed](const BlockKey& key) {
     Shard& shard = ShardFor(key);
     MutexLock lock(&shard.mu);
     auto it = shard.map.find(key);
-    return it != shard.map.end() && it->second.pins == 0;
+    return it != shard.map.end() && it->second.pins == 0 &&
+           (!allowed || allowed(it->second.slot[tier]));
   };
   // A victim can be pinned between the policy's check and the removal (Pin takes no tier
   // lock); then ask again. Each retry sees one more pinned block, so this ends.
@@ -247,6 +251,7 @@ std::optional<EvictedBlock> BlockIndex::EvictOne(TierId tier) {
       }
       Entry& e = it->second;
       if (e.pins != 0) continue;
+      if (allowed && !allowed(e.slot[tier])) continue;
       slot = e.slot[tier];
       parent = e.parent;
       e.tier_mask &= static_cast<uint8_t>(~(1u << tier));

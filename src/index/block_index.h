@@ -15,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -126,6 +127,12 @@ class BlockIndex {
   // Removes from `tier` the block its policy picks among the unpinned ones and returns it, or
   // nullopt when the tier holds nothing evictable. The caller frees the slot.
   std::optional<EvictedBlock> EvictOne(TierId tier);
+  // EvictOne among the unpinned blocks whose slot in `tier` `allowed` accepts (the G2
+  // namespace share: a namespace at or under its guaranteed share is not evicted for
+  // another's block). Null `allowed`: as EvictOne(tier). `allowed` runs under the index's locks:
+  // it must be quick and take no lock of the index.
+  std::optional<EvictedBlock> EvictOne(TierId tier,
+                                       const std::function<bool(uint32_t slot)>& allowed);
 
   // The entry for `key`, or nullopt.
   std::optional<BlockInfo> Get(const BlockKey& key) const;

@@ -102,6 +102,11 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     slot_meta_.resize(g2_->num_slots());
     slot_tokens_.resize(size_t{g2_->num_slots()} * tpb_);
   }
+  ns_share_ = cfg.GetDouble("g2.namespace_share");
+  {
+    MutexLock lock(&ns_mu_);
+    slot_ns_.assign(g2_->num_slots(), 0);
+  }
 
   std::vector<RecoveredBlock> recovered;
   if (cfg.GetBool("g3.enabled")) {
@@ -386,6 +391,7 @@ void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
 
 void BlockManager::Impl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
                                      std::span<const TokenId> tokens) {
+  AssignSlotNamespace(slot, meta.namespace_id);
   MutexLock lock(&slot_mu_);
   slot_meta_[slot] = meta;
   std::fill_n(slot_tokens_.begin() + size_t{slot} * tpb_, tpb_, TokenId{0});
@@ -393,7 +399,33 @@ void BlockManager::Impl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
               slot_tokens_.begin() + size_t{slot} * tpb_);
 }
 
+void BlockManager::Impl::AssignSlotNamespace(uint32_t slot, uint64_t ns) {
+  MutexLock lock(&ns_mu_);
+  if (slot >= slot_ns_.size() || slot_ns_[slot] == ns) return;
+  if (uint64_t old = slot_ns_[slot]; old != 0) {
+    auto it = ns_slots_.find(old);
+    if (it != ns_slots_.end() && --it->second == 0) ns_slots_.erase(it);
+  }
+  slot_ns_[slot] = ns;
+  if (ns != 0) ++ns_slots_[ns];
+}
+
+bool BlockManager::Impl::EvictableFor(uint64_t ns, uint32_t slot) {
+  if (ns == 0 || ns_share_ <= 0) return true;
+  MutexLock lock(&ns_mu_);
+  if (slot >= slot_ns_.size()) return true;
+  const uint64_t owner = slot_ns_[slot];
+  if (owner == 0 || owner == ns) return true;
+  // The requester counts as a namespace holding blocks even before its first one lands.
+  const uint64_t holders = ns_slots_.size() + (ns_slots_.count(ns) == 0 ? 1 : 0);
+  const double guaranteed = ns_share_ * static_cast<double>(slot_ns_.size()) /
+                            static_cast<double>(std::max<uint64_t>(holders, 1));
+  auto it = ns_slots_.find(owner);
+  return it != ns_slots_.end() && static_cast<double>(it->second) > guaranteed;
+}
+
 void BlockManager::Impl::ReleaseG2Slot(uint32_t slot) {
+  AssignSlotNamespace(slot, 0);
   Status s = g2_->Release(slot);
   if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
 }
@@ -528,8 +560,11 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
   }
 }
 
-bool BlockManager::Impl::EvictFromG2() {
-  auto victim = index_->EvictOne(kTierG2);
+bool BlockManager::Impl::EvictFromG2(uint64_t ns) {
+  auto victim =
+      ns == 0 || ns_share_ <= 0
+          ? index_->EvictOne(kTierG2)
+          : index_->EvictOne(kTierG2, [this, ns](uint32_t slot) { return EvictableFor(ns, slot); });
   if (!victim) return false;
   c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
   Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
@@ -547,16 +582,16 @@ bool BlockManager::Impl::EvictFromG2() {
   return true;
 }
 
-std::optional<uint32_t> BlockManager::Impl::AllocateStagingSlot() {
+std::optional<uint32_t> BlockManager::Impl::AllocateStagingSlot(uint64_t ns) {
   if (std::optional<uint32_t> free_slot = g2_->Allocate()) return free_slot;
   if (staging_slots_ > 0) {
     c_.staged_via_pool.fetch_add(1, std::memory_order_relaxed);
     return BlockTransfer::kAnyStagingSlot;
   }
-  return AllocateG2Slot();
+  return AllocateG2Slot(ns);
 }
 
-std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
+std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot(uint64_t ns) {
   // Demotions in flight at most. Beyond it the disk is behind: a save is better dropped than
   // paid for by evicting more of G2, and no single call starts a burst of demotions.
   const uint32_t max_demotions = std::clamp<uint32_t>(g2_->num_slots() / 8, 8, 64);
@@ -565,7 +600,7 @@ std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
   // a caller never spins and never waits on I/O.
   for (int round = 0; !slot && round < 4; ++round) {
     if (demotions_in_flight_.load() >= max_demotions) break;
-    if (!EvictFromG2()) break;
+    if (!EvictFromG2(ns)) break;
     slot = g2_->Allocate();
   }
   // Keep a reserve of free (or soon free) slots, so the next saves and staged loads find one
@@ -575,7 +610,7 @@ std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot() {
   const uint32_t reserve = std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
   if (g3_ && g2_->free_slots() + demotions_in_flight_.load() < reserve &&
       demotions_in_flight_.load() < max_demotions) {
-    EvictFromG2();
+    EvictFromG2(ns);
   }
   return slot;
 }
@@ -750,7 +785,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
     if (p.source == kTierG2) {
       p.g2_slot = m.slots[planned];
     } else {
-      std::optional<uint32_t> staging = AllocateStagingSlot();
+      std::optional<uint32_t> staging = AllocateStagingSlot(ns);
       if (!staging) break;  // no room to stage: the engine computes the rest
       p.g2_slot = *staging;
       p.tokens.assign(tokens.begin() + planned * tpb_, tokens.begin() + (planned + 1) * tpb_);
@@ -768,7 +803,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
       const uint32_t i = start + static_cast<uint32_t>(planned);
       if (i < g4_first || i >= g4_end) break;
       if (g4_rejected_.Contains(keys[planned])) break;  // its load failed since the Lookup
-      std::optional<uint32_t> staging = AllocateStagingSlot();
+      std::optional<uint32_t> staging = AllocateStagingSlot(ns);
       if (!staging) break;
       PlannedLoad p;
       p.request_id = request_id;
@@ -908,7 +943,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<PendingSave> saves;
   std::vector<Candidate> no_slot;
   for (Candidate& c : to_save) {
-    std::optional<uint32_t> slot = no_slot.empty() ? AllocateG2Slot() : std::nullopt;
+    std::optional<uint32_t> slot = no_slot.empty() ? AllocateG2Slot(ns) : std::nullopt;
     if (!slot) {
       no_slot.push_back(std::move(c));  // and the blocks after it: saves keep commit order
       continue;
@@ -963,7 +998,7 @@ void BlockManager::Impl::RetryDeferredSaves() {
   size_t given = 0;
   for (; given < waiting.size(); ++given) {
     const DeferredSave& d = waiting[given];
-    std::optional<uint32_t> slot = AllocateG2Slot();
+    std::optional<uint32_t> slot = AllocateG2Slot(d.namespace_id);
     if (!slot) break;
     SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
     saves.push_back(PendingSave{d.instance, d.request_id, d.key, d.parent, d.g1_block, *slot});

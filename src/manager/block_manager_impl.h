@@ -230,14 +230,24 @@ class BlockManager::Impl {
       EXCLUDES(hashers_mu_);
   // A free G2 slot, evicting (and demoting to G3 when admitted) as needed; nullopt when every
   // block is pinned or in flight.
-  std::optional<uint32_t> AllocateG2Slot();
+  // `ns`: the namespace of the block that will take the slot (the G2 namespace share, below);
+  // 0 = none (every victim allowed).
+  std::optional<uint32_t> AllocateG2Slot(uint64_t ns = 0);
   // Evicts G2's policy victim: demoted to G3 when admitted (its slot frees when the write
-  // ends), else freed now. False when nothing in G2 is evictable.
-  bool EvictFromG2();
+  // ends), else freed now. False when nothing in G2 is evictable (for `ns`: see EvictableFor).
+  bool EvictFromG2(uint64_t ns = 0);
+  // The G2 namespace share (g2.namespace_share): G2 slots are counted per namespace (model,
+  // salt, adapter), and a block of a namespace holding no more than its guaranteed share
+  // (share x slots / namespaces holding blocks) is not evicted for another namespace's block,
+  // so one tenant's burst cannot empty G2 of the others. A namespace's own blocks, and blocks
+  // of namespaces over their share, are evicted as the policy picks.
+  bool EvictableFor(uint64_t ns, uint32_t slot) EXCLUDES(ns_mu_);
+  // Records which namespace's block `slot` holds (0: none, the slot is free).
+  void AssignSlotNamespace(uint32_t slot, uint64_t ns) EXCLUDES(ns_mu_);
   void ReleaseG2Slot(uint32_t slot);
   // Where to stage a G3 load: a free G2 slot (the block is then promoted), else the staging
   // pool (BlockTransfer::kAnyStagingSlot) when there is one; nullopt otherwise.
-  std::optional<uint32_t> AllocateStagingSlot();
+  std::optional<uint32_t> AllocateStagingSlot(uint64_t ns = 0);
   void SetSlotMeta(uint32_t slot, const SlotMeta& meta, std::span<const TokenId> tokens)
       EXCLUDES(slot_mu_);
   bool AdmitToG3(const BlockKey& key);
@@ -355,7 +365,12 @@ class BlockManager::Impl {
   std::unique_ptr<RemoteStore> g4_;      // null without G4; outlives engine_ (see ~Impl)
   WrapG4 wrap_g4_;                       // set once by Create, before Init
   DeviceBackendFactory device_backend_;  // set once by Create, before Init
-  bool shared_g2_ = false;               // set once by Create, before Init
+  bool shared_g2_ = false;
+  double ns_share_ = 0;  // g2.namespace_share; set once in Init
+  Mutex ns_mu_;          // a leaf: taken under the index's locks (EvictableFor), takes none
+  std::vector<uint64_t> slot_ns_ GUARDED_BY(ns_mu_);  // per G2 slot
+  std::unordered_map<uint64_t, uint32_t> ns_slots_
+      GUARDED_BY(ns_mu_);  // set once by Create, before Init
   bool g4_write_through_ = true;
   std::chrono::milliseconds g4_lookup_deadline_{20};
   // G4 blocks are offered only when loading one is expected to be faster than recomputing it

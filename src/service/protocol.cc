@@ -1,5 +1,7 @@
 #include "service/protocol.h"
 
+#include <type_traits>
+
 #include "kvtier/tier.h"
 
 namespace kvtier::service {
@@ -99,10 +101,8 @@ Status DecodeLayout(WireReader* r, KvLayout* l) {
 }
 
 Status DecodeTokens(WireReader* r, const char* field, std::vector<TokenId>* out) {
-  std::vector<uint32_t> raw;
-  KVTIER_RETURN_IF_ERROR(r->U32Array(field, kMaxPromptTokens, &raw));
-  out->assign(raw.begin(), raw.end());
-  return Status::Ok();
+  static_assert(std::is_same_v<TokenId, uint32_t>);
+  return r->U32Array(field, kMaxPromptTokens, out);
 }
 
 void EncodeTokens(WireWriter* w, std::span<const TokenId> tokens) {

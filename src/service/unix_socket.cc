@@ -177,6 +177,17 @@ Result<UniqueFd> ListenUnix(const std::string& path) {
   return fd;
 }
 
+namespace {
+// Room for a whole long prompt (a 131,072-token Lookup is 512 KiB) in one send: fewer
+// sleep/wake rounds between the two processes. The kernel caps it at net.core.[wr]mem_max;
+// a smaller buffer only costs time.
+void WidenBuffers(int fd) {
+  const int bytes = 2 << 20;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+}
+}  // namespace
+
 Result<UniqueFd> AcceptUnix(int listen_fd, int timeout_ms) {
   const Clock::time_point deadline = timeout_ms < 0
                                          ? Clock::time_point::max()
@@ -187,7 +198,10 @@ Result<UniqueFd> AcceptUnix(int listen_fd, int timeout_ms) {
       return Status::TimedOut("no connection within " + std::to_string(timeout_ms) + " ms");
     }
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) return UniqueFd(fd);
+    if (fd >= 0) {
+      WidenBuffers(fd);
+      return UniqueFd(fd);
+    }
     // Gone again (the peer withdrew, another thread took it) or interrupted: wait on.
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
       continue;
@@ -200,6 +214,7 @@ Result<UniqueFd> ConnectUnix(const std::string& path) {
   KVTIER_ASSIGN_OR_RETURN(const sockaddr_un addr, UnixAddress(path));
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return Status::FromErrno(errno, "socket");
+  WidenBuffers(fd.get());
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
     return fd;
   }

@@ -1,5 +1,8 @@
 #include "service/wire.h"
 
+#include <bit>
+#include <cstring>
+
 #include <cassert>
 #include <cinttypes>
 #include <cstdio>
@@ -93,6 +96,12 @@ void WireWriter::String(std::string_view s) {
 
 void WireWriter::U32Array(std::span<const uint32_t> values) {
   U32(CheckedLength(values.size()));
+  if constexpr (std::endian::native == std::endian::little) {
+    // The wire's byte order is the host's: one copy (a 131,072-token prompt is 512 KiB).
+    const auto* p = reinterpret_cast<const uint8_t*>(values.data());
+    buf_.insert(buf_.end(), p, p + 4 * values.size());
+    return;
+  }
   buf_.reserve(buf_.size() + 4 * values.size());
   for (uint32_t v : values) U32(v);
 }
@@ -211,6 +220,10 @@ Status WireReader::U32Array(const char* field, uint32_t max_count, std::vector<u
   size_t at = 0;
   KVTIER_RETURN_IF_ERROR(Consume(field, size_t{4} * count, &at));
   out->resize(count);
+  if constexpr (std::endian::native == std::endian::little) {
+    if (count > 0) std::memcpy(out->data(), bytes_.data() + at, size_t{4} * count);
+    return Status::Ok();
+  }
   for (uint32_t i = 0; i < count; ++i) {
     (*out)[i] = static_cast<uint32_t>(GetLe(bytes_.data() + at + 4 * size_t{i}, 4));
   }

@@ -1,8 +1,10 @@
 #include "tier/host_arena.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +27,105 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+#ifndef MFD_HUGE_2MB
+#define MFD_HUGE_2MB (21U << 26)  // log2(2 MiB) << MFD_HUGE_SHIFT, as in <linux/memfd.h>
+#endif
+
+// `bytes` (a multiple of 2 MiB) of private anonymous memory with protection `prot`, starting on
+// a 2 MiB boundary (THP needs it). NoSpace when the memory or address space is short, IOError
+// for other mmap failures.
+Result<uint8_t*> ReserveAligned(uint64_t bytes, int prot) {
+  // Over-map by one huge page, then trim the unaligned head and the tail.
+  const uint64_t reserve = bytes + kHugePage;
+  void* raw = mmap(nullptr, reserve, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) {
+    const int err = errno;
+    if (err == ENOMEM) {
+      return Status::NoSpace("G2: cannot map " + std::to_string(reserve) +
+                             " bytes: out of memory or address space; lower the G2 "
+                             "capacity_bytes or raise `ulimit -v`");
+    }
+    return Status::FromErrno(err, "G2: mmap of " + std::to_string(reserve) + " bytes failed");
+  }
+  const auto addr = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = RoundUp(addr, kHugePage);
+  if (aligned > addr) munmap(raw, aligned - addr);
+  const uintptr_t end = aligned + bytes;
+  const uintptr_t raw_end = addr + reserve;
+  if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
+  return reinterpret_cast<uint8_t*>(aligned);
+}
+
+// The first `bytes` (a multiple of 2 MiB) of `fd` mapped read-write MAP_SHARED | `extra_flags`
+// on a 2 MiB boundary. NoSpace when memory, address space or (hugetlbfs) reserved huge pages
+// are short; IOError for other mmap failures. Nothing stays mapped on failure.
+Result<uint8_t*> MapFdAligned(int fd, uint64_t bytes, int extra_flags) {
+  KVTIER_ASSIGN_OR_RETURN(uint8_t * at, ReserveAligned(bytes, PROT_NONE));
+  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | extra_flags, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    munmap(at, bytes);
+    const std::string what = "G2: mmap of " + std::to_string(bytes) + " bytes of fd " +
+                             std::to_string(fd) + " (MAP_SHARED) failed";
+    if (err == ENOMEM) {
+      return Status::NoSpace(what +
+                             ": out of memory, address space or (hugetlbfs) reserved huge pages");
+    }
+    return Status::FromErrno(err, what);
+  }
+  return at;
+}
+
+struct Memfd {
+  int fd = -1;
+  uint8_t* base = nullptr;
+};
+
+// A new memfd "kvtier-g2" of `bytes` (a multiple of 2 MiB), hugetlbfs-backed with 2 MiB pages
+// when `hugetlb`, sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) and mapped
+// by MapFdAligned. IOError/NoSpace naming the step that failed; nothing is left open or mapped
+// on failure.
+Result<Memfd> CreateSealedMemfd(uint64_t bytes, bool hugetlb) {
+  unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+  if (hugetlb) flags |= MFD_HUGETLB | MFD_HUGE_2MB;
+  const char* kind = hugetlb ? "hugetlbfs memfd" : "memfd";
+  Memfd m;
+  m.fd = memfd_create("kvtier-g2", flags);
+  if (m.fd < 0) return Status::FromErrno(errno, std::string("G2: memfd_create of a ") + kind);
+  auto fail = [&m](Status s) {
+    close(m.fd);
+    return s;
+  };
+  if (ftruncate(m.fd, static_cast<off_t>(bytes)) != 0) {
+    return fail(Status::FromErrno(errno, std::string("G2: ftruncate of a ") + kind + " to " +
+                                             std::to_string(bytes) + " bytes"));
+  }
+  if (fcntl(m.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return fail(Status::FromErrno(errno, std::string("G2: sealing a ") + kind));
+  }
+  // No MAP_NORESERVE: a hugetlbfs mapping then reserves its huge pages here and fails now with
+  // ENOMEM when there are too few, instead of SIGBUS in the pre-fault.
+  auto base = MapFdAligned(m.fd, bytes, 0);
+  if (!base.ok()) return fail(base.status());
+  m.base = *base;
+  return m;
+}
+
+// mlocks [base, base + bytes) into stats (locked, lock_ms); without permission logs a warning
+// and leaves the range unlocked.
+void LockOrWarn(uint8_t* base, uint64_t bytes, HostArena::StartupStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (mlock(base, bytes) == 0) {
+    stats->locked = true;
+  } else {
+    const int err = errno;
+    KVTIER_LOG(kWarn) << "G2: mlock of " << bytes << " bytes refused (" << std::strerror(err)
+                      << "); running unlocked: the arena may be swapped out. Raise "
+                         "`ulimit -l` (RLIMIT_MEMLOCK) to lock it.";
+  }
+  stats->lock_ms = MsSince(t0);
+}
+
 }  // namespace
 
 Status HostArena::Config::Validate() const {
@@ -44,64 +145,58 @@ Status HostArena::Config::Validate() const {
   return Status::Ok();
 }
 
+void HostArena::ComputeGeometry() {
+  slot_stride_ = RoundUp(config_.slot_bytes, kSlotAlignment);
+  num_slots_ = static_cast<uint32_t>(config_.capacity_bytes / slot_stride_);
+  mapped_bytes_ = RoundUp(uint64_t{num_slots_} * slot_stride_, kHugePage);
+}
+
+Status HostArena::MapSharedMemfd() {
+  startup_.shared = true;
+  if (config_.hugepages) {
+    auto huge = CreateSealedMemfd(mapped_bytes_, /*hugetlb=*/true);
+    if (huge.ok()) {
+      fd_ = huge->fd;
+      base_ = huge->base;
+      startup_.hugetlb = true;
+      return Status::Ok();
+    }
+    KVTIER_LOG(kInfo) << "G2: no hugetlbfs memfd for the shared arena (" << huge.status().ToString()
+                      << "); using a normal memfd with MADV_HUGEPAGE. Reserve 2 MiB pages "
+                         "(vm.nr_hugepages) to get one.";
+  }
+  KVTIER_ASSIGN_OR_RETURN(Memfd m, CreateSealedMemfd(mapped_bytes_, /*hugetlb=*/false));
+  fd_ = m.fd;
+  base_ = m.base;
+  if (config_.hugepages) {
+    startup_.hugepages_advised = madvise(base_, mapped_bytes_, MADV_HUGEPAGE) == 0;
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<HostArena>> HostArena::Create(const Config& config) {
   KVTIER_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<HostArena> arena(new HostArena());
   arena->config_ = config;
-  arena->slot_stride_ = RoundUp(config.slot_bytes, kSlotAlignment);
-  arena->num_slots_ = static_cast<uint32_t>(config.capacity_bytes / arena->slot_stride_);
-  const uint64_t used = uint64_t{arena->num_slots_} * arena->slot_stride_;
-  arena->mapped_bytes_ = RoundUp(used, kHugePage);
+  arena->ComputeGeometry();
 
   auto t0 = std::chrono::steady_clock::now();
-  // Over-map by one huge page so the arena can start on a 2 MiB boundary (THP needs it).
-  const uint64_t reserve = arena->mapped_bytes_ + kHugePage;
-  void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) {
-    const int err = errno;
-    if (err == ENOMEM) {
-      return Status::NoSpace("G2: cannot map " + std::to_string(reserve) +
-                             " bytes: out of memory or address space; lower the G2 "
-                             "capacity_bytes or raise `ulimit -v`");
-    }
-    return Status::FromErrno(err, "G2: mmap of " + std::to_string(reserve) + " bytes failed");
-  }
-  auto addr = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = RoundUp(addr, kHugePage);
-  if (aligned > addr) munmap(raw, aligned - addr);
-  const uintptr_t end = aligned + arena->mapped_bytes_;
-  const uintptr_t raw_end = addr + reserve;
-  if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
-  arena->base_ = reinterpret_cast<uint8_t*>(aligned);
   if (config.shared) {
-    // kvtier serve's G2: a sealed memfd mapped over the aligned range, so attached engines can
-    // map the same pages (Attach). Shared memory gets huge pages only where the kernel's
-    // transparent_hugepage/shmem_enabled allows it (advise, always).
-    int fd = memfd_create("kvtier-g2", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    const int err = errno;
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(arena->mapped_bytes_)) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-        mmap(arena->base_, arena->mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
-             0) == MAP_FAILED) {
-      const int e = fd < 0 ? err : errno;
-      if (fd >= 0) close(fd);
-      munmap(arena->base_, arena->mapped_bytes_);
-      arena->base_ = nullptr;
-      return Status::FromErrno(e, "G2: a shared arena of " + std::to_string(arena->mapped_bytes_) +
-                                      " bytes (memfd) could not be made");
+    // MapSharedMemfd leaves nothing open or mapped when it fails.
+    KVTIER_RETURN_IF_ERROR(arena->MapSharedMemfd());
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(arena->base_,
+                            ReserveAligned(arena->mapped_bytes_, PROT_READ | PROT_WRITE));
+    if (config.hugepages) {
+      arena->startup_.hugepages_advised =
+          madvise(arena->base_, arena->mapped_bytes_, MADV_HUGEPAGE) == 0;
     }
-    arena->shared_fd_ = fd;
-    arena->startup_.shared = true;
-  }
-  if (config.hugepages) {
-    arena->startup_.hugepages_advised =
-        madvise(arena->base_, arena->mapped_bytes_, MADV_HUGEPAGE) == 0;
   }
   arena->startup_.map_ms = MsSince(t0);
 
   // Parallel first touch: one write per 4 KiB page (the kernel zero-fills a whole huge page on
-  // the first write into it, so this also works when THP backs the range).
+  // the first write into it, so this also works when THP or hugetlbfs backs the range). For a
+  // memfd the writes allocate its pages, so an attacher's MAP_POPULATE only maps them.
   const unsigned threads = config.prefault_threads ? config.prefault_threads : OnlineCpus();
   arena->startup_.threads = threads;
   t0 = std::chrono::steady_clock::now();
@@ -112,19 +207,7 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const Config& config) {
   });
   arena->startup_.prefault_ms = MsSince(t0);
 
-  if (config.lock_memory) {
-    t0 = std::chrono::steady_clock::now();
-    if (mlock(arena->base_, arena->mapped_bytes_) == 0) {
-      arena->startup_.locked = true;
-    } else {
-      const int err = errno;
-      KVTIER_LOG(kWarn) << "G2: mlock of " << arena->mapped_bytes_ << " bytes refused ("
-                        << std::strerror(err)
-                        << "); running unlocked: the arena may be swapped out. Raise "
-                           "`ulimit -l` (RLIMIT_MEMLOCK) to lock it.";
-    }
-    arena->startup_.lock_ms = MsSince(t0);
-  }
+  if (config.lock_memory) LockOrWarn(arena->base_, arena->mapped_bytes_, &arena->startup_);
 
   {
     MutexLock lock(&arena->mu_);
@@ -137,7 +220,72 @@ Result<std::unique_ptr<HostArena>> HostArena::Create(const Config& config) {
                     << " B = " << (arena->mapped_bytes_ >> 20) << " MiB ready in "
                     << arena->startup_.total_ms() << " ms (pre-fault "
                     << arena->startup_.prefault_ms << " ms on " << threads << " threads"
+                    << (arena->startup_.hugetlb  ? ", shared hugetlbfs memfd"
+                        : arena->startup_.shared ? ", shared memfd"
+                                                 : "")
                     << (arena->startup_.hugepages_advised ? ", huge pages advised" : "")
+                    << (arena->startup_.locked ? ", locked" : ", not locked") << ")";
+  return arena;
+}
+
+Result<std::unique_ptr<HostArena>> HostArena::Attach(int fd, const Config& config) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  if (fd < 0) {
+    return Status::InvalidArgument("G2 attach: fd " + std::to_string(fd) +
+                                   " is not a file descriptor");
+  }
+  std::unique_ptr<HostArena> arena(new HostArena());
+  arena->config_ = config;
+  arena->config_.shared = true;
+  arena->attached_ = true;
+  arena->ComputeGeometry();
+  arena->startup_.shared = true;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    return Status::FromErrno(errno, "G2 attach: fstat of fd " + std::to_string(fd));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument("G2 attach: fd " + std::to_string(fd) +
+                                   " is not a regular file (a memfd is one); it cannot be a "
+                                   "G2 arena");
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) != arena->mapped_bytes_) {
+    return Status::InvalidArgument(
+        "G2 attach: fd " + std::to_string(fd) + " holds " + std::to_string(st.st_size) +
+        " bytes, but a G2 of capacity_bytes = " + std::to_string(config.capacity_bytes) +
+        " and slot_bytes = " + std::to_string(config.slot_bytes) + " maps " +
+        std::to_string(arena->mapped_bytes_) +
+        " bytes; the fd is not that arena, or the two processes disagree on its config");
+  }
+  // A peer that could shrink the file under this mapping would crash this process (SIGBUS on
+  // the next copy): only a memfd sealed against shrinking (as Create makes it) is mapped.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return Status::InvalidArgument("G2 attach: fd " + std::to_string(fd) +
+                                   " is not sealed against shrinking (F_SEAL_SHRINK); only a "
+                                   "kvtier serve arena (a sealed memfd) can be attached");
+  }
+  arena->fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (arena->fd_ < 0) {
+    return Status::FromErrno(errno, "G2 attach: dup of fd " + std::to_string(fd));
+  }
+  struct statfs fs {};
+  arena->startup_.hugetlb = fstatfs(arena->fd_, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+  // On failure the arena's destructor closes the dup.
+  KVTIER_ASSIGN_OR_RETURN(arena->base_,
+                          MapFdAligned(arena->fd_, arena->mapped_bytes_, MAP_POPULATE));
+  if (config.hugepages && !arena->startup_.hugetlb) {
+    arena->startup_.hugepages_advised =
+        madvise(arena->base_, arena->mapped_bytes_, MADV_HUGEPAGE) == 0;
+  }
+  arena->startup_.map_ms = MsSince(t0);
+  if (config.lock_memory) LockOrWarn(arena->base_, arena->mapped_bytes_, &arena->startup_);
+  KVTIER_LOG(kInfo) << "G2 arena attached: " << arena->num_slots_ << " slots x "
+                    << arena->slot_stride_ << " B = " << (arena->mapped_bytes_ >> 20)
+                    << " MiB mapped in " << arena->startup_.total_ms() << " ms ("
+                    << (arena->startup_.hugetlb ? "hugetlbfs memfd" : "memfd")
                     << (arena->startup_.locked ? ", locked" : ", not locked") << ")";
   return arena;
 }
@@ -147,39 +295,11 @@ HostArena::~HostArena() {
     if (startup_.locked) munlock(base_, mapped_bytes_);
     munmap(base_, mapped_bytes_);
   }
-  if (shared_fd_ >= 0) close(shared_fd_);
-}
-
-Result<std::unique_ptr<HostArena>> HostArena::Attach(int fd, const Config& config) {
-  KVTIER_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<HostArena> arena(new HostArena());
-  arena->config_ = config;
-  arena->attached_ = true;
-  arena->slot_stride_ = RoundUp(config.slot_bytes, kSlotAlignment);
-  arena->num_slots_ = static_cast<uint32_t>(config.capacity_bytes / arena->slot_stride_);
-  arena->mapped_bytes_ = RoundUp(uint64_t{arena->num_slots_} * arena->slot_stride_, kHugePage);
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "G2 attach: fstat of the descriptor");
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != arena->mapped_bytes_) {
-    return Status::InvalidArgument("G2 attach: the descriptor holds " + std::to_string(st.st_size) +
-                                   " bytes, but " + std::to_string(config.capacity_bytes) +
-                                   " bytes of " + std::to_string(config.slot_bytes) +
-                                   "-byte slots map " + std::to_string(arena->mapped_bytes_) +
-                                   ": not the daemon's arena, or a daemon of another version");
-  }
-  void* raw =
-      mmap(nullptr, arena->mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (raw == MAP_FAILED) return Status::FromErrno(errno, "G2 attach: mmap of the shared arena");
-  arena->base_ = static_cast<uint8_t*>(raw);
-  arena->shared_fd_ = dup(fd);
-  arena->startup_.shared = true;
-  if (config.lock_memory && mlock(arena->base_, arena->mapped_bytes_) == 0) {
-    arena->startup_.locked = true;
-  }
-  return arena;
+  if (fd_ >= 0) close(fd_);
 }
 
 std::optional<uint32_t> HostArena::Allocate() {
+  if (attached_) return std::nullopt;  // the owner's free list is the only one
   MutexLock lock(&mu_);
   if (free_.empty()) return std::nullopt;
   const uint32_t slot = free_.back();
@@ -190,7 +310,9 @@ std::optional<uint32_t> HostArena::Allocate() {
 
 Status HostArena::Release(uint32_t slot) {
   if (attached_) {
-    return Status::FailedPrecondition("an attached G2 arena's slots are the daemon's to lend");
+    return Status::FailedPrecondition("G2: release of slot " + std::to_string(slot) +
+                                      " on an attached arena: an attached arena's slots are the "
+                                      "daemon's to lend");
   }
   MutexLock lock(&mu_);
   if (slot >= num_slots_) {

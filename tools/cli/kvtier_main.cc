@@ -49,6 +49,9 @@ const std::vector<Command>& Commands() {
       {{"demo"},
        "multi-turn chat on the real model: TTFT recompute vs kvtier, reuse from G2 and G3",
        RunDemo},
+      {{"bench", "service"},
+       "Lookup of a 131,072-token prompt attached (kvtier serve) vs embedded",
+       RunBenchService},
       {{"serve"},
        "one kvtier per host: the daemon engines attach to (service.socket), shared G2 and G3",
        RunServe},
@@ -105,7 +108,7 @@ int Main(int argc, char** argv) {
     auto args = CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
                                {"json", "help", "headers-only", "no-fio", "keep", "no-plot",
                                 "cluster", "no-redis-benchmark", "compare-belady", "sweep",
-                                "g4-warm", "describe", "list", "once", "metrics-compare"});
+                                "g4-warm", "describe", "list", "once", "metrics-compare", "shared"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;
