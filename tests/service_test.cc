@@ -345,6 +345,8 @@ TEST(Service, DaemonKilledTurnsCallsIntoMissesThenReattaches) {
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
   Engine a = MakeEngine(socket, "engine-a");
   ComputeAndSave(a, "a-req", 5, 8);
+  const uint64_t saved_before = a.manager->Stats().saved_blocks;
+  ASSERT_EQ(saved_before, 8u);
   daemon.Kill(SIGKILL);
 
   const auto t0 = Clock::now();
@@ -361,6 +363,8 @@ TEST(Service, DaemonKilledTurnsCallsIntoMissesThenReattaches) {
   EXPECT_TRUE(a.manager->Commit("miss-2", prompt, ids).ok());
   EXPECT_FALSE(a.manager->RequestFinished("miss-2"));
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3)) << "calls hung on a dead daemon";
+  // Counters never go backwards (engines report their deltas): the last answer stands.
+  EXPECT_EQ(a.manager->Stats().saved_blocks, saved_before);
 
   Daemon again(socket);
   ASSERT_NO_FATAL_FAILURE(again.Start());
@@ -368,7 +372,9 @@ TEST(Service, DaemonKilledTurnsCallsIntoMissesThenReattaches) {
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   ComputeAndSave(a, "b-req", 6, 8);
   EXPECT_EQ(WaitExit(SpawnEngine("load", socket, "6")), 0);
+  // The new daemon's counters add to the old one's.
   EXPECT_EQ(a.manager->Stats().hit_blocks[kTierG2], 8u);
+  EXPECT_EQ(a.manager->Stats().saved_blocks, saved_before + 8);
 }
 
 // A peer that sends garbage is cut off; the daemon keeps serving the others.

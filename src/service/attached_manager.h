@@ -126,6 +126,9 @@ class AttachedManager {
   std::vector<std::string> orphan_saves_done_, orphan_loads_done_;
   bool pending_sync_ = false, started_sync_ = false;
   ClientStats stats_;
+  // Stats(): the last answer, the counters of earlier daemons, the current one's last answer.
+  ManagerStats last_stats_, base_stats_, epoch_last_;
+  uint64_t stats_epoch_ = 0;
   std::optional<G1Memory> g1_;
   std::vector<KvEventCallback> callbacks_;
 

@@ -26,8 +26,8 @@ int RunReplayCommand(const CliArgs& args);  // kvtier replay --trace FILE
 int RunDemoWorkers(const CliArgs& args);    // kvtier demo --workers N (tools/demo/demo_workers.cc)
 int RunBenchRemote(const CliArgs& args);    // kvtier bench remote
 int RunBenchEvents(const CliArgs& args);    // kvtier bench events
-int RunBenchService(const CliArgs& args);  // kvtier bench service
-int RunServe(const CliArgs& args);         // kvtier serve (tools/cli/serve_command.cc)
+int RunBenchService(const CliArgs& args);   // kvtier bench service
+int RunServe(const CliArgs& args);          // kvtier serve (tools/cli/serve_command.cc)
 int RunTop(const CliArgs& args);            // kvtier top URL... (tools/cli/top_command.cc)
 // kvtier bench vllm: execs tools/vllm/run_bench.sh with argv[first..argc) (the Python program
 // parses its own flags). Returns only when it cannot start it (1).

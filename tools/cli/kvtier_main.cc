@@ -105,10 +105,11 @@ int Main(int argc, char** argv) {
     bool match = true;
     for (size_t i = 0; i < c.words.size(); ++i) match = match && c.words[i] == argv[1 + i];
     if (!match) continue;
-    auto args = CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
-                               {"json", "help", "headers-only", "no-fio", "keep", "no-plot",
-                                "cluster", "no-redis-benchmark", "compare-belady", "sweep",
-                                "g4-warm", "describe", "list", "once", "metrics-compare", "shared"});
+    auto args =
+        CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
+                       {"json", "help", "headers-only", "no-fio", "keep", "no-plot", "cluster",
+                        "no-redis-benchmark", "compare-belady", "sweep", "g4-warm", "describe",
+                        "list", "once", "metrics-compare", "shared"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;
