@@ -1494,15 +1494,22 @@ FinishedRequests BlockManager::Impl::Finished(uint32_t instance) {
   FinishedRequests f;
   MutexLock lock(&mu_);
   // Finished requests the last call listed in loads_done: their step has passed.
-  std::erase_if(retiring_, [&](const std::pair<uint32_t, std::string>& e) {
-    if (!Matches(e.first, instance)) return false;
-    auto it = requests_.find(e.second);
+  // A plain loop, not erase_if with a lambda: the thread-safety analysis cannot see that a
+  // lambda runs under mu_.
+  size_t kept = 0;
+  for (size_t i = 0; i < retiring_.size(); ++i) {
+    if (!Matches(retiring_[i].first, instance)) {
+      if (kept != i) retiring_[kept] = std::move(retiring_[i]);
+      ++kept;
+      continue;
+    }
+    auto it = requests_.find(retiring_[i].second);
     if (it != requests_.end() && it->second.retiring) {
       it->second.retiring = false;
       RetireIfDone(it);
     }
-    return true;
-  });
+  }
+  retiring_.resize(kept);
   TakeInstance(&saves_done_, instance, &f.saves_done);
   TakeInstance(&loads_done_, instance, &f.loads_done);
   for (const std::string& id : f.loads_done) {
