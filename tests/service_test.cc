@@ -20,6 +20,7 @@
 
 #include "core/unique_fd.h"
 #include "kvtier/connector.h"
+#include "kvtier/service_lookup.h"
 #include "service/attached_manager.h"
 #include "service/protocol.h"
 #include "service/unix_socket.h"
@@ -292,6 +293,80 @@ TEST(Service, SecondEngineLoadsWhatTheFirstSaved) {
 // An engine killed with -9 while its saves are in flight: the daemon stays up, the dead
 // engine's unfinished saves are dropped (never served), its requests and slots come back, and
 // the other engine is unaffected.
+// A scheduler process's lookups straight to the daemon (ServiceLookup) under the engine's
+// instance name: misses while that engine is not attached, then the request entry its Lookup
+// makes is the one the engine's own PrepareLoad finds and loads from.
+TEST(Service, SchedulerLookupsGoStraightToTheDaemon) {
+  const std::string dir = TempDir("lookup");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start());
+  Config config;
+  ASSERT_TRUE(config.Set("service.socket", socket).ok());
+  ASSERT_TRUE(config.Set("service.reattach_ms", "50").ok());
+  EXPECT_EQ(ServiceLookup::Create(config, "").status().code(), StatusCode::kInvalidArgument);
+  Config no_socket;
+  EXPECT_EQ(ServiceLookup::Create(no_socket, "x").status().code(), StatusCode::kInvalidArgument);
+  auto sched = ServiceLookup::Create(config, "engine-b");
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  const KvLayout l = TestLayout();
+  const std::vector<TokenId> prompt = Prompt(21, 6 * l.tokens_per_block + 1);
+  RequestSpec spec;
+  spec.request_id = "sched-1";
+  spec.prompt = prompt;
+  // Nobody named engine-b is attached: a miss, not an error.
+  auto early = (*sched)->Lookup(spec, 0);
+  ASSERT_TRUE(early.ok()) << early.status().ToString();
+  EXPECT_EQ(early->num_tokens, 0u);
+  EXPECT_GE((*sched)->stats().failed_calls, 1u);
+  EXPECT_FALSE((*sched)->stats().connected);
+  spec.request_id.clear();
+  EXPECT_EQ((*sched)->Lookup(spec, 0).status().code(), StatusCode::kInvalidArgument);
+  spec.request_id = "sched-1";
+
+  Engine a = MakeEngine(socket, "engine-a");
+  ComputeAndSave(a, "a-req", 21, 6);
+  Engine b = MakeEngine(socket, "engine-b");
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past service.reattach_ms
+  auto found = (*sched)->Lookup(spec, 0);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->num_tokens, 6 * l.tokens_per_block);
+  EXPECT_EQ(found->blocks_by_tier[kTierG2], 6u);
+  EXPECT_TRUE((*sched)->stats().connected);
+  // Engine B never looked "sched-1" up itself: its PrepareLoad finds the daemon's entry.
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 7; ++i) ids.push_back(10 + i);
+  auto planned = b.manager->PrepareLoad("sched-1", ids, found->num_tokens);
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  EXPECT_EQ(*planned, 6 * l.tokens_per_block);
+  ASSERT_TRUE(b.manager->StartLoad().ok());
+  for (uint32_t layer = 0; layer < l.num_layers; ++layer) {
+    ASSERT_TRUE(b.manager->WaitLayer(layer).ok());
+  }
+  EXPECT_EQ(b.manager->LoadedTokens("sched-1"), 6 * l.tokens_per_block);
+  for (uint32_t i = 0; i < 6; ++i) {
+    EXPECT_TRUE(
+        BlockIs(b.g1_bytes.data() + uint64_t{10 + i} * l.BlockBytes(), l.BlockBytes(), 21, i))
+        << "block " << i;
+  }
+  EXPECT_FALSE(b.manager->RequestFinished("sched-1"));
+  (void)b.manager->Finished();
+  // Engine B gone: its instance ended, so the scheduler's lookups are misses again, at once.
+  b.manager.reset();
+  spec.request_id = "sched-2";
+  const auto t0 = Clock::now();
+  uint32_t tokens = 1;
+  while (tokens != 0 && Clock::now() - t0 < std::chrono::seconds(5)) {
+    auto r = (*sched)->Lookup(spec, 0);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    tokens = r->num_tokens;
+    if (tokens != 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(tokens, 0u) << "lookups for an ended instance still answered after 5 s";
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_FALSE((*sched)->stats().connected);
+}
+
 TEST(Service, EngineKilledMidSaveLosesOnlyItsUnfinishedSaves) {
   const std::string dir = TempDir("kill");
   const std::string socket = dir + "/sock/kvtier.sock";

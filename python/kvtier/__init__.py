@@ -4,6 +4,8 @@ memory), G2 (host DRAM), G3 (local SSD) and G4 (shared networked storage).
 This package is the Python face of kvtier's C++ API (``include/kvtier/``):
 
 - :class:`BlockManager`: the connector API (lookup, load, save), mirroring vLLM's KV connector.
+- :class:`ServiceLookup`: lookups straight to ``kvtier serve`` for a process with no G1 (an
+  engine's scheduler), under an attached engine instance's name.
 - :class:`Config` and :func:`load_config`: the same settings as ``kvtier config`` (TOML file,
   ``KVTIER_*`` environment variables, or a dict).
 - :class:`Layout`: the shape of one KV block and how the engine arranges blocks in memory.
@@ -26,6 +28,7 @@ from kvtier._kvtier import (
     Config,
     KvtierError,
     Layout,
+    ServiceLookup,
     block_keys,
 )
 
@@ -36,6 +39,7 @@ __all__ = [
     "Config",
     "KvtierError",
     "Layout",
+    "ServiceLookup",
     "block_keys",
     "load_config",
 ]

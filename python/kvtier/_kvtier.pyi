@@ -1,6 +1,6 @@
 """Type stubs of kvtier's native module (python/src/kvtier_bindings.cc)."""
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 NUM_TIERS: int
 TIER_NAMES: Tuple[str, str, str, str]
@@ -55,6 +55,25 @@ def block_keys(
     adapter_id: str = "",
     algorithm: str = "sha256",
 ) -> List[bytes]: ...
+
+class ServiceLookup:
+    """include/kvtier/service_lookup.h: Lookup against kvtier serve (config's service.socket)
+    for the attached engine instance `instance_name`; a daemon or instance that is not there
+    answers 0 tokens."""
+
+    def __init__(self, config: Config, instance_name: str) -> None: ...
+    def lookup(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        num_computed_tokens: int,
+        cache_salt: str = "",
+        adapter_id: str = "",
+        block_extra: Sequence[bytes] = (),
+        load_tiers: str = "",
+        store_tiers: str = "",
+    ) -> Tuple[int, Tuple[int, int, int, int]]: ...
+    def stats(self) -> Dict[str, Any]: ...
 
 class BlockManager:
     """kvtier's connector API (include/kvtier/connector.h), one method per C++ method."""

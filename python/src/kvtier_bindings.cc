@@ -27,6 +27,7 @@
 #include "kvtier/events.h"
 #include "kvtier/g1_memory.h"
 #include "kvtier/layout.h"
+#include "kvtier/service_lookup.h"
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
 #include "router_bindings.h"
@@ -125,6 +126,27 @@ template <typename F>
 auto WithoutGil(F&& f) {
   py::gil_scoped_release release;
   return f();
+}
+
+// A Lookup's request from the Python arguments (`prompt` must outlive the spec).
+RequestSpec MakeSpec(const std::string& request_id, const std::vector<TokenId>& prompt,
+                     const std::string& cache_salt, const std::string& adapter_id,
+                     const std::vector<py::bytes>& block_extra, const std::string& load_tiers,
+                     const std::string& store_tiers) {
+  RequestSpec spec{request_id, prompt, cache_salt, adapter_id, {}};
+  spec.load_tiers = ParseTierList(load_tiers, "load_tiers");
+  spec.store_tiers = ParseTierList(store_tiers, "store_tiers");
+  spec.block_extra.reserve(block_extra.size());
+  for (const py::bytes& b : block_extra) spec.block_extra.push_back(std::string(b));
+  return spec;
+}
+
+// (num_tokens, (G1, G2, G3, G4 blocks)), or the error raised.
+py::tuple LookupTuple(Result<LookupResult> r) {
+  LookupResult lr = Take(std::move(r));
+  py::tuple by_tier(kNumTiers);
+  for (TierId t = 0; t < kNumTiers; ++t) by_tier[t] = lr.blocks_by_tier[t];
+  return py::make_tuple(lr.num_tokens, by_tier);
 }
 
 // BlockManager plus what the binding keeps beside it (the event queue).
@@ -392,17 +414,9 @@ PYBIND11_MODULE(_kvtier, mod) {
              const std::string& adapter_id, const std::vector<py::bytes>& block_extra,
              const std::string& load_tiers, const std::string& store_tiers) {
             BlockManager& m = self.m();
-            RequestSpec spec{request_id, prompt, cache_salt, adapter_id, {}};
-            spec.load_tiers = ParseTierList(load_tiers, "load_tiers");
-            spec.store_tiers = ParseTierList(store_tiers, "store_tiers");
-            spec.block_extra.reserve(block_extra.size());
-            for (const py::bytes& b : block_extra) spec.block_extra.push_back(std::string(b));
-            Result<LookupResult> r =
-                WithoutGil([&] { return m.Lookup(spec, num_computed_tokens); });
-            LookupResult lr = Take(std::move(r));
-            py::tuple by_tier(kNumTiers);
-            for (TierId t = 0; t < kNumTiers; ++t) by_tier[t] = lr.blocks_by_tier[t];
-            return py::make_tuple(lr.num_tokens, by_tier);
+            RequestSpec spec = MakeSpec(request_id, prompt, cache_salt, adapter_id, block_extra,
+                                        load_tiers, store_tiers);
+            return LookupTuple(WithoutGil([&] { return m.Lookup(spec, num_computed_tokens); }));
           },
           py::arg("request_id"), py::arg("prompt"), py::arg("num_computed_tokens"),
           py::arg("cache_salt") = "", py::arg("adapter_id") = "",
@@ -562,6 +576,36 @@ PYBIND11_MODULE(_kvtier, mod) {
           },
           py::arg("details") = false)
       .def_property_readonly("layout", [](PyBlockManager& self) { return self.m().layout(); });
+
+  // ---- ServiceLookup: a scheduler's lookups straight to kvtier serve ----
+  py::class_<ServiceLookup>(mod, "ServiceLookup")
+      .def(py::init([](const Config& config, const std::string& instance_name) {
+             return Take(WithoutGil([&] { return ServiceLookup::Create(config, instance_name); }));
+           }),
+           py::arg("config"), py::arg("instance_name"))
+      .def(
+          "lookup",
+          [](ServiceLookup& self, const std::string& request_id, std::vector<TokenId> prompt,
+             uint32_t num_computed_tokens, const std::string& cache_salt,
+             const std::string& adapter_id, const std::vector<py::bytes>& block_extra,
+             const std::string& load_tiers, const std::string& store_tiers) {
+            RequestSpec spec = MakeSpec(request_id, prompt, cache_salt, adapter_id, block_extra,
+                                        load_tiers, store_tiers);
+            return LookupTuple(WithoutGil([&] { return self.Lookup(spec, num_computed_tokens); }));
+          },
+          py::arg("request_id"), py::arg("prompt"), py::arg("num_computed_tokens"),
+          py::arg("cache_salt") = "", py::arg("adapter_id") = "",
+          py::arg("block_extra") = std::vector<py::bytes>{}, py::arg("load_tiers") = "",
+          py::arg("store_tiers") = "")
+      .def("stats", [](ServiceLookup& self) {
+        ServiceLookup::Stats s = self.stats();
+        py::dict d;
+        d["connected"] = s.connected;
+        d["connects"] = s.connects;
+        d["failed_calls"] = s.failed_calls;
+        d["lookups"] = s.lookups;
+        return d;
+      });
 
   // ---- routing: BlockHasher, KvRouter (router_bindings.cc) ----
   BindRouter(mod, &Throw);

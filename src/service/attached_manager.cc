@@ -310,7 +310,9 @@ struct Reply {
 bool AttachedManager::Current(const std::string& request_id) {
   std::lock_guard lock(mu_);
   auto it = request_epoch_.find(request_id);
-  return attached_ && it != request_epoch_.end() && it->second == epoch_;
+  // A request this manager never looked up (its scheduler asked the daemon directly, through
+  // ServiceLookup) goes to the daemon, which knows it or answers as for an unknown one.
+  return attached_ && (it == request_epoch_.end() || it->second == epoch_);
 }
 
 #define KVTIER_CALL(type, writer, timeout, reply)                                 \

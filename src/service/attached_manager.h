@@ -99,8 +99,8 @@ class AttachedManager {
   // `reply` is positioned after the reply's status, which is returned as the call's own.
   Status Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
               std::vector<uint8_t>* reply_payload, size_t* status_end);
-  // Decodes the reply's leading status.
-  bool Current(const std::string& request_id);  // the request's Lookup is of this epoch
+  // The request is not of an earlier daemon (looked up here in this epoch, or not here at all).
+  bool Current(const std::string& request_id);
   void Barrier() { std::lock_guard lock(copy_mu_); }
   void DataLoop(int fd);
   void RunCopy(int fd, const CopyCall& call);

@@ -189,21 +189,21 @@ void EncodeHello(WireWriter* w, const Hello& m) {
   w->U8(static_cast<uint8_t>(m.role));
   w->String(m.instance_name);
   w->String(m.model_id);
-  EncodeLayout(w, m.layout);
+  if (m.role != Role::kLookup) EncodeLayout(w, m.layout);
   w->U32(m.pid);
 }
 
 Status DecodeHello(WireReader* r, Hello* m) {
   uint8_t role = 0;
   KVTIER_RETURN_IF_ERROR(r->U8("hello.role", &role));
-  if (role > static_cast<uint8_t>(Role::kData)) {
+  if (role > static_cast<uint8_t>(Role::kLookup)) {
     return Status::InvalidArgument("service protocol: hello.role " + std::to_string(role) +
-                                   " is neither call (0) nor data (1)");
+                                   " is none of call (0), data (1) and lookup (2)");
   }
   m->role = static_cast<Role>(role);
   KVTIER_RETURN_IF_ERROR(r->String("hello.instance_name", kMaxNameBytes, &m->instance_name));
   KVTIER_RETURN_IF_ERROR(r->String("hello.model_id", kMaxNameBytes, &m->model_id));
-  KVTIER_RETURN_IF_ERROR(DecodeLayout(r, &m->layout));
+  if (m->role != Role::kLookup) KVTIER_RETURN_IF_ERROR(DecodeLayout(r, &m->layout));
   KVTIER_RETURN_IF_ERROR(r->U32("hello.pid", &m->pid));
   return r->Done();
 }

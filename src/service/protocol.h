@@ -59,7 +59,9 @@ inline constexpr uint32_t kInstanceShift = 24;
 inline constexpr uint32_t kMaxInstances = 255;
 inline constexpr uint32_t kMaxG1Blocks = 1u << kInstanceShift;
 
-enum class Role : uint8_t { kCall = 0, kData = 1 };
+// kLookup: an engine's scheduler process (no G1), joining an attached instance by name to ask
+// Lookup only (include/kvtier/service_lookup.h); its Hello carries no layout.
+enum class Role : uint8_t { kCall = 0, kData = 1, kLookup = 2 };
 
 struct Hello {
   Role role = Role::kCall;

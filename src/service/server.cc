@@ -38,6 +38,7 @@ struct Conn {
   UniqueFd fd;
   Role role = Role::kCall;
   uint32_t instance = 0;
+  uint64_t instance_serial = 0;  // lookup connections: the Instance they joined (ids are reused)
   std::thread reader;
   std::thread writer;  // data connections
   std::atomic<bool> done{false};
@@ -49,6 +50,7 @@ struct Conn {
 
 struct Instance {
   uint32_t id = 0;
+  uint64_t serial = 0;  // unique per daemon run (an id is reused once its requests are gone)
   std::string name;
   Pool* pool = nullptr;
   int connections = 0;
@@ -116,6 +118,7 @@ class Server::State {
   std::map<uint32_t, std::unique_ptr<Instance>> instances;  // live, by id
   std::map<std::string, uint32_t> by_name;
   std::map<uint32_t, Pool*> ended;  // ended ids whose requests may still be tracked
+  uint64_t next_serial = 0;
   std::list<std::shared_ptr<Conn>> conns;
   ServerStats stats;
 
@@ -124,6 +127,10 @@ class Server::State {
   void WriterLoop(const std::shared_ptr<Conn>& conn);
   Result<Pool*> GetPool(const Hello& hello);
   Result<Instance*> JoinInstance(const Hello& hello, Pool* pool);  // REQUIRES: mu held
+  // Role::kLookup: the live instance named in the Hello; NotFound when there is none.
+  Result<Pool*> JoinLookup(Conn* conn, const Hello& hello);
+  // A lookup connection's instance, when it is still the live one it joined.
+  Pool* LookupPool(const Conn& conn);  // REQUIRES: mu held
   void LeaveInstance(const std::shared_ptr<Conn>& conn);
   Status SendCopy(uint32_t instance, const CopyCall& call);
   Status HandleCall(uint32_t instance, Pool* pool, const Frame& frame, WireWriter* out);
@@ -343,6 +350,7 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool) {
     }
     auto inst = std::make_unique<Instance>();
     inst->id = id;
+    inst->serial = ++next_serial;
     inst->name = hello.instance_name;
     inst->pool = pool;
     inst->connections = 1;
@@ -355,7 +363,31 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool) {
                                    " engine instances attached; no more can attach");
 }
 
+Result<Pool*> Server::State::JoinLookup(Conn* conn, const Hello& hello) {
+  // A scheduler process joins an engine instance that is attached already, by its name.
+  std::lock_guard lock(mu);
+  auto named = by_name.find(hello.instance_name);
+  if (named == by_name.end()) {
+    return Status::NotFound("no engine instance named '" + hello.instance_name +
+                            "' is attached to this kvtier serve; a lookup connection joins an "
+                            "attached engine's instance (the engine attaches first)");
+  }
+  const Instance& joined = *instances.at(named->second);
+  conn->instance = joined.id;
+  conn->instance_serial = joined.serial;
+  conn->role = Role::kLookup;
+  return joined.pool;
+}
+
+Pool* Server::State::LookupPool(const Conn& conn) {
+  auto it = instances.find(conn.instance);
+  if (it == instances.end() || it->second->serial != conn.instance_serial) return nullptr;
+  return it->second->pool;
+}
+
 void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
+  // A lookup connection never holds its instance up: the engine's own connections do.
+  if (conn->role == Role::kLookup) return;
   Pool* pool = nullptr;
   bool last = false;
   {
@@ -480,14 +512,14 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     finish();
     return;
   }
-  Result<Pool*> pool = GetPool(hello);
+  Result<Pool*> pool = hello.role == Role::kLookup ? JoinLookup(conn.get(), hello) : GetPool(hello);
   if (!pool.ok()) {
     refuse(pool.status(), first->header.seq);
     finish();
     return;
   }
   Instance* inst = nullptr;
-  {
+  if (hello.role != Role::kLookup) {
     std::lock_guard lock(mu);
     Result<Instance*> joined = JoinInstance(hello, *pool);
     if (joined.ok() && hello.role == Role::kData && (*joined)->data != nullptr) {
@@ -505,7 +537,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     }
     if (!joined.ok()) decoded = joined.status();
   }
-  if (inst == nullptr) {
+  if (inst == nullptr && hello.role != Role::kLookup) {
     refuse(decoded, first->header.seq);
     finish();
     return;
@@ -573,7 +605,32 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       continue;
     }
     WireWriter out;
-    Status handled = HandleCall(instance, p, *frame, &out);
+    Status handled;
+    if (conn->role == Role::kLookup) {
+      const auto type = static_cast<MsgType>(frame->header.type);
+      bool live;
+      {
+        std::lock_guard lock(mu);
+        live = LookupPool(*conn) != nullptr;
+      }
+      if (type != MsgType::kLookup && type != MsgType::kStats) {
+        handled = Status::InvalidArgument(std::string("service protocol: a lookup connection "
+                                                      "carries Lookup and Stats only, not ") +
+                                          MsgTypeName(frame->header.type));
+      } else if (!live) {
+        // The engine's instance ended (its process is gone): answer, then end; the client
+        // joins again by name once the engine is back.
+        EncodeStatus(
+            &out, Status::Unavailable("engine instance '" + std::to_string(instance) + "' ended"));
+        (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq, out.data(),
+                        -1, Clock::now() + std::chrono::seconds(1));
+        break;
+      } else {
+        handled = HandleCall(instance, p, *frame, &out);
+      }
+    } else {
+      handled = HandleCall(instance, p, *frame, &out);
+    }
     if (handled.code() == StatusCode::kInvalidArgument &&
         handled.message().rfind("service protocol:", 0) == 0) {
       // A frame that does not decode: answer once, then end the connection (the stream may be

@@ -141,6 +141,32 @@ def summarize(result: Dict[str, Any], step: int = 0) -> Dict[str, Any]:
     }
 
 
+def bench_instances(args: Any, tmp: Path, requests: List[Dict[str, Any]],
+                    base: Dict[str, Any]) -> int:
+    sys.path.insert(0, str(HERE))
+    import bench_instances as bi
+
+    if args.configs == DEFAULT_CONFIGS:
+        args.configs = "vllm_alone,kvtier_per_instance,kvtier_shared"
+    try:
+        report = bi.main(args, tmp, requests, base, THREADS_ENV, BLOCK, pct)
+    finally:
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            log(f"work directory kept: {tmp}")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        bi.print_report(report)
+    return 0
+
+
+DEFAULT_CONFIGS = "vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the converted model folder (fp32)")
@@ -158,8 +184,14 @@ def main() -> int:
     ap.add_argument("--no-reuse-requests", type=int, default=12,
                     help="unique prompts per no-reuse process (4 processes)")
     ap.add_argument("--plot", default="bench-vllm-ttft.png", help="TTFT per round (PNG)")
-    ap.add_argument("--configs", default="vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--instances", type=int, default=1,
+                    help="2: two vLLM instances, round-robin, follow-ups on the other one "
+                         "(vllm_alone, kvtier_per_instance, kvtier_shared; "
+                         "tools/vllm/bench_instances.py)")
+    ap.add_argument("--cli", default="", help="the kvtier binary (kvtier serve), for "
+                                              "--instances 2 (default: $BENCH_KVTIER_CLI)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-bench-vllm-"))
@@ -168,6 +200,8 @@ def main() -> int:
     gen = [{"chat": r["chat"]} for r in requests]
     base: Dict[str, Any] = {"model": args.model, "num_gpu_blocks": args.g1_blocks,
                             "max_model_len": (args.g1_blocks - 1) * BLOCK}
+    if args.instances != 1:
+        return bench_instances(args, tmp, requests, base)
     step = {"name": "chat", "generate": gen, "max_tokens": args.max_tokens}
     timeout = 3600.0
 

@@ -92,20 +92,12 @@ def main() -> int:
             "kv_connector_extra_config": {"shared_storage_path": plan["example_connector"]}}
     llm = LLM(**kwargs)
     tokenizer = llm.get_tokenizer()
+    if plan.get("serve"):
+        return _serve(llm, tokenizer, plan)
     out: Dict[str, Any] = {"steps": []}
     for step in plan["steps"]:
         if step.get("reset_prefix_cache"):
-            reset_connector = bool(step.get("reset_connector", False))
-            ok = llm.reset_prefix_cache(reset_connector=reset_connector)
-            # vLLM refuses while blocks are still held (a finished request whose saves have
-            # not been reported yet). Its engine core's busy loop reports them by itself; an
-            # engine in this process only when stepped: step it, bounded.
-            deadline = time.monotonic() + 30
-            while not ok and time.monotonic() < deadline:
-                llm.llm_engine.step()
-                time.sleep(0.01)
-                ok = llm.reset_prefix_cache(reset_connector=reset_connector)
-            if not ok:
+            if not _reset(llm, bool(step.get("reset_connector", False))):
                 print("driver: vLLM refused reset_prefix_cache for 30 s", file=sys.stderr)
                 return 3
             continue
@@ -140,6 +132,26 @@ def main() -> int:
                     ttft = float(first)
             record["ttft_s"].append(ttft)
         out["steps"].append(record)
+    out["metrics"] = _metrics(llm)
+    json.dump(out, open(sys.argv[2], "w"))
+    del llm
+    return 0
+
+
+def _reset(llm: Any, reset_connector: bool) -> bool:
+    """vLLM's reset_prefix_cache, retried for up to 30 s. vLLM refuses while blocks are still
+    held (a finished request whose saves have not been reported yet). Its engine core's busy
+    loop reports them by itself; an engine in this process only when stepped: step it."""
+    ok = llm.reset_prefix_cache(reset_connector=reset_connector)
+    deadline = time.monotonic() + 30
+    while not ok and time.monotonic() < deadline:
+        llm.llm_engine.step()
+        time.sleep(0.01)
+        ok = llm.reset_prefix_cache(reset_connector=reset_connector)
+    return bool(ok)
+
+
+def _metrics(llm: Any) -> Dict[str, float]:
     metrics: Dict[str, float] = {}
     for metric in llm.get_metrics():
         if metric.name.startswith("vllm:kvtier_") or metric.name in (
@@ -148,8 +160,42 @@ def main() -> int:
             value = getattr(metric, "value", None)
             if value is not None:
                 metrics[metric.name] = metrics.get(metric.name, 0.0) + float(value)
-    out["metrics"] = metrics
-    json.dump(out, open(sys.argv[2], "w"))
+    return metrics
+
+
+def _serve(llm: Any, tokenizer: Any, plan: Dict[str, Any]) -> int:
+    """Serve mode ("serve": true): one request per line of stdin, one JSON reply per line on
+    OUT (a file the caller reads as a stream: a FIFO). Lines: {"prompt": PROMPT, "max_tokens":
+    N} -> {"output": [ids], "ttft_s": T, "prompt_tokens": N}; {"metrics": true} -> {"metrics":
+    {...}}; {"reset_prefix_cache": true} -> {"reset": ok}. {"ready": true} is written once the engine is up; EOF on stdin ends the process."""
+    from vllm import SamplingParams
+
+    reply = open(sys.argv[2], "w", buffering=1)
+
+    def send(obj: Dict[str, Any]) -> None:
+        reply.write(json.dumps(obj) + "\n")
+        reply.flush()
+
+    send({"ready": True, "pid": os.getpid()})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        if msg.get("metrics"):
+            send({"metrics": _metrics(llm)})
+            continue
+        if msg.get("reset_prefix_cache"):
+            send({"reset": _reset(llm, bool(msg.get("reset_connector", False)))})
+            continue
+        prompt = _prompt(msg["prompt"], tokenizer, plan["model"])
+        sp = SamplingParams(temperature=0.0, max_tokens=int(msg.get("max_tokens", 8)))
+        r = llm.generate([prompt], sp, use_tqdm=False)[0]
+        m = r.metrics
+        first = getattr(m, "first_token_latency", None) if m is not None else None
+        send({"output": list(r.outputs[0].token_ids),
+              "ttft_s": float(first) if first else None,
+              "prompt_tokens": len(r.prompt_token_ids or [])})
+    reply.close()
     del llm
     return 0
 

@@ -23,4 +23,5 @@ fi
 . "$ROOT/scripts/vllm-env.sh"
 kvtier_vllm_env "kvtier bench vllm"
 export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+export BENCH_KVTIER_CLI="${BENCH_KVTIER_CLI:-$BUILD/kvtier}"  # kvtier serve, for --instances 2
 exec "$KVTIER_VLLM_PYTHON" "$ROOT/tools/vllm/bench_vllm.py" --model "$KVTIER_VLLM_MODEL" "$@"

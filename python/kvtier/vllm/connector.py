@@ -65,6 +65,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 import kvtier
 from kvtier.vllm.keys import UnkeyableRequest, adapter_id, block_extras, model_fingerprint
 from kvtier.vllm.layouts import KvCacheLayout, describe_kv_caches
+from kvtier.vllm.daemon_lookup import DaemonLookupClient, instance_name
 from kvtier.vllm.lookup import LookupClient, LookupServer
 from kvtier.vllm.observe import (
     KvtierConnectorStats,
@@ -249,10 +250,23 @@ class KvtierConnector(KVConnectorBase_V1):
         # for kvtier's sake.
         return False
 
+    def _service_instance(self, config: "kvtier.Config", pp_rank: int, tp_rank: int) -> str:
+        """Attached mode: the daemon's name for one worker (the scheduler looks up under it)."""
+        return instance_name(config.get("service.instance"), self._engine_id, self._dp_rank,
+                             pp_rank, tp_rank)
+
     def _init_scheduler(self) -> None:
         pp_stages = range(self._pp_size)
-        self._clients = [LookupClient(self._instance(pp), r)
-                         for pp in pp_stages for r in range(self._tp_size)]
+        config = self._settings.kvtier_config(dp_rank=self._dp_rank, dp_size=self._dp_size)
+        self._clients: List[Any]
+        if config.get("service.socket"):
+            # Attached (docs/service.md): the daemon holds the index; ask it directly, under
+            # each worker's instance name, not the workers.
+            self._clients = [DaemonLookupClient(config, self._service_instance(config, pp, r))
+                             for pp in pp_stages for r in range(self._tp_size)]
+        else:
+            self._clients = [LookupClient(self._instance(pp), r)
+                             for pp in pp_stages for r in range(self._tp_size)]
         self._reqs: Dict[str, _SchedReq] = {}
         self._finished: List[FinishSpec] = []
         self._preempted: List[str] = []
@@ -582,11 +596,17 @@ class KvtierConnector(KVConnectorBase_V1):
             os.sched_setaffinity(0, free or set(range(os.cpu_count() or 1)))
         except OSError as e:  # a cgroup may refuse some cores: keep vLLM's mask
             logger.warning("kvtier: could not move its threads off vLLM's cores: %s", e)
+        attached = bool(config.get("service.socket"))
+        if attached:
+            config.set("service.instance",
+                       self._service_instance(config, self._pp_rank, self._rank))
         try:
             self._manager = kvtier.BlockManager(layout.layout, model_id, config)
             self._manager.register_memory(layout.layout, layout.num_blocks, layout.regions,
                                           layout.on_device)
-            self._server = LookupServer(self._instance(self._pp_rank), self._rank, self._lookup)
+            if not attached:  # attached: the scheduler asks kvtier serve itself
+                self._server = LookupServer(self._instance(self._pp_rank), self._rank,
+                                            self._lookup)
         finally:
             os.sched_setaffinity(0, pinned)
         logger.info("kvtier: rank %d of %d (pp %d, dp %d), %s, %d G1 blocks, model id %r "

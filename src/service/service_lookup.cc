@@ -1,0 +1,207 @@
+// ServiceLookup (include/kvtier/service_lookup.h): a lookup connection (Role::kLookup) per
+// concurrent caller, joined to an attached engine instance by name. Every failure of the
+// daemon's side is a miss; only the daemon's verdict on the request itself is an error.
+#include "kvtier/service_lookup.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "core/log.h"
+#include "core/unique_fd.h"
+#include "service/protocol.h"
+#include "service/unix_socket.h"
+#include "service/wire.h"
+
+namespace kvtier {
+
+using service::MsgType;
+using Clock = std::chrono::steady_clock;
+
+class ServiceLookup::Impl {
+ public:
+  std::string socket_path;
+  std::string instance_name;
+  Clock::duration call_timeout{};
+  Clock::duration reattach{};
+
+  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens);
+  Stats stats() {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+ private:
+  // A connection joined to the instance, or none (a miss) while the daemon or the instance is
+  // not there, at most one attempt per `reattach` after a failed one.
+  UniqueFd Take();
+  Status Join(UniqueFd* out);
+  void Failed(const std::string& why);
+
+  std::mutex mu_;
+  std::vector<UniqueFd> idle_;
+  bool last_failed_ = false;
+  Clock::time_point last_attempt_{};
+  uint64_t seq_ = 0;
+  Stats stats_;
+};
+
+Status ServiceLookup::Impl::Join(UniqueFd* out) {
+  KVTIER_ASSIGN_OR_RETURN(UniqueFd fd, service::ConnectUnix(socket_path));
+  service::Hello hello;
+  hello.role = service::Role::kLookup;
+  hello.instance_name = instance_name;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  service::WireWriter w;
+  service::EncodeHello(&w, hello);
+  const auto deadline = Clock::now() + call_timeout;
+  uint64_t seq;
+  {
+    std::lock_guard lock(mu_);
+    seq = ++seq_;
+  }
+  KVTIER_RETURN_IF_ERROR(service::SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), seq,
+                                            w.data(), -1, deadline));
+  KVTIER_ASSIGN_OR_RETURN(service::Frame reply, service::RecvFrame(fd.get(), deadline));
+  service::WireReader r(reply.payload);
+  Status status;
+  KVTIER_RETURN_IF_ERROR(service::DecodeStatus(&r, &status));
+  KVTIER_RETURN_IF_ERROR(status);
+  service::HelloReply hr;
+  KVTIER_RETURN_IF_ERROR(service::DecodeHelloReply(&r, &hr));
+  *out = std::move(fd);
+  return Status::Ok();
+}
+
+UniqueFd ServiceLookup::Impl::Take() {
+  {
+    std::lock_guard lock(mu_);
+    if (!idle_.empty()) {
+      UniqueFd fd = std::move(idle_.back());
+      idle_.pop_back();
+      return fd;
+    }
+    if (last_failed_ && Clock::now() - last_attempt_ < reattach) return UniqueFd();
+    last_attempt_ = Clock::now();
+  }
+  UniqueFd fd;
+  Status joined = Join(&fd);
+  std::lock_guard lock(mu_);
+  if (!joined.ok()) {
+    if (!last_failed_) {
+      KVTIER_LOG(kWarn) << "kvtier: lookups through kvtier serve at " << socket_path
+                        << " for instance '" << instance_name
+                        << "' are misses until it can: " << joined.message();
+    }
+    last_failed_ = true;
+    stats_.connected = false;
+    stats_.failed_calls++;
+    return UniqueFd();
+  }
+  if (last_failed_) {
+    KVTIER_LOG(kInfo) << "kvtier: lookups through kvtier serve at " << socket_path
+                      << " for instance '" << instance_name << "' answered again";
+  }
+  last_failed_ = false;
+  stats_.connected = true;
+  stats_.connects++;
+  return fd;
+}
+
+void ServiceLookup::Impl::Failed(const std::string& why) {
+  std::lock_guard lock(mu_);
+  // The daemon went away or the instance ended: the other idle connections are as dead.
+  idle_.clear();
+  if (!last_failed_) {
+    KVTIER_LOG(kWarn) << "kvtier: lookup through kvtier serve at " << socket_path << " ("
+                      << instance_name << "): " << why << "; lookups are misses until it is back";
+  }
+  last_failed_ = true;
+  last_attempt_ = Clock::now();
+  stats_.connected = false;
+  stats_.failed_calls++;
+}
+
+Result<LookupResult> ServiceLookup::Impl::Lookup(const RequestSpec& request,
+                                                 uint32_t num_computed_tokens) {
+  if (request.request_id.empty()) {
+    return Status::InvalidArgument("Lookup: the request id is empty");
+  }
+  UniqueFd fd = Take();
+  if (!fd) return LookupResult{};
+  service::WireWriter w;
+  service::EncodeLookup(&w, request, num_computed_tokens);
+  uint64_t seq;
+  {
+    std::lock_guard lock(mu_);
+    seq = ++seq_;
+  }
+  const auto deadline = Clock::now() + call_timeout;
+  Status sent = service::SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kLookup), seq, w.data(),
+                                   -1, deadline);
+  Result<service::Frame> reply =
+      sent.ok() ? service::RecvFrame(fd.get(), deadline) : Result<service::Frame>(sent);
+  if (!reply.ok()) {
+    Failed(reply.status().message());
+    return LookupResult{};
+  }
+  if (reply->header.type != static_cast<uint16_t>(MsgType::kReply) || reply->header.seq != seq) {
+    Failed("the daemon answered out of step");
+    return LookupResult{};
+  }
+  service::WireReader r(reply->payload);
+  Status status;
+  Status decoded = service::DecodeStatus(&r, &status);
+  LookupResult result;
+  if (decoded.ok() && status.ok()) decoded = service::DecodeLookupResult(&r, &result);
+  if (!decoded.ok()) {
+    Failed("a reply that does not decode: " + decoded.message());
+    return LookupResult{};
+  }
+  if (status.code() == StatusCode::kUnavailable) {
+    Failed(status.message());  // the instance ended; the daemon closes this connection
+    return LookupResult{};
+  }
+  std::lock_guard lock(mu_);
+  idle_.push_back(std::move(fd));
+  if (!status.ok()) return status;
+  stats_.lookups++;
+  return result;
+}
+
+Result<std::unique_ptr<ServiceLookup>> ServiceLookup::Create(const Config& config,
+                                                             const std::string& instance_name) {
+  auto impl = std::make_unique<Impl>();
+  impl->socket_path = config.GetString("service.socket");
+  if (impl->socket_path.empty()) {
+    return Status::InvalidArgument(
+        "ServiceLookup needs service.socket (the socket kvtier serve listens on)");
+  }
+  if (instance_name.empty()) {
+    return Status::InvalidArgument(
+        "ServiceLookup needs the engine instance's name (the worker's service.instance)");
+  }
+  if (instance_name.size() > service::kMaxNameBytes) {
+    return Status::InvalidArgument("ServiceLookup: the instance name is " +
+                                   std::to_string(instance_name.size()) + " bytes; at most " +
+                                   std::to_string(service::kMaxNameBytes));
+  }
+  impl->instance_name = instance_name;
+  impl->call_timeout = std::chrono::milliseconds(config.GetUint("service.call_timeout_ms"));
+  impl->reattach = std::chrono::milliseconds(config.GetUint("service.reattach_ms"));
+  return std::unique_ptr<ServiceLookup>(new ServiceLookup(std::move(impl)));
+}
+
+ServiceLookup::ServiceLookup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ServiceLookup::~ServiceLookup() = default;
+
+Result<LookupResult> ServiceLookup::Lookup(const RequestSpec& request,
+                                           uint32_t num_computed_tokens) {
+  return impl_->Lookup(request, num_computed_tokens);
+}
+
+ServiceLookup::Stats ServiceLookup::stats() { return impl_->stats(); }
+
+}  // namespace kvtier
