@@ -1,0 +1,198 @@
+// BlockManager::Impl, the request table and engine instances: request entries, their
+// idle sweep and retirement, Finished, and taking over or forgetting an instance.
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "core/log.h"
+#include "manager/block_manager_impl.h"
+
+namespace kvtier {
+
+namespace {
+
+// Idle request entries one Lookup drops at most (the sweep's bound per call).
+constexpr int kSweepBatch = 64;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Scheduler side
+
+BlockManager::Impl::Request& BlockManager::Impl::ActiveRequest(const std::string& id, bool* made) {
+  auto [it, inserted] = requests_.try_emplace(id);
+  if (inserted) it->second.by_activity = by_activity_.insert(by_activity_.end(), id);
+  *made = inserted;
+  Touch(it);
+  return it->second;
+}
+
+void BlockManager::Impl::Touch(RequestMap::iterator it) {
+  it->second.last_active = std::chrono::steady_clock::now();
+  by_activity_.splice(by_activity_.end(), by_activity_, it->second.by_activity);
+}
+
+void BlockManager::Impl::EraseRequest(RequestMap::iterator it) {
+  by_activity_.erase(it->second.by_activity);
+  requests_.erase(it);
+}
+
+void BlockManager::Impl::RetireIfDone(RequestMap::iterator it) {
+  Request& r = it->second;
+  if (!r.finished || !Idle(r)) return;
+  if (r.kept_for_saves) {
+    if (!gone_instances_.count(r.instance)) saves_done_.emplace_back(r.instance, it->first);
+    r.kept_for_saves = false;
+  }
+  if (!r.load_unreported && !r.retiring) EraseRequest(it);
+}
+
+void BlockManager::Impl::SweepIdleRequests(std::chrono::steady_clock::time_point now) {
+  for (int n = 0; n < kSweepBatch && !by_activity_.empty(); ++n) {
+    auto it = requests_.find(by_activity_.front());
+    if (it == requests_.end()) {  // cannot happen (the invariant); heal rather than spin
+      by_activity_.pop_front();
+      continue;
+    }
+    if (now - it->second.last_active < idle_ttl_) return;  // the rest is more recent
+    if (Idle(it->second)) {
+      EraseRequest(it);
+      c_.expired_requests.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      Touch(it);  // a load or saves in flight: not idle; looked at again a TTL later
+    }
+  }
+}
+
+bool BlockManager::Impl::DrainingSaves(const std::string& id) const {
+  auto it = requests_.find(id);
+  return it != requests_.end() && it->second.save_drains > 0;
+}
+
+void BlockManager::Impl::EndSave(const std::string& request_id, const BlockKey& key) {
+  MutexLock lock(&mu_);
+  saving_keys_.erase(key);
+  --saves_outstanding_;
+  ReleaseSaveHolds(request_id, 1);
+  if (saves_outstanding_ == 0) saves_cv_.notify_all();
+}
+
+bool BlockManager::Impl::RequestFinished(const std::string& request_id) {
+  MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return false;
+  Request& r = it->second;
+  r.finished = true;
+  // About saves only: a load in flight keeps the entry (and its pins) until it ends, and
+  // loads_done tells the engine when (see the contract).
+  r.kept_for_saves = r.saves_in_flight > 0;
+  const bool kept = r.kept_for_saves;
+  RetireIfDone(it);
+  return kept;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker side
+
+FinishedRequests BlockManager::Impl::Finished(uint32_t instance) {
+  {
+    bool deferred;
+    {
+      MutexLock lock(&mu_);
+      deferred = !deferred_saves_.empty();
+    }
+    if (deferred) {
+      Status s = StartSave(instance);
+      if (!s.ok()) KVTIER_LOG(kWarn) << "Finished: " << s.ToString();
+    }
+  }
+  FinishedRequests f;
+  MutexLock lock(&mu_);
+  // Finished requests the last call listed in loads_done: their step has passed.
+  // A plain loop, not erase_if with a lambda: the thread-safety analysis cannot see that a
+  // lambda runs under mu_.
+  size_t kept = 0;
+  for (size_t i = 0; i < retiring_.size(); ++i) {
+    if (!Matches(retiring_[i].first, instance)) {
+      if (kept != i) retiring_[kept] = std::move(retiring_[i]);
+      ++kept;
+      continue;
+    }
+    auto it = requests_.find(retiring_[i].second);
+    if (it != requests_.end() && it->second.retiring) {
+      it->second.retiring = false;
+      RetireIfDone(it);
+    }
+  }
+  retiring_.resize(kept);
+  TakeInstance(&saves_done_, instance, &f.saves_done);
+  TakeInstance(&loads_done_, instance, &f.loads_done);
+  for (const std::string& id : f.loads_done) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || !it->second.load_unreported) continue;
+    it->second.load_unreported = false;
+    it->second.retiring = true;
+    retiring_.emplace_back(it->second.instance, id);
+  }
+  return f;
+}
+
+void BlockManager::Impl::TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from,
+                                      uint32_t instance, std::vector<std::string>* to) {
+  std::erase_if(*from, [&](std::pair<uint32_t, std::string>& e) {
+    if (!Matches(e.first, instance)) return false;
+    to->push_back(std::move(e.second));
+    return true;
+  });
+}
+
+void BlockManager::Impl::AdoptInstance(uint32_t instance) {
+  MutexLock lock(&mu_);
+  gone_instances_.erase(instance);
+}
+
+size_t BlockManager::Impl::InstanceRequests(uint32_t instance) {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, r] : requests_) n += Matches(r.instance, instance);
+  return n;
+}
+
+size_t BlockManager::Impl::ForgetInstance(uint32_t instance) {
+  std::vector<std::string> ids;
+  {
+    MutexLock lock(&mu_);
+    gone_instances_.insert(instance);
+    // Deferred saves of the engine would wait for a slot only to copy from a G1 that is gone.
+    std::vector<std::pair<std::string, BlockKey>> dropped;
+    for (auto d = deferred_saves_.begin(); d != deferred_saves_.end();) {
+      if (d->instance != instance) {
+        ++d;
+        continue;
+      }
+      saving_keys_.erase(d->key);
+      ReleaseSaveHolds(d->request_id, 1);
+      c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
+      d = deferred_saves_.erase(d);
+    }
+    for (const auto& [id, r] : requests_) {
+      if (r.instance == instance) ids.push_back(id);
+    }
+  }
+  // What was bound but not started runs now and fails in the copy backend (the engine's copies
+  // cannot run), releasing pins and slots on the usual failure path.
+  Status s = StartLoad(instance);
+  if (!s.ok()) KVTIER_LOG(kWarn) << "ForgetInstance(" << instance << "): " << s.ToString();
+  s = StartSave(instance);
+  if (!s.ok()) KVTIER_LOG(kWarn) << "ForgetInstance(" << instance << "): " << s.ToString();
+  for (const std::string& id : ids) (void)RequestFinished(id);
+  {
+    MutexLock lock(&mu_);
+    std::vector<std::string> unused;
+    TakeInstance(&saves_done_, instance, &unused);
+    TakeInstance(&loads_done_, instance, &unused);
+  }
+  return ids.size();
+}
+
+}  // namespace kvtier

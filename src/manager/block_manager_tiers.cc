@@ -1,0 +1,238 @@
+// BlockManager::Impl, the G2 slot part: slot metadata and namespaces, G2 allocation and
+// eviction, demotion of G2 victims to G3 (admission, making room, the G3 flush).
+#include <algorithm>
+#include <chrono>
+
+#include "core/log.h"
+#include "manager/block_manager_impl.h"
+#include "tier/cond_wait.h"
+
+namespace kvtier {
+
+void BlockManager::Impl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
+                                     std::span<const TokenId> tokens) {
+  AssignSlotNamespace(slot, meta.namespace_id);
+  MutexLock lock(&slot_mu_);
+  slot_meta_[slot] = meta;
+  std::fill_n(slot_tokens_.begin() + size_t{slot} * tpb_, tpb_, TokenId{0});
+  std::copy_n(tokens.begin(), std::min<size_t>(tokens.size(), tpb_),
+              slot_tokens_.begin() + size_t{slot} * tpb_);
+}
+
+void BlockManager::Impl::AssignSlotNamespace(uint32_t slot, uint64_t ns) {
+  MutexLock lock(&ns_mu_);
+  if (slot >= slot_ns_.size() || slot_ns_[slot] == ns) return;
+  if (uint64_t old = slot_ns_[slot]; old != 0) {
+    auto it = ns_slots_.find(old);
+    if (it != ns_slots_.end() && --it->second == 0) ns_slots_.erase(it);
+  }
+  slot_ns_[slot] = ns;
+  if (ns != 0) ++ns_slots_[ns];
+}
+
+bool BlockManager::Impl::EvictableFor(uint64_t ns, uint32_t slot) {
+  if (ns == 0 || ns_share_ <= 0) return true;
+  MutexLock lock(&ns_mu_);
+  if (slot >= slot_ns_.size()) return true;
+  const uint64_t owner = slot_ns_[slot];
+  if (owner == 0 || owner == ns) return true;
+  // The requester counts as a namespace holding blocks even before its first one lands.
+  const uint64_t holders = ns_slots_.size() + (ns_slots_.count(ns) == 0 ? 1 : 0);
+  const double guaranteed = ns_share_ * static_cast<double>(slot_ns_.size()) /
+                            static_cast<double>(std::max<uint64_t>(holders, 1));
+  auto it = ns_slots_.find(owner);
+  return it != ns_slots_.end() && static_cast<double>(it->second) > guaranteed;
+}
+
+void BlockManager::Impl::ReleaseG2Slot(uint32_t slot) {
+  AssignSlotNamespace(slot, 0);
+  Status s = g2_->Release(slot);
+  if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
+}
+
+void BlockManager::Impl::FlushG2ToG3() {
+  WaitForSaves();  // saves into G2 land first
+  const auto start = std::chrono::steady_clock::now();
+  const uint32_t max_in_flight = std::clamp<uint32_t>(
+      static_cast<uint32_t>(options_.config.GetUint("transfer.max_queued_saves") / 2), 1, 32);
+  uint64_t written = 0;
+  while (!g3_->quarantined()) {
+    {
+      MutexLock lock(&mu_);
+      while (demotions_in_flight_.load() >= max_in_flight) CondWait(&saves_cv_, &mu_);
+    }
+    auto victim = index_->EvictOne(kTierG2);
+    if (!victim) break;
+    c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
+    Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
+    if (((victim->remaining_tiers >> kTierG3) & 1u) ||
+        !((SlotStoreTiers(victim->slot) >> kTierG3) & 1u)) {
+      ReleaseG2Slot(victim->slot);
+    } else {
+      Demote(*victim);
+      ++written;
+    }
+  }
+  WaitForSaves();
+  KVTIER_LOG(kInfo)
+      << "G3: " << written << " blocks written from G2 at shutdown in "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms";
+}
+
+uint8_t BlockManager::Impl::SlotStoreTiers(uint32_t slot) {
+  MutexLock lock(&slot_mu_);
+  return slot_meta_[slot].store_tiers;
+}
+
+bool BlockManager::Impl::AdmitToG3(const BlockKey& key) {
+  if (!g3_ || g3_->quarantined()) return false;
+  bool first_sighting = false;
+  if (g3_filter_->Estimate(key) < g3_filter_->min_seen()) {
+    if (!g3_gate_ || !g3_gate_->Admit(key)) return false;
+    first_sighting = true;
+  }
+  const bool admitted = g3_->Admit(key) == DiskAdmission::Decision::kAdmit;
+  if (admitted && first_sighting) c_.first_sighting.fetch_add(1, std::memory_order_relaxed);
+  return admitted;
+}
+
+void BlockManager::Impl::MakeRoomInG3() {
+  // Blocks in G3 plus demotions in flight must fit its slots.
+  while (index_->TierCount(kTierG3) + demotions_in_flight_.load() >= g3_->num_slots()) {
+    auto victim = index_->EvictOne(kTierG3);
+    if (!victim) return;
+    c_.evicted_g3.fetch_add(1, std::memory_order_relaxed);
+    if (g3_gate_) g3_gate_->OnRemoved(victim->key);
+    Status s = g3_->Remove(victim->key);
+    if (!s.ok() && !s.Is(StatusCode::kNotFound)) {
+      KVTIER_LOG(kWarn) << "G3 remove of an evicted block: " << s.ToString();
+    }
+    Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG3)});
+  }
+}
+
+void BlockManager::Impl::DropReplacedG3Copy(const BlockKey& key, const BlockKey& parent) {
+  // The engine computed this block again although G3 held it (Commit saves such blocks), so
+  // G3's copy could not serve it and may be damaged unread: the fresh copy replaces it, and
+  // reaches G3 again by demotion or the shutdown flush. A copy a load is reading (pinned) stays.
+  if (!g3_) return;
+  const std::optional<BlockInfo> info = index_->Get(key);
+  if (!info.has_value() || ((info->tier_mask >> kTierG3) & 1u) == 0) return;
+  if (!index_->Remove(key, kTierG3).ok()) return;
+  if (g3_gate_) g3_gate_->OnRemoved(key);
+  const Status s = g3_->Remove(key);
+  if (!s.ok() && !s.Is(StatusCode::kNotFound)) {
+    KVTIER_LOG(kWarn) << "G3 remove of a replaced block: " << s.ToString();
+  }
+  Emit({Event(KvEvent::Kind::kRemoved, key, parent, kTierG3)});
+}
+
+void BlockManager::Impl::Demote(const EvictedBlock& victim) {
+  BlockTransfer m;
+  m.op = BlockTransfer::Op::kG2ToG3;
+  m.key = victim.key;
+  m.parent = victim.parent;
+  m.g2_slot = victim.slot;
+  {
+    MutexLock lock(&slot_mu_);
+    m.namespace_id = slot_meta_[victim.slot].namespace_id;
+    m.tokens.assign(slot_tokens_.begin() + size_t{victim.slot} * tpb_,
+                    slot_tokens_.begin() + size_t{victim.slot + 1} * tpb_);
+  }
+  MakeRoomInG3();
+  demotions_in_flight_.fetch_add(1);
+  const uint32_t slot = victim.slot;
+  const BlockKey key = victim.key, parent = victim.parent;
+  // Without write-through, G4 is fed by demotion: once the G3 write has ended (whatever its
+  // outcome), the same slot is written to G4, and only then freed. One after the other, because
+  // both writes encode their header into the slot's header area. So G4 holds every block G3
+  // was given, and G3's own victims are already in G4 when G3 drops them.
+  const bool feed_g4 =
+      g4_ != nullptr && !g4_write_through_ && ((SlotStoreTiers(slot) >> kTierG4) & 1u);
+  auto end = [this, slot, key, parent, feed_g4] {
+    if (feed_g4) {
+      WriteEvictedToG4(slot, key, parent);  // frees the slot and ends the demotion
+    } else {
+      ReleaseG2Slot(slot);
+      EndDemotion();
+    }
+  };
+  // For the kStored event (the header gets the same tokens).
+  auto tokens = std::make_shared<const std::vector<TokenId>>(m.tokens);
+  const uint64_t ns = m.namespace_id;
+  auto job = engine_->Submit(
+      {std::move(m)}, TransferPriority::kSave,
+      [this, key, parent, end, tokens, ns](const TransferJob&, size_t, const Status& s) {
+        if (s.ok() || s.Is(StatusCode::kAlreadyExists)) {
+          if (index_->Insert(key, parent, kTierG3, 0).ok()) {
+            c_.demoted.fetch_add(1, std::memory_order_relaxed);
+            Emit({StoredEvent(key, parent, kTierG3, ns, *tokens)});
+          }
+        } else {
+          c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
+        }
+        end();
+      });
+  if (!job.ok()) {
+    c_.demotion_failures.fetch_add(1, std::memory_order_relaxed);
+    end();
+  }
+}
+
+bool BlockManager::Impl::EvictFromG2(uint64_t ns) {
+  auto victim =
+      ns == 0 || ns_share_ <= 0
+          ? index_->EvictOne(kTierG2)
+          : index_->EvictOne(kTierG2, [this, ns](uint32_t slot) { return EvictableFor(ns, slot); });
+  if (!victim) return false;
+  c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
+  Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
+  const bool in_g3 = (victim->remaining_tiers >> kTierG3) & 1u;
+  const uint8_t store_tiers = SlotStoreTiers(victim->slot);
+  const bool g3_allowed = (store_tiers >> kTierG3) & 1u;
+  if (!in_g3 && g3_allowed && AdmitToG3(victim->key)) {
+    Demote(*victim);  // the slot frees when the write ends
+  } else if (!in_g3 && DemoteToG4(*victim)) {
+    // Leaving the local tiers: G4 takes it (write-through off); the slot frees when it ends.
+  } else {
+    if (!in_g3 && g3_) c_.not_admitted.fetch_add(1, std::memory_order_relaxed);
+    ReleaseG2Slot(victim->slot);
+  }
+  return true;
+}
+
+std::optional<uint32_t> BlockManager::Impl::AllocateStagingSlot(uint64_t ns) {
+  if (std::optional<uint32_t> free_slot = g2_->Allocate()) return free_slot;
+  if (staging_slots_ > 0) {
+    c_.staged_via_pool.fetch_add(1, std::memory_order_relaxed);
+    return BlockTransfer::kAnyStagingSlot;
+  }
+  return AllocateG2Slot(ns);
+}
+
+std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot(uint64_t ns) {
+  // Demotions in flight at most. Beyond it the disk is behind: a save is better dropped than
+  // paid for by evicting more of G2, and no single call starts a burst of demotions.
+  const uint32_t max_demotions = std::clamp<uint32_t>(g2_->num_slots() / 8, 8, 64);
+  std::optional<uint32_t> slot = g2_->Allocate();
+  // Each round frees a slot now (a victim G3 does not take) or starts a demotion. Bounded, so
+  // a caller never spins and never waits on I/O.
+  for (int round = 0; !slot && round < 4; ++round) {
+    if (demotions_in_flight_.load() >= max_demotions) break;
+    if (!EvictFromG2(ns)) break;
+    slot = g2_->Allocate();
+  }
+  // Keep a reserve of free (or soon free) slots, so the next saves and staged loads find one
+  // without waiting for a demotion write; at most one eviction per call. Without G3 an eviction
+  // frees its slot at once, so a reserve would only shrink the cache (by up to 256 blocks:
+  // 0.006 of hit ratio on the Mooncake trace at 5%, docs/replay.md).
+  const uint32_t reserve = std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
+  if (g3_ && g2_->free_slots() + demotions_in_flight_.load() < reserve &&
+      demotions_in_flight_.load() < max_demotions) {
+    EvictFromG2(ns);
+  }
+  return slot;
+}
+
+}  // namespace kvtier
