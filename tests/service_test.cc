@@ -4,6 +4,7 @@
 // engine is its own process with its own mapping of G2). docs/service.md.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -164,11 +165,24 @@ class Daemon {
  public:
   explicit Daemon(std::string socket) : socket_(std::move(socket)) {}
   ~Daemon() { Kill(SIGKILL); }
-  void Start(uint32_t lease_ms = 1000) {
+  // `g3_dir`: G3 there (flushed from G2 at a clean shutdown); empty: G2 only. `g4_dir`: a
+  // filesystem G4 there, fed by G3's demotions (no write-through).
+  void Start(uint32_t lease_ms = 1000, const std::string& g3_dir = "",
+             const std::string& g4_dir = "") {
     pid_ = ::fork();
     if (pid_ == 0) {
       ::setenv("KVTIER_G2_CAPACITY_BYTES", "8MiB", 1);
-      ::setenv("KVTIER_G3_ENABLED", "false", 1);
+      ::setenv("KVTIER_G3_ENABLED", g3_dir.empty() ? "false" : "true", 1);
+      if (!g3_dir.empty()) {
+        ::setenv("KVTIER_G3_DIR", g3_dir.c_str(), 1);
+        ::setenv("KVTIER_G3_CAPACITY_BYTES", "16MiB", 1);
+        ::setenv("KVTIER_G3_ADMIT_MIN_SEEN", "1", 1);
+      }
+      if (!g4_dir.empty()) {
+        ::setenv("KVTIER_G4_BACKEND", "fs", 1);
+        ::setenv("KVTIER_G4_DIR", g4_dir.c_str(), 1);
+        ::setenv("KVTIER_G4_WRITE_THROUGH", "false", 1);
+      }
       ::setenv("KVTIER_G2_LOCK_MEMORY", "false", 1);
       ::setenv("KVTIER_SERVICE_LEASE_MS", std::to_string(lease_ms).c_str(), 1);
       ::execl(KVTIER_CLI_PATH, KVTIER_CLI_PATH, "serve", "--socket", socket_.c_str(),
@@ -365,6 +379,72 @@ TEST(Service, SchedulerLookupsGoStraightToTheDaemon) {
   EXPECT_EQ(tokens, 0u) << "lookups for an ended instance still answered after 5 s";
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
   EXPECT_FALSE((*sched)->stats().connected);
+}
+
+// Every engine maps G2 writable. The daemon takes each block's checksum when the engine's save
+// of it lands (its commit), so a block some engine wrote into afterwards is never persisted:
+// here a rogue client scribbles over the whole mapping, the daemon shuts down (flushing G2 to
+// G3, and what G3 is given on to G4) and restarts, and only the blocks saved after the scribble
+// come back.
+TEST(Service, BlockChangedAfterItsCommitIsNeverPersisted) {
+  const std::string dir = TempDir("checksum");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  const std::string g3 = dir + "/g3", g4 = dir + "/g4";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, g3, g4));
+  {
+    Engine a = MakeEngine(socket, "engine-a");
+    ComputeAndSave(a, "a1", 31, 4);
+    // A rogue (or buggy) engine: a data connection of its own, and the G2 memfd mapped.
+    auto fd = service::ConnectUnix(socket);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    service::Hello hello;
+    hello.role = service::Role::kData;
+    hello.instance_name = "scribbler";
+    hello.model_id = "service-test";
+    hello.layout = TestLayout();
+    service::WireWriter w;
+    service::EncodeHello(&w, hello);
+    ASSERT_TRUE(
+        service::SendFrame(fd->get(), static_cast<uint16_t>(service::MsgType::kHello), 1, w.data())
+            .ok());
+    auto reply = service::RecvFrame(fd->get(), Clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    service::WireReader r(reply->payload);
+    Status status;
+    service::HelloReply hr;
+    ASSERT_TRUE(service::DecodeStatus(&r, &status).ok());
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    ASSERT_TRUE(service::DecodeHelloReply(&r, &hr).ok());
+    ASSERT_TRUE(reply->fd) << "no G2 memfd with the data Hello's reply";
+    void* map = ::mmap(nullptr, hr.g2_capacity_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       reply->fd.get(), 0);
+    ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+    std::memset(map, 0xab, hr.g2_capacity_bytes);
+    ::munmap(map, hr.g2_capacity_bytes);
+    // Saved after the scribble: its checksum is of its own bytes.
+    ComputeAndSave(a, "a2", 32, 3, 20);
+  }
+  EXPECT_EQ(daemon.Kill(SIGTERM), 0) << "kvtier serve did not shut down cleanly";
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, g3, g4));
+  Engine b = MakeEngine(socket, "engine-b");
+  bool bytes_ok = false;
+  EXPECT_EQ(LookupAndLoad(b, "b1", 32, 3, 0, &bytes_ok), 3 * b.g1.layout.tokens_per_block)
+      << "the block saved after the scribble did not come back from G3";
+  EXPECT_TRUE(bytes_ok);
+  EXPECT_EQ(LookupAndLoad(b, "b2", 31, 4, 10, &bytes_ok), 0u)
+      << "a block changed after its commit was persisted to G3 or G4 and served";
+  // G4 alone (G3 emptied): the same.
+  b.manager.reset();
+  EXPECT_EQ(daemon.Kill(SIGKILL), SIGKILL);
+  fs::remove_all(g3);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, g3, g4));
+  Engine c = MakeEngine(socket, "engine-c");
+  EXPECT_EQ(LookupAndLoad(c, "c1", 32, 3, 0, &bytes_ok), 3 * c.g1.layout.tokens_per_block)
+      << "the block saved after the scribble is not in G4";
+  EXPECT_TRUE(bytes_ok);
+  EXPECT_EQ(LookupAndLoad(c, "c2", 31, 4, 10, &bytes_ok), 0u)
+      << "a block changed after its commit was persisted to G4 and served";
 }
 
 TEST(Service, EngineKilledMidSaveLosesOnlyItsUnfinishedSaves) {

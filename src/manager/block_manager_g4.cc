@@ -141,6 +141,7 @@ std::optional<BlockManager::Impl::G4Write> BlockManager::Impl::PrepareWriteThrou
   {
     MutexLock lock(&slot_mu_);
     w.namespace_id = slot_meta_[slot].namespace_id;
+    w.expected_checksum = slot_meta_[slot].commit_checksum;
     w.tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
                     slot_tokens_.begin() + size_t{slot + 1} * tpb_);
   }
@@ -159,6 +160,7 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
     m.namespace_id = w.namespace_id;
     m.tokens = w.tokens;
     m.g2_slot = w.g2_slot;
+    m.expected_checksum = w.expected_checksum;
     moves.push_back(std::move(m));
   }
   auto shared = std::make_shared<std::vector<G4Write>>(std::move(writes));
@@ -227,6 +229,7 @@ void BlockManager::Impl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
   {
     MutexLock lock(&slot_mu_);
     w.namespace_id = slot_meta_[slot].namespace_id;
+    w.expected_checksum = slot_meta_[slot].commit_checksum;
     w.tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
                     slot_tokens_.begin() + size_t{slot + 1} * tpb_);
   }

@@ -184,6 +184,7 @@ class BlockManager::Impl {
     BlockKey parent;
     uint64_t namespace_id = 0;
     uint32_t g2_slot = 0;
+    uint64_t expected_checksum = 0;  // SlotMeta::commit_checksum
     std::vector<TokenId> tokens;
     // Write-through: the key is pinned (its slot cannot be evicted) until the write ends.
     // Eviction (write_through off): the slot is the manager's until the write ends, then freed.
@@ -222,6 +223,10 @@ class BlockManager::Impl {
     BlockKey parent;
     uint64_t namespace_id = 0;
     uint8_t store_tiers = kAllTiers;  // the saving request's RequestSpec::store_tiers
+    // kvtier serve (shared G2): the payload's checksum when the engine's save of it landed,
+    // so a slot an engine wrote into after its commit is never persisted to G3 or G4
+    // (BlockTransfer::expected_checksum). 0: not taken (embedded, or filled from G3/G4).
+    uint64_t commit_checksum = 0;
   };
 
   Impl(const ManagerOptions& options);

@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "manager/block_manager_impl.h"
+#include "tier/block_format.h"
 #include "tier/cond_wait.h"
 
 namespace kvtier {
@@ -270,6 +271,14 @@ Status BlockManager::Impl::StartSave(uint32_t instance) {
       const PendingSave& s = (*shared)[i];
       const Status st = job.MoveStatus(i);
       bool stored = false;
+      if (st.ok() && shared_g2_) {
+        // kvtier serve: the engine wrote this slot through its own mapping; its bytes as they
+        // are now, at the commit, are the block (SlotMeta::commit_checksum).
+        const uint64_t sum =
+            PayloadChecksum(g2_->SlotData(s.g2_slot) + kG2PayloadOffset, layout_.BlockBytes());
+        MutexLock lock(&slot_mu_);
+        slot_meta_[s.g2_slot].commit_checksum = sum;
+      }
       if (st.ok()) {
         stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
       }

@@ -137,6 +137,7 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
   {
     MutexLock lock(&slot_mu_);
     m.namespace_id = slot_meta_[victim.slot].namespace_id;
+    m.expected_checksum = slot_meta_[victim.slot].commit_checksum;
     m.tokens.assign(slot_tokens_.begin() + size_t{victim.slot} * tpb_,
                     slot_tokens_.begin() + size_t{victim.slot + 1} * tpb_);
   }

@@ -345,7 +345,14 @@ void DiskTier::SubmitWrites(std::span<const DiskWriteRequest> requests) {
       fields.slot_index = slot;
       const uint64_t checksum =
           PayloadChecksum(r.buffer + kBlockHeaderBytes, geometry_.payload_bytes);
-      reject = EncodeBlockHeader(fields, r.tokens, geometry_.payload_bytes, checksum, r.buffer);
+      if (r.expected_checksum != 0 && checksum != r.expected_checksum) {
+        reject = Status::Corruption(
+            "G3 write refused: the block's bytes changed after it was committed (checksum " +
+            std::to_string(checksum) + ", committed " + std::to_string(r.expected_checksum) +
+            "); an engine wrote into a committed G2 slot");
+      } else {
+        reject = EncodeBlockHeader(fields, r.tokens, geometry_.payload_bytes, checksum, r.buffer);
+      }
       if (!reject.ok()) ReleaseWriteSlot(slot);
     }
     if (!reject.ok()) {

@@ -98,6 +98,10 @@ struct DiskWriteRequest {
   uint8_t* buffer = nullptr;
   DiskCompletionSink* sink = nullptr;
   uint64_t cookie = 0;
+  // Nonzero: the payload's XXH3-64 (PayloadChecksum) must equal it, else the write is refused
+  // with Corruption and nothing is written (kvtier serve: the checksum taken when the engine
+  // committed the block; a slot changed since is never persisted).
+  uint64_t expected_checksum = 0;
 };
 
 struct DiskReadRequest {

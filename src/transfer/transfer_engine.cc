@@ -452,6 +452,7 @@ void TransferEngine::StartDisk(const std::shared_ptr<TransferJob>& job,
         w.buffer = arena_->SlotData(m.g2_slot);
         w.sink = this;
         w.cookie = cookie;
+        w.expected_checksum = m.expected_checksum;
         writes.push_back(w);
       } else {
         DiskReadRequest r;

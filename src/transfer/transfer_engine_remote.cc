@@ -222,7 +222,11 @@ void TransferEngine::RemotePuts(const RemoteBatch& batch, std::span<const uint32
     f.key = m.key;
     f.parent = m.parent;
     const uint64_t checksum = PayloadChecksum(slot + kG2PayloadOffset, layout_.BlockBytes());
-    Status enc = EncodeBlockHeader(f, m.tokens, layout_.BlockBytes(), checksum, slot);
+    Status enc = m.expected_checksum != 0 && checksum != m.expected_checksum
+                     ? Status::Corruption(
+                           "G4 write refused: the block's bytes changed after it was "
+                           "committed; an engine wrote into a committed G2 slot")
+                     : EncodeBlockHeader(f, m.tokens, layout_.BlockBytes(), checksum, slot);
     if (!enc.ok()) {
       EndRemoteMove(*batch.job, i, enc);
       continue;

@@ -49,6 +49,10 @@ struct BlockTransfer {
   // so a batch may hold more G3 blocks than there are staging slots.
   static constexpr uint32_t kAnyStagingSlot = UINT32_MAX;
   uint32_t g2_slot = 0;
+  // kG2ToG3, kG2ToG4: when nonzero, the payload's PayloadChecksum must equal it, or the move
+  // fails with Corruption and nothing is persisted (kvtier serve sets it from the checksum
+  // taken at the engine's commit).
+  uint64_t expected_checksum = 0;
 
   bool IntoG1() const { return op == Op::kG2ToG1 || op == Op::kG3ToG1 || op == Op::kG4ToG1; }
   bool Remote() const { return op == Op::kG2ToG4 || op == Op::kG4ToG2 || op == Op::kG4ToG1; }
