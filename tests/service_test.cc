@@ -447,6 +447,91 @@ TEST(Service, BlockChangedAfterItsCommitIsNeverPersisted) {
       << "a block changed after its commit was persisted to G4 and served";
 }
 
+// An engine stopped (SIGSTOP) with saves lent to it: the other engine's lookups, saves and
+// loads go on at their usual speed.
+TEST(Service, StoppedEngineDoesNotStallTheOthers) {
+  const std::string dir = TempDir("stop");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  // A lease longer than the child's stalled batches (8 blocks x 100 ms), so they are lent, not
+  // refused as late.
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/10000));
+  Engine a = MakeEngine(socket, "engine-a");
+  ComputeAndSave(a, "a-warm", 41, 2, 0);
+  const uint64_t saved = a.manager->Stats().saved_blocks;
+  ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "100", 1);
+  pid_t child = SpawnEngine("stall", socket, "42");
+  ::unsetenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS");
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        (void)WaitExit(pid);
+      }
+    }
+  } reap{child};
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < deadline && a.manager->Stats().saved_blocks < saved + 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(a.manager->Stats().saved_blocks, saved + 1) << "the child's saves never started";
+  ::kill(child, SIGSTOP);  // its remaining saves stay lent to a process that does not run
+  const auto t0 = Clock::now();
+  ComputeAndSave(a, "a-during", 43, 8, 8);
+  bool ok = false;
+  EXPECT_EQ(LookupAndLoad(a, "a-load", 43, 8, 24, &ok), 8u * 16);
+  EXPECT_TRUE(ok);
+  const auto took = Clock::now() - t0;
+  EXPECT_LT(took, std::chrono::seconds(2))
+      << "a stopped engine stalled another's save and load for "
+      << std::chrono::duration<double>(took).count() << " s";
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(WaitExit(child), 128 + SIGKILL);
+  reap.pid = -1;
+}
+
+// A client of another uid is refused by the daemon itself (SO_PEERCRED), even when the socket's
+// directory has been opened to it.
+TEST(Service, ClientOfAnotherUidIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a client as uid 65534";
+  const std::string dir = TempDir("uid");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start());
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((dir + "/sock").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(socket.c_str(), 0777), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
+    auto fd = service::ConnectUnix(socket);
+    if (!fd.ok()) _exit(4);
+    service::Hello hello;
+    hello.instance_name = "intruder";
+    hello.model_id = "service-test";
+    hello.layout = TestLayout();
+    service::WireWriter w;
+    service::EncodeHello(&w, hello);
+    if (!service::SendFrame(fd->get(), static_cast<uint16_t>(service::MsgType::kHello), 1, w.data())
+             .ok()) {
+      _exit(0);  // closed before the Hello was taken: refused
+    }
+    auto reply = service::RecvFrame(fd->get(), Clock::now() + std::chrono::seconds(5));
+    if (!reply.ok()) _exit(0);
+    service::WireReader r(reply->payload);
+    Status status;
+    if (!service::DecodeStatus(&r, &status).ok()) _exit(5);
+    std::fprintf(stderr, "intruder: %s\n", status.ToString().c_str());
+    _exit(status.code() == StatusCode::kFailedPrecondition ? 0 : 1);
+  }
+  EXPECT_EQ(WaitExit(pid), 0) << "a client of uid 65534 was not refused";
+  // The daemon's own engines are still served.
+  Engine a = MakeEngine(socket, "engine-a");
+  ComputeAndSave(a, "a-req", 44, 2);
+  EXPECT_EQ(a.manager->Stats().saved_blocks, 2u);
+}
+
 TEST(Service, EngineKilledMidSaveLosesOnlyItsUnfinishedSaves) {
   const std::string dir = TempDir("kill");
   const std::string socket = dir + "/sock/kvtier.sock";
