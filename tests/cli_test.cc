@@ -1,7 +1,9 @@
 // Runs the real `kvtier` binary as a user would and checks its output and exit codes.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -92,6 +94,52 @@ TEST(CliTest, BenchManagerJsonHasTheKeys) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
   rmdir(tmpl);
+}
+
+// kvtier replay attached to a real kvtier serve (KVTIER_SERVICE_SOCKET): the second replay
+// process finds every block the first one saved in the daemon's G2; embedded, each starts empty.
+TEST(CliTest, ReplayRunsAttachedToKvtierServe) {
+  char tmpl[] = "/tmp/kvtier-cli-serve-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string socket = dir + "/sock/kvtier.sock", trace = dir + "/trace.jsonl";
+  {
+    FILE* f = std::fopen(trace.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    for (int i = 0; i < 6; ++i) {  // 8 shared blocks of 16 tokens, then one token of its own
+      std::string line = "{\"tokens\": [";
+      for (int t = 0; t < 128; ++t) line += std::to_string(1000 + t) + ",";
+      line += std::to_string(i) + "]}\n";
+      std::fputs(line.c_str(), f);
+    }
+    std::fclose(f);
+  }
+  const CliRun serve = kvtier::cli_run::RunShell(
+      "KVTIER_G3_ENABLED=false KVTIER_G2_CAPACITY_BYTES=16MiB KVTIER_G2_LOCK_MEMORY=false " +
+      std::string(KVTIER_CLI_PATH) + " serve --socket " + socket + " --for-seconds 60 > " + dir +
+      "/serve.log 2>&1 & echo $!");
+  const int pid = std::atoi(serve.out.c_str());
+  ASSERT_GT(pid, 0) << serve.out;
+  for (int i = 0; i < 200 && ::access(socket.c_str(), F_OK) != 0; ++i) ::usleep(50 * 1000);
+  ASSERT_EQ(::access(socket.c_str(), F_OK), 0) << "kvtier serve did not listen within 10 s";
+  const std::string replay =
+      "replay --trace " + trace + " --tokens-per-block 16 --capacity-fraction 1 --json";
+  auto hit_ratio = [](const std::string& out) {
+    const size_t at = out.find("\"hit_ratio\": ");
+    return at == std::string::npos ? -1.0 : std::atof(out.c_str() + at + 13);
+  };
+  const CliRun first = KvtierWithEnv("KVTIER_SERVICE_SOCKET=" + socket, replay);
+  const CliRun second = KvtierWithEnv("KVTIER_SERVICE_SOCKET=" + socket, replay);
+  const CliRun embedded = Kvtier(replay);
+  ::kill(pid, SIGTERM);
+  for (const CliRun* r : {&first, &second, &embedded}) {
+    EXPECT_EQ(r->exit_code, 0) << r->out;
+    EXPECT_NE(r->out.find("\"mismatched_blocks\": 0"), std::string::npos) << r->out;
+  }
+  EXPECT_NEAR(hit_ratio(first.out), 40.0 / 48, 1e-3) << first.out;  // the first request misses
+  EXPECT_NEAR(hit_ratio(second.out), 1.0, 1e-3) << "not attached: " << second.out;
+  EXPECT_NEAR(hit_ratio(embedded.out), 40.0 / 48, 1e-3) << embedded.out;
+  std::string cmd = "rm -rf " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
 }
 
 TEST(CliTest, ConfigShowsSourcesAndRefusesBadValues) {

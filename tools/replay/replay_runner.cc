@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -19,11 +20,24 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 33);
 }
 
+// The KVTIER_SERVICE_* variables of this process's environment ("NAME=value" entries).
+std::vector<std::string> ServiceEnvironment() {
+  std::vector<std::string> out;
+  for (const char* name : {"KVTIER_SERVICE_SOCKET", "KVTIER_SERVICE_INSTANCE"}) {
+    if (const char* v = std::getenv(name); v != nullptr) out.push_back(std::string(name) + "=" + v);
+  }
+  return out;
+}
+
 }  // namespace
 
 // `g4_staging` slots are added to G2 for the staging pool when G4 is on (0 otherwise).
 Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint64_t g4_staging) {
   Config c;
+  // Attached mode (docs/service.md): with KVTIER_SERVICE_SOCKET set, the replay's manager is
+  // kvtier serve on that socket (whose own settings size G2 and G3; the ones below are then
+  // the daemon's business).
+  KVTIER_RETURN_IF_ERROR(c.LoadEnvironment(ServiceEnvironment()));
   // The manager's G2 slot: a 4 KiB header area + the payload, 4 KiB-aligned by the arena.
   const uint64_t slot = (4096 + layout.BlockBytes() + 4095) / 4096 * 4096;
   KVTIER_RETURN_IF_ERROR(
@@ -175,7 +189,9 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
   std::vector<TokenId> prompt;
   std::vector<uint32_t> g1_blocks(g1_need);
   std::iota(g1_blocks.begin(), g1_blocks.end(), 0u);
-  std::array<uint64_t, kNumTiers> hits_before{};
+  // From the manager's counters as they stand: attached to kvtier serve, they are the daemon
+  // pool's, which other processes' requests have moved already.
+  std::array<uint64_t, kNumTiers> hits_before = manager->Stats().hit_blocks;
   uint64_t verify_counter = 0;
 
   const auto start = std::chrono::steady_clock::now();
