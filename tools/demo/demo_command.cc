@@ -25,6 +25,7 @@
 #include "cli/json_writer.h"
 #include "cli/metrics_settings.h"
 #include "cli/progress.h"
+#include "cli/service_env.h"
 #include "core/parallel.h"
 #include "demo/demo_model.h"
 #include "engine/chat_template.h"
@@ -348,6 +349,9 @@ int RunDemo(const CliArgs& args) {
   for (const auto& [k, v] : *metrics) {
     if (Status s = mo.config.Set(k, v); !s.ok()) return UsageError(s);
   }
+  // KVTIER_SERVICE_SOCKET: the reference engine attached to kvtier serve (docs/service.md);
+  // the daemon's settings then size G2 and G3, and a "restart" below restarts only this side.
+  if (Status s = mo.config.LoadEnvironment(ServiceEnvironment()); !s.ok()) return UsageError(s);
   std::unique_ptr<BlockManager> manager;
   std::unique_ptr<Engine> with;
   Progress progress("demo", uint64_t{users} * (turns + 1), "turns");

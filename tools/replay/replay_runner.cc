@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "cli/service_env.h"
 #include "replay/replay_host_g1.h"
 
 namespace kvtier::cli {
@@ -18,15 +19,6 @@ uint64_t Mix(uint64_t x) {
   x ^= x >> 27;
   x *= 0x81dadef4bc2dd44dull;
   return x ^ (x >> 33);
-}
-
-// The KVTIER_SERVICE_* variables of this process's environment ("NAME=value" entries).
-std::vector<std::string> ServiceEnvironment() {
-  std::vector<std::string> out;
-  for (const char* name : {"KVTIER_SERVICE_SOCKET", "KVTIER_SERVICE_INSTANCE"}) {
-    if (const char* v = std::getenv(name); v != nullptr) out.push_back(std::string(name) + "=" + v);
-  }
-  return out;
 }
 
 }  // namespace
