@@ -160,6 +160,20 @@ uint32_t LookupAndLoad(Engine& e, const std::string& id, uint32_t seed, uint32_t
   return loaded;
 }
 
+// A Hello of this test's model and layout sent by hand on `fd`, and the daemon's reply frame.
+Result<service::Frame> RawHello(int fd, service::Role role, const std::string& instance) {
+  service::Hello hello;
+  hello.role = role;
+  hello.instance_name = instance;
+  hello.model_id = "service-test";
+  hello.layout = TestLayout();
+  service::WireWriter w;
+  service::EncodeHello(&w, hello);
+  KVTIER_RETURN_IF_ERROR(
+      service::SendFrame(fd, static_cast<uint16_t>(service::MsgType::kHello), 1, w.data()));
+  return service::RecvFrame(fd, Clock::now() + std::chrono::seconds(5));
+}
+
 // A real `kvtier serve` process.
 class Daemon {
  public:
@@ -398,17 +412,7 @@ TEST(Service, BlockChangedAfterItsCommitIsNeverPersisted) {
     // A rogue (or buggy) engine: a data connection of its own, and the G2 memfd mapped.
     auto fd = service::ConnectUnix(socket);
     ASSERT_TRUE(fd.ok()) << fd.status().ToString();
-    service::Hello hello;
-    hello.role = service::Role::kData;
-    hello.instance_name = "scribbler";
-    hello.model_id = "service-test";
-    hello.layout = TestLayout();
-    service::WireWriter w;
-    service::EncodeHello(&w, hello);
-    ASSERT_TRUE(
-        service::SendFrame(fd->get(), static_cast<uint16_t>(service::MsgType::kHello), 1, w.data())
-            .ok());
-    auto reply = service::RecvFrame(fd->get(), Clock::now() + std::chrono::seconds(5));
+    auto reply = RawHello(fd->get(), service::Role::kData, "scribbler");
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
     service::WireReader r(reply->payload);
     Status status;
@@ -507,18 +511,8 @@ TEST(Service, ClientOfAnotherUidIsRefused) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
     auto fd = service::ConnectUnix(socket);
     if (!fd.ok()) _exit(4);
-    service::Hello hello;
-    hello.instance_name = "intruder";
-    hello.model_id = "service-test";
-    hello.layout = TestLayout();
-    service::WireWriter w;
-    service::EncodeHello(&w, hello);
-    if (!service::SendFrame(fd->get(), static_cast<uint16_t>(service::MsgType::kHello), 1, w.data())
-             .ok()) {
-      _exit(0);  // closed before the Hello was taken: refused
-    }
-    auto reply = service::RecvFrame(fd->get(), Clock::now() + std::chrono::seconds(5));
-    if (!reply.ok()) _exit(0);
+    auto reply = RawHello(fd->get(), service::Role::kCall, "intruder");
+    if (!reply.ok()) _exit(0);  // closed before or after the Hello: refused
     service::WireReader r(reply->payload);
     Status status;
     if (!service::DecodeStatus(&r, &status).ok()) _exit(5);

@@ -79,6 +79,10 @@ def cpu_info() -> Dict[str, Any]:
     return {"model": model, "isa": isa, "cores": os.cpu_count() or 0}
 
 
+def print_cpu(c: Dict[str, Any]) -> None:
+    print(f"cpu: {c['model']} ({c['isa']}, {c['cores']} cores), dtype fp32")
+
+
 def log(msg: str) -> None:
     print(f"bench vllm: {msg}", file=sys.stderr, flush=True)
 
@@ -186,8 +190,7 @@ def bench_instances(args: Any, tmp: Path, requests: List[Dict[str, Any]],
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        c = report["cpu"]
-        print(f"cpu: {c['model']} ({c['isa']}, {c['cores']} cores), dtype fp32")
+        print_cpu(report["cpu"])
         bi.print_report(report)
     return 0
 
@@ -370,8 +373,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        c = report["cpu"]
-        print(f"cpu: {c['model']} ({c['isa']}, {c['cores']} cores), dtype fp32")
+        print_cpu(report["cpu"])
         print(f"workload: {args.users} users x {args.rounds} rounds, {len(requests)} requests, "
               f"working set {working_blocks} blocks, vLLM KV {args.g1_blocks} blocks")
         print(f"{'config':<20}{'TTFT mean':>11}{'p50':>9}{'p90':>9}{'tok/s':>9}  hit tokens")
