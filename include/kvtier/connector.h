@@ -168,8 +168,10 @@ class BlockManager {
   // copies between its G1 and its mapping of the daemon's G2. Every call below keeps its
   // contract, and a daemon that is absent, dies or does not answer makes the calls answer as
   // an empty cache would (Lookup 0 tokens, loads none, Commit Ok), never an error or a hang;
-  // the manager attaches again by itself. Stats() are the daemon's; SubscribeEvents callbacks
-  // are not called (the daemon publishes events.endpoint).
+  // the manager attaches again by itself. Stats() and the events SubscribeEvents hears are the
+  // daemon pool's (every attached engine's blocks), on a thread of the manager's. A daemon
+  // that refuses the engine (a uid it does not allow, no G2 room for the model:
+  // service.max_pools) fails Create with its reason.
   // Otherwise (the default), embedded:
   // Builds the tiers from options.config: the G2 arena (pre-faulted), G3 in g3.dir when
   // g3.enabled (its blocks recovered from a previous run), the index and the transfer engine.
@@ -312,7 +314,9 @@ class BlockManager {
 
   // ---- observability ----
   ManagerStats Stats();
-  // Registers a callback for every store/removal event in every tier.
+  // Registers a callback for every store/removal event in every tier. Attached: the daemon's
+  // events for this model's pool, from the moment its events connection opens (the first
+  // subscriber of a pool also hears the blocks G3 recovered at the daemon's start).
   void SubscribeEvents(KvEventCallback callback);
   const KvLayout& layout() const;
   // True in attached mode.

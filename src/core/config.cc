@@ -300,6 +300,15 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        1,
        600000,
        {}},
+      {"service.max_pools",
+       T::kUint,
+       "1",
+       "the daemon: G2 pools it holds at once (one per model and layout; a tensor-parallel "
+       "engine has one per rank); g2.capacity_bytes is the daemon's whole G2, split evenly "
+       "among them, and a pool no engine uses gives its share to a new one",
+       1,
+       64,
+       {}},
       {"service.allowed_gids",
        T::kString,
        "",

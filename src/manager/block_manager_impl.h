@@ -88,6 +88,7 @@ class BlockManager::Impl {
   // The G2 arena. kvtier serve makes it shared (Create's shared_g2: a memfd that attached
   // engines map; HostArena::Config::shared) and hands out its descriptor.
   const HostArena* g2_arena() const { return g2_.get(); }
+  bool g3_enabled() const { return g3_ != nullptr; }
 
   // `instance`: the engine the request belongs to (see kAllInstances); set by the Lookup that
   // makes the request's entry.

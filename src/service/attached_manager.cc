@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/log.h"
+#include "service/handshake.h"
 #include "transfer/block_copy.h"
 
 namespace kvtier::service {
@@ -41,7 +42,14 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
   }
   {
     std::lock_guard attach(m->attach_mu_);
-    Status s = m->AttachLocked();
+    bool refused = false;
+    Status s = m->AttachLocked(&refused);
+    if (refused) {
+      // The daemon is there and said no (a peer it does not allow, no room for this model):
+      // a setting to change, not a fault to ride out.
+      return Status(s.code(), "kvtier serve at " + m->socket_path_ + " refused this engine: " +
+                                  s.message());
+    }
     if (!s.ok()) {
       KVTIER_LOG(kWarn) << "kvtier: cannot attach to kvtier serve at " << m->socket_path_ << ": "
                         << s.message() << "; every lookup is a miss until it can (retried every "
@@ -53,6 +61,13 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
 
 AttachedManager::~AttachedManager() {
   {
+    std::lock_guard lock(events_mu_);
+    events_stop_ = true;
+    if (events_fd_ >= 0) ::shutdown(events_fd_, SHUT_RDWR);
+  }
+  events_cv_.notify_all();
+  if (events_thread_.joinable()) events_thread_.join();
+  {
     std::lock_guard lock(mu_);
     attached_ = false;
     idle_.clear();
@@ -62,31 +77,27 @@ AttachedManager::~AttachedManager() {
   device_.reset();
 }
 
-Status AttachedManager::AttachLocked() {
+Hello AttachedManager::MakeHello(Role role) const {
+  Hello hello;
+  hello.role = role;
+  hello.instance_name = instance_name_;
+  hello.model_id = options_.model_id;
+  hello.layout = options_.layout;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  return hello;
+}
+
+Status AttachedManager::AttachLocked(bool* refused) {
   {
     std::lock_guard lock(mu_);
     last_attempt_ = Clock::now();
     if (attached_) return Status::Ok();
   }
-  KVTIER_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path_));
-  Hello hello;
-  hello.role = Role::kCall;
-  hello.instance_name = instance_name_;
-  hello.model_id = options_.model_id;
-  hello.layout = options_.layout;
-  hello.pid = static_cast<uint32_t>(::getpid());
-  WireWriter w;
-  EncodeHello(&w, hello);
-  const auto deadline = Clock::now() + call_timeout_;
-  KVTIER_RETURN_IF_ERROR(
-      SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), ++seq_, w.data(), -1, deadline));
-  KVTIER_ASSIGN_OR_RETURN(Frame reply, RecvFrame(fd.get(), deadline));
-  WireReader r(reply.payload);
-  Status status;
-  KVTIER_RETURN_IF_ERROR(DecodeStatus(&r, &status));
-  KVTIER_RETURN_IF_ERROR(status);
-  HelloReply hr;
-  KVTIER_RETURN_IF_ERROR(DecodeHelloReply(&r, &hr));
+  Result<Handshake> opened = OpenConnection(socket_path_, MakeHello(Role::kCall), ++seq_,
+                                            Clock::now() + call_timeout_, refused);
+  if (!opened.ok()) return opened.status();
+  UniqueFd fd = std::move(opened->fd);
+  const HelloReply& hr = opened->reply;
   {
     std::lock_guard lock(mu_);
     epoch_ = hr.epoch;
@@ -121,26 +132,12 @@ Status AttachedManager::OpenDataLocked() {
   device_.reset();
   arena_.reset();
 
-  KVTIER_ASSIGN_OR_RETURN(UniqueFd fd, ConnectUnix(socket_path_));
-  Hello hello;
-  hello.role = Role::kData;
-  hello.instance_name = instance_name_;
-  hello.model_id = options_.model_id;
-  hello.layout = options_.layout;
-  hello.pid = static_cast<uint32_t>(::getpid());
-  WireWriter w;
-  EncodeHello(&w, hello);
   const auto deadline = Clock::now() + call_timeout_;
-  KVTIER_RETURN_IF_ERROR(
-      SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), ++seq_, w.data(), -1, deadline));
-  KVTIER_ASSIGN_OR_RETURN(Frame reply, RecvFrame(fd.get(), deadline));
-  WireReader r(reply.payload);
-  Status status;
-  KVTIER_RETURN_IF_ERROR(DecodeStatus(&r, &status));
-  KVTIER_RETURN_IF_ERROR(status);
-  HelloReply hr;
-  KVTIER_RETURN_IF_ERROR(DecodeHelloReply(&r, &hr));
-  if (!reply.fd) {
+  KVTIER_ASSIGN_OR_RETURN(Handshake opened,
+                          OpenConnection(socket_path_, MakeHello(Role::kData), ++seq_, deadline));
+  UniqueFd fd = std::move(opened.fd);
+  const HelloReply& hr = opened.reply;
+  if (!opened.passed) {
     return Status::InvalidArgument("kvtier serve sent no G2 descriptor with its data Hello reply");
   }
   HostArena::Config ac;
@@ -148,7 +145,7 @@ Status AttachedManager::OpenDataLocked() {
   ac.slot_bytes = hr.g2_slot_bytes;
   ac.hugepages = options_.config.GetBool("g2.hugepages");
   ac.lock_memory = options_.config.GetBool("g2.lock_memory");
-  KVTIER_ASSIGN_OR_RETURN(arena_, HostArena::Attach(reply.fd.get(), ac));
+  KVTIER_ASSIGN_OR_RETURN(arena_, HostArena::Attach(opened.passed.get(), ac));
   if (g1_->on_device) {
     Result<std::unique_ptr<DeviceCopyBackend>> backend =
         device_factory_ ? device_factory_(DeviceCopyBackend::Config{})
@@ -174,6 +171,7 @@ Status AttachedManager::OpenDataLocked() {
                                    reg.data(), -1, deadline));
   KVTIER_ASSIGN_OR_RETURN(Frame reg_reply, RecvFrame(call.get(), deadline));
   WireReader rr(reg_reply.payload);
+  Status status;
   KVTIER_RETURN_IF_ERROR(DecodeStatus(&rr, &status));
   KVTIER_RETURN_IF_ERROR(status);
   {
@@ -242,32 +240,11 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
   }();
   if (!fd) {
     // One more call connection for this call in flight.
-    Result<UniqueFd> c = ConnectUnix(socket_path_);
-    Status s = c.status();
-    if (s.ok()) {
-      fd = std::move(*c);
-      Hello hello;
-      hello.instance_name = instance_name_;
-      hello.model_id = options_.model_id;
-      hello.layout = options_.layout;
-      hello.pid = static_cast<uint32_t>(::getpid());
-      WireWriter w;
-      EncodeHello(&w, hello);
-      const auto deadline = Clock::now() + call_timeout_;
-      s = SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), ++seq_, w.data(), -1,
-                    deadline);
-      Result<Frame> reply = s.ok() ? RecvFrame(fd.get(), deadline) : Result<Frame>(s);
-      s = reply.status();
-      if (s.ok()) {
-        WireReader r(reply->payload);
-        Status st;
-        HelloReply hr;
-        s = DecodeStatus(&r, &st);
-        if (s.ok()) s = st;
-        if (s.ok()) s = DecodeHelloReply(&r, &hr);
-        if (s.ok() && hr.epoch != epoch) s = Status::Unavailable("kvtier serve restarted");
-      }
-    }
+    Result<Handshake> opened = OpenConnection(socket_path_, MakeHello(Role::kCall), ++seq_,
+                                              Clock::now() + call_timeout_);
+    Status s = opened.status();
+    if (s.ok() && opened->reply.epoch != epoch) s = Status::Unavailable("kvtier serve restarted");
+    if (s.ok()) fd = std::move(opened->fd);
     if (!s.ok()) {
       Detach(s.message());
       std::lock_guard lock(mu_);
@@ -685,10 +662,77 @@ ManagerStats AttachedManager::Stats() {
 }
 
 void AttachedManager::SubscribeEvents(KvEventCallback callback) {
-  KVTIER_LOG(kWarn) << "kvtier: attached to kvtier serve: KV events come from the daemon's "
-                       "events.endpoint; a SubscribeEvents callback is not called";
-  std::lock_guard lock(mu_);
-  callbacks_.push_back(std::move(callback));
+  {
+    std::lock_guard lock(mu_);
+    callbacks_.push_back(std::move(callback));
+  }
+  std::lock_guard lock(events_mu_);
+  if (!events_thread_.joinable() && !events_stop_) {
+    events_thread_ = std::thread([this] { EventsLoop(); });
+  }
+}
+
+void AttachedManager::EventsLoop() {
+  bool warned = false;
+  for (;;) {
+    {
+      std::lock_guard lock(events_mu_);
+      if (events_stop_) return;
+    }
+    Result<Handshake> opened = OpenConnection(socket_path_, MakeHello(Role::kEvents), ++seq_,
+                                              Clock::now() + call_timeout_);
+    if (opened.ok()) {
+      std::unique_lock lock(events_mu_);
+      if (events_stop_) return;
+      events_fd_ = opened->fd.get();
+    }
+    if (opened.ok()) {
+      warned = false;
+      {
+        std::lock_guard lock(mu_);
+        stats_.events_connects++;
+      }
+      const int fd = opened->fd.get();
+      for (;;) {
+        Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
+        if (!frame.ok()) break;
+        EventsFrame ev;
+        WireReader r(frame->payload);
+        Status decoded = frame->header.type == static_cast<uint16_t>(MsgType::kEvents)
+                             ? DecodeEvents(&r, &ev)
+                             : Status::InvalidArgument(
+                                   std::string("an events connection carries Events, not ") +
+                                   MsgTypeName(frame->header.type));
+        if (!decoded.ok()) {
+          KVTIER_LOG(kWarn) << "kvtier: events from kvtier serve at " << socket_path_ << ": "
+                            << decoded.message() << "; connecting again";
+          break;
+        }
+        std::vector<KvEventCallback> callbacks;
+        {
+          std::lock_guard lock(mu_);
+          callbacks = callbacks_;
+          stats_.events += ev.events.size();
+          stats_.events_dropped += ev.dropped;
+        }
+        if (ev.dropped != 0) {
+          KVTIER_LOG(kWarn) << "kvtier: kvtier serve dropped " << ev.dropped
+                            << " KV events for this engine (its callbacks did not keep up)";
+        }
+        for (const auto& cb : callbacks) cb(ev.events);
+      }
+      std::lock_guard lock(events_mu_);
+      events_fd_ = -1;
+    } else if (!warned) {
+      KVTIER_LOG(kDebug) << "kvtier: events from kvtier serve at " << socket_path_ << ": "
+                         << opened.status().message() << "; retried every "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(reattach_).count()
+                         << " ms";
+      warned = true;
+    }
+    std::unique_lock lock(events_mu_);
+    events_cv_.wait_for(lock, reattach_, [&] { return events_stop_; });
+  }
 }
 
 AttachedManager::ClientStats AttachedManager::client_stats() {

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -43,7 +44,8 @@ class AttachedManager {
       std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>;
 
   // Reads service.* from options.config and tries to attach once. A daemon that is not there
-  // is no error (a warning; calls are misses until it is). InvalidArgument for a bad layout,
+  // is no error (a warning; calls are misses until it is); a daemon that refuses this engine
+  // (another uid, no G2 room for its model: service.max_pools) is its error, with the reason. InvalidArgument for a bad layout,
   // an empty model id or an empty service.socket. `device_backend`: as the in-process
   // manager's seam (null = the CUDA backend), for a device G1.
   static Result<std::unique_ptr<AttachedManager>> Create(const ManagerOptions& options,
@@ -69,7 +71,10 @@ class AttachedManager {
   FinishedRequests Finished();
   // The daemon's pool's counters (all of zero while detached).
   ManagerStats Stats();
-  // Events come from kvtier serve's events.endpoint; a callback here is kept but not called.
+  // The daemon pool's events (every engine's blocks in the shared G2, G3 and G4), as the
+  // in-process manager's: on this manager's events thread, over an events connection opened
+  // on the first call and opened again after the daemon comes back (events made while it was
+  // away, or dropped because a callback did not keep up, are counted in client_stats()).
   void SubscribeEvents(KvEventCallback callback);
   const KvLayout& layout() const { return options_.layout; }
 
@@ -81,6 +86,9 @@ class AttachedManager {
     uint64_t failed_calls = 0;  // calls answered as misses because the daemon was gone
     uint64_t copy_batches = 0;  // kCopy batches run
     uint64_t late_batches = 0;  // batches (or loads' layers) refused past their lease
+    uint64_t events = 0;          // events handed to SubscribeEvents callbacks
+    uint64_t events_dropped = 0;  // events the daemon dropped for this subscriber
+    uint64_t events_connects = 0;
   };
   ClientStats client_stats();
 
@@ -91,7 +99,9 @@ class AttachedManager {
   // Attaches when detached and the last attempt is old enough. True when attached.
   bool EnsureAttached();
   // REQUIRES: attach_mu_ held. Connects the call side (and the data side, with a G1).
-  Status AttachLocked();
+  // `refused`: set when the daemon answered the Hello with an error (see OpenConnection).
+  Status AttachLocked(bool* refused = nullptr);
+  Hello MakeHello(Role role) const;
   Status OpenDataLocked();
   // The daemon went away (or stopped answering): miss mode, see the header.
   void Detach(const std::string& why);
@@ -105,6 +115,7 @@ class AttachedManager {
   void DataLoop(int fd);
   void RunCopy(int fd, const CopyCall& call);
   Status SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer, const Status& status);
+  void EventsLoop();
 
   const ManagerOptions options_;
   std::string socket_path_;
@@ -131,6 +142,13 @@ class AttachedManager {
   uint64_t stats_epoch_ = 0;
   std::optional<G1Memory> g1_;
   std::vector<KvEventCallback> callbacks_;
+
+  // Events: one connection, read by events_thread_ (started by the first SubscribeEvents).
+  std::mutex events_mu_;
+  std::condition_variable events_cv_;
+  bool events_stop_ = false;
+  int events_fd_ = -1;  // the open events connection (shut down to stop the thread)
+  std::thread events_thread_;
 
   // Data plane.
   std::mutex copy_mu_;  // held while a layer or block is copied; see the header

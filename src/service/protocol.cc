@@ -44,6 +44,8 @@ const char* MsgTypeName(uint16_t type) {
       return "CopyLayer";
     case MsgType::kCopyDone:
       return "CopyDone";
+    case MsgType::kEvents:
+      return "Events";
   }
   return "unknown";
 }
@@ -196,9 +198,9 @@ void EncodeHello(WireWriter* w, const Hello& m) {
 Status DecodeHello(WireReader* r, Hello* m) {
   uint8_t role = 0;
   KVTIER_RETURN_IF_ERROR(r->U8("hello.role", &role));
-  if (role > static_cast<uint8_t>(Role::kLookup)) {
+  if (role > static_cast<uint8_t>(Role::kEvents)) {
     return Status::InvalidArgument("service protocol: hello.role " + std::to_string(role) +
-                                   " is none of call (0), data (1) and lookup (2)");
+                                   " is none of call (0), data (1), lookup (2) and events (3)");
   }
   m->role = static_cast<Role>(role);
   KVTIER_RETURN_IF_ERROR(r->String("hello.instance_name", kMaxNameBytes, &m->instance_name));
@@ -353,6 +355,75 @@ Status DecodeCopy(WireReader* r, CopyCall* m) {
   for (auto& [block, offset] : m->copies) {
     KVTIER_RETURN_IF_ERROR(r->U32("copy.g1_block", &block));
     KVTIER_RETURN_IF_ERROR(r->U64("copy.offset", &offset));
+  }
+  return r->Done();
+}
+
+void EncodeEvents(WireWriter* w, uint64_t dropped, std::span<const KvEvent> events) {
+  w->U64(dropped);
+  w->U32(static_cast<uint32_t>(events.size()));
+  for (const KvEvent& e : events) {
+    w->U8(static_cast<uint8_t>(e.kind));
+    w->U64(e.key.hi);
+    w->U64(e.key.lo);
+    w->U64(e.parent.hi);
+    w->U64(e.parent.lo);
+    w->U8(e.tier);
+    w->U64(e.time_ns);
+    w->U32(e.block_size);
+    w->U8(e.parent_is_root ? 1 : 0);
+    EncodeTokens(w, e.token_ids);
+    w->String(e.lora_name);
+    w->String(e.cache_salt);
+    w->U8(e.namespace_known ? 1 : 0);
+  }
+}
+
+Status DecodeEvents(WireReader* r, EventsFrame* m) {
+  KVTIER_RETURN_IF_ERROR(r->U64("events.dropped", &m->dropped));
+  uint32_t n = 0;
+  // Each event takes at least 60 bytes on the wire (its fixed fields and three empty lists).
+  KVTIER_RETURN_IF_ERROR(r->Count("events.count", kMaxEventsPerFrame, 60, &n));
+  m->events.resize(n);
+  for (KvEvent& e : m->events) {
+    uint8_t kind = 0, tier = 0, root = 0, known = 0;
+    KVTIER_RETURN_IF_ERROR(r->U8("event.kind", &kind));
+    if (kind > static_cast<uint8_t>(KvEvent::Kind::kRemoved)) {
+      return Status::InvalidArgument("service protocol: event.kind " + std::to_string(kind) +
+                                     " is neither stored (0) nor removed (1)");
+    }
+    e.kind = static_cast<KvEvent::Kind>(kind);
+    KVTIER_RETURN_IF_ERROR(r->U64("event.key", &e.key.hi));
+    KVTIER_RETURN_IF_ERROR(r->U64("event.key", &e.key.lo));
+    KVTIER_RETURN_IF_ERROR(r->U64("event.parent", &e.parent.hi));
+    KVTIER_RETURN_IF_ERROR(r->U64("event.parent", &e.parent.lo));
+    KVTIER_RETURN_IF_ERROR(r->U8("event.tier", &tier));
+    if (tier >= kNumTiers) {
+      return Status::InvalidArgument("service protocol: event.tier " + std::to_string(tier) +
+                                     " names no tier (0 to " + std::to_string(kNumTiers - 1) +
+                                     ")");
+    }
+    e.tier = tier;
+    KVTIER_RETURN_IF_ERROR(r->U64("event.time_ns", &e.time_ns));
+    KVTIER_RETURN_IF_ERROR(r->U32("event.block_size", &e.block_size));
+    if (e.block_size > kMaxBlockTokens) {
+      return Status::InvalidArgument("service protocol: event.block_size " +
+                                     std::to_string(e.block_size) + " is over " +
+                                     std::to_string(kMaxBlockTokens));
+    }
+    KVTIER_RETURN_IF_ERROR(r->U8("event.parent_is_root", &root));
+    e.parent_is_root = root != 0;
+    KVTIER_RETURN_IF_ERROR(r->U32Array("event.token_ids", kMaxBlockTokens, &e.token_ids));
+    if (e.token_ids.size() > e.block_size) {
+      return Status::InvalidArgument("service protocol: event.token_ids holds " +
+                                     std::to_string(e.token_ids.size()) +
+                                     " tokens, more than its block_size " +
+                                     std::to_string(e.block_size));
+    }
+    KVTIER_RETURN_IF_ERROR(r->String("event.lora_name", kMaxIdBytes, &e.lora_name));
+    KVTIER_RETURN_IF_ERROR(r->String("event.cache_salt", kMaxIdBytes, &e.cache_salt));
+    KVTIER_RETURN_IF_ERROR(r->U8("event.namespace_known", &known));
+    e.namespace_known = known != 0;
   }
   return r->Done();
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvtier/connector.h"
+#include "kvtier/events.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 #include "service/wire.h"
@@ -43,6 +44,7 @@ enum class MsgType : uint16_t {
   kCopy = 40,       // daemon -> engine, data connection
   kCopyLayer = 41,  // engine -> daemon
   kCopyDone = 42,   // engine -> daemon
+  kEvents = 50,     // daemon -> engine, events connection
 };
 // "Lookup", "Copy", ...; "unknown" for a value that names no type.
 const char* MsgTypeName(uint16_t type);
@@ -54,6 +56,8 @@ inline constexpr uint32_t kMaxPromptTokens = 4u << 20;  // 4 Mi tokens
 inline constexpr uint32_t kMaxBlockIds = 1u << 20;
 inline constexpr uint32_t kMaxMessageBytes = 64u << 10;  // an error's text
 inline constexpr uint32_t kMaxCopies = 1u << 20;
+inline constexpr uint32_t kMaxEventsPerFrame = 1u << 16;
+inline constexpr uint32_t kMaxBlockTokens = 1u << 20;  // an event's block_size and token_ids
 // G1 block ids an attached engine may use: the daemon keeps the instance in the top 8 bits.
 inline constexpr uint32_t kInstanceShift = 24;
 inline constexpr uint32_t kMaxInstances = 255;
@@ -61,7 +65,9 @@ inline constexpr uint32_t kMaxG1Blocks = 1u << kInstanceShift;
 
 // kLookup: an engine's scheduler process (no G1), joining an attached instance by name to ask
 // Lookup only (include/kvtier/service_lookup.h); its Hello carries no layout.
-enum class Role : uint8_t { kCall = 0, kData = 1, kLookup = 2 };
+// kEvents: the pool's KV events (BlockManager::SubscribeEvents), pushed by the daemon as kEvents
+// frames; the connection joins no instance (it never holds one up) and carries nothing back.
+enum class Role : uint8_t { kCall = 0, kData = 1, kLookup = 2, kEvents = 3 };
 
 struct Hello {
   Role role = Role::kCall;
@@ -142,6 +148,15 @@ struct CopyCall {
 };
 void EncodeCopy(WireWriter* w, const CopyCall& m);
 Status DecodeCopy(WireReader* r, CopyCall* m);
+// kEvents: the pool's events in the order they were made. `dropped`: events this connection lost
+// since its previous frame (its queue was full: a subscriber that does not keep up).
+struct EventsFrame {
+  uint64_t dropped = 0;
+  std::vector<KvEvent> events;
+};
+void EncodeEvents(WireWriter* w, uint64_t dropped, std::span<const KvEvent> events);
+Status DecodeEvents(WireReader* r, EventsFrame* m);
+
 struct CopyReport {
   uint64_t batch = 0;
   uint32_t layer = 0;  // kCopyLayer

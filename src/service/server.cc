@@ -3,82 +3,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <list>
-#include <map>
-#include <mutex>
 #include <random>
-#include <thread>
 
 #include "core/log.h"
-#include "core/unique_fd.h"
-#include "manager/block_manager_impl.h"
-#include "service/protocol.h"
-#include "service/remote_g1_backend.h"
-#include "service/unix_socket.h"
+#include "service/server_state.h"
 
 namespace kvtier::service {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-struct Pool {
-  std::string key;
-  std::unique_ptr<BlockManager::Impl> impl;
-  RemoteG1Backend* backend = nullptr;  // owned by impl's transfer engine
-  uint64_t g2_capacity = 0;
-  uint64_t g2_slot_bytes = 0;
-  int memfd = -1;  // owned by impl's arena
-};
-
-struct Conn {
-  UniqueFd fd;
-  Role role = Role::kCall;
-  uint32_t instance = 0;
-  uint64_t instance_serial = 0;  // lookup connections: the Instance they joined (ids are reused)
-  std::thread reader;
-  std::thread writer;  // data connections
-  std::atomic<bool> done{false};
-  std::mutex out_mu;
-  std::condition_variable out_cv;
-  std::deque<std::vector<uint8_t>> out;  // kCopy payloads to send
-  bool closing = false;
-};
-
-struct Instance {
-  uint32_t id = 0;
-  uint64_t serial = 0;  // unique per daemon run (an id is reused once its requests are gone)
-  std::string name;
-  Pool* pool = nullptr;
-  int connections = 0;
-  std::shared_ptr<Conn> data;
-  uint32_t g1_blocks = kMaxG1Blocks;  // RegisterG1's count bounds the block ids it may name
-};
-
-std::string PoolKey(const std::string& model_id, const KvLayout& layout) {
-  char fp[17];
-  std::snprintf(fp, sizeof(fp), "%016llx", static_cast<unsigned long long>(layout.Fingerprint()));
-  std::string safe;
-  for (char c : model_id)
-    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '_';
-  return (safe.empty() ? std::string("model") : safe.substr(0, 64)) + "-" + fp;
-}
-
-std::string Rid(uint32_t instance, const std::string& id) {
-  return std::to_string(instance) + "/" + id;
-}
-
-// Strips "N/" from the ids of `instance`.
-std::vector<std::string> StripRids(uint32_t instance, std::vector<std::string> ids) {
-  const std::string prefix = std::to_string(instance) + "/";
-  for (std::string& id : ids) {
-    if (id.compare(0, prefix.size(), prefix) == 0) id.erase(0, prefix.size());
-  }
-  return ids;
-}
 
 Result<std::vector<gid_t>> ParseGids(const std::string& text) {
   std::vector<gid_t> gids;
@@ -101,42 +33,6 @@ Result<std::vector<gid_t>> ParseGids(const std::string& text) {
 
 }  // namespace
 
-class Server::State {
- public:
-  ServeOptions options;
-  std::string socket_path;
-  std::vector<gid_t> allowed_gids;
-  std::chrono::milliseconds lease{5000};
-  uint64_t epoch = 0;
-  UniqueFd listen_fd;
-  std::thread acceptor;
-  std::atomic<bool> stopping{false};
-
-  std::mutex pool_create_mu;  // held while a pool is made
-  mutable std::mutex mu;
-  std::map<std::string, std::unique_ptr<Pool>> pools;       // by PoolKey
-  std::map<uint32_t, std::unique_ptr<Instance>> instances;  // live, by id
-  std::map<std::string, uint32_t> by_name;
-  std::map<uint32_t, Pool*> ended;  // ended ids whose requests may still be tracked
-  uint64_t next_serial = 0;
-  std::list<std::shared_ptr<Conn>> conns;
-  ServerStats stats;
-
-  void AcceptLoop();
-  void Serve(const std::shared_ptr<Conn>& conn);
-  void WriterLoop(const std::shared_ptr<Conn>& conn);
-  Result<Pool*> GetPool(const Hello& hello);
-  Result<Instance*> JoinInstance(const Hello& hello, Pool* pool);  // REQUIRES: mu held
-  // Role::kLookup: the live instance named in the Hello; NotFound when there is none.
-  Result<Pool*> JoinLookup(Conn* conn, const Hello& hello);
-  // A lookup connection's instance, when it is still the live one it joined.
-  Pool* LookupPool(const Conn& conn);  // REQUIRES: mu held
-  void LeaveInstance(const std::shared_ptr<Conn>& conn);
-  Status SendCopy(uint32_t instance, const CopyCall& call);
-  Status HandleCall(uint32_t instance, Pool* pool, const Frame& frame, WireWriter* out);
-  void ReapDone();
-};
-
 Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options) {
   auto state = std::make_unique<State>();
   state->options = options;
@@ -149,13 +45,16 @@ Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options) {
   KVTIER_ASSIGN_OR_RETURN(state->allowed_gids,
                           ParseGids(options.config.GetString("service.allowed_gids")));
   state->lease = std::chrono::milliseconds(options.config.GetUint("service.lease_ms"));
+  state->max_pools = static_cast<uint32_t>(options.config.GetUint("service.max_pools"));
+  state->g2_total = options.config.GetBytes("g2.capacity_bytes");
   std::random_device rd;
   state->epoch = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
   KVTIER_ASSIGN_OR_RETURN(state->listen_fd, ListenUnix(state->socket_path));
   State* s = state.get();
   state->acceptor = std::thread([s] { s->AcceptLoop(); });
   KVTIER_LOG(kInfo) << "kvtier serve: listening on " << state->socket_path << " (lease "
-                    << state->lease.count() << " ms)";
+                    << state->lease.count() << " ms, G2 " << (state->g2_total >> 20) << " MiB for "
+                    << state->max_pools << (state->max_pools == 1 ? " pool" : " pools") << ")";
   return std::unique_ptr<Server>(new Server(std::move(state)));
 }
 
@@ -165,7 +64,7 @@ Server::~Server() {
   Stop();
   // Pools last: their managers finish their transfers (every engine is gone, so copies fail
   // at once) and G3 writes its snapshot.
-  std::map<std::string, std::unique_ptr<Pool>> pools;
+  std::map<std::string, std::shared_ptr<Pool>> pools;
   {
     std::lock_guard lock(state_->mu);
     pools.swap(state_->pools);
@@ -208,6 +107,8 @@ ServerStats Server::Stats() const {
     RemoteG1Backend::Stats b = pool->backend->stats();
     out.lease_expired += b.lease_expired;
     out.copy_batches += b.batches;
+    std::lock_guard sub(pool->sub_mu);
+    out.event_subscribers += pool->subscribers.size();
   }
   return out;
 }
@@ -253,180 +154,6 @@ void Server::State::AcceptLoop() {
   }
 }
 
-Result<Pool*> Server::State::GetPool(const Hello& hello) {
-  const std::string key = PoolKey(hello.model_id, hello.layout);
-  {
-    std::lock_guard lock(mu);
-    auto it = pools.find(key);
-    if (it != pools.end()) return it->second.get();
-  }
-  // Made outside mu (pre-faulting G2 and recovering G3 take a while), one at a time (two
-  // Hellos racing for one new pool must not both open its G3).
-  std::lock_guard creating(pool_create_mu);
-  {
-    std::lock_guard lock(mu);
-    auto it = pools.find(key);
-    if (it != pools.end()) return it->second.get();
-  }
-  auto pool = std::make_unique<Pool>();
-  pool->key = key;
-  ManagerOptions mo;
-  mo.layout = hello.layout;
-  mo.model_id = hello.model_id;
-  mo.config = options.config;
-  if (mo.config.GetBool("g3.enabled")) {
-    const std::string dir = mo.config.GetString("g3.dir") + "/" + key;
-    KVTIER_RETURN_IF_ERROR(mo.config.Set(
-        "g3.dir", dir,
-        mo.config.IsSet("g3.dir") ? ConfigSource::kOverride : ConfigSource::kDefault));
-  }
-  bool first;
-  {
-    std::lock_guard lock(mu);
-    first = pools.empty();
-  }
-  if (!first && !mo.config.GetString("events.endpoint").empty()) {
-    KVTIER_LOG(kWarn) << "kvtier serve: events.endpoint serves the first model only; pool " << key
-                      << " publishes no events";
-    KVTIER_RETURN_IF_ERROR(mo.config.Set("events.endpoint", ""));
-  }
-  Pool* raw = pool.get();
-  const uint32_t num_layers = hello.layout.num_layers;
-  auto factory =
-      [this, raw,
-       num_layers](const DeviceCopyBackend::Config&) -> Result<std::unique_ptr<DeviceCopyBackend>> {
-    auto backend = std::make_unique<RemoteG1Backend>(
-        [this](uint32_t instance, const CopyCall& call) { return SendCopy(instance, call); }, lease,
-        num_layers);
-    raw->backend = backend.get();
-    return std::unique_ptr<DeviceCopyBackend>(std::move(backend));
-  };
-  KVTIER_ASSIGN_OR_RETURN(pool->impl,
-                          BlockManager::Impl::Create(mo, {}, nullptr, factory, /*shared_g2=*/true));
-  G1Memory g1;
-  g1.layout = hello.layout;
-  g1.num_blocks = UINT32_MAX;
-  g1.on_device = true;
-  const bool contiguous = hello.layout.g1_arrangement == G1Arrangement::kBlockContiguous;
-  const size_t regions = contiguous ? 1 : size_t{hello.layout.num_layers} * hello.layout.num_planes;
-  // Never dereferenced: the engines' own G1s stand behind these ids.
-  g1.regions.assign(regions,
-                    G1Region{reinterpret_cast<uint8_t*>(uintptr_t{1} << 44),
-                             contiguous ? hello.layout.BlockBytes() : hello.layout.ChunkBytes()});
-  KVTIER_RETURN_IF_ERROR(pool->impl->RegisterDeviceMemory(g1));
-  const HostArena* arena = pool->impl->g2_arena();
-  pool->memfd = arena->shared_fd();
-  pool->g2_capacity = mo.config.GetBytes("g2.capacity_bytes");
-  pool->g2_slot_bytes = arena->slot_bytes();
-  std::lock_guard lock(mu);
-  auto [it, inserted] = pools.emplace(key, std::move(pool));
-  if (inserted) {
-    KVTIER_LOG(kInfo) << "kvtier serve: pool " << key << " (" << hello.layout.ToString() << ", "
-                      << arena->num_slots() << " G2 slots)";
-  }
-  return it->second.get();
-}
-
-Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool) {
-  auto named = by_name.find(hello.instance_name);
-  if (named != by_name.end()) {
-    Instance* inst = instances.at(named->second).get();
-    if (inst->pool != pool) {
-      return Status::InvalidArgument("instance '" + hello.instance_name +
-                                     "' is attached with another model or layout (" +
-                                     inst->pool->key + "); give each engine its own name");
-    }
-    ++inst->connections;
-    return inst;
-  }
-  // The lowest number neither live nor still holding requests from its last life.
-  for (uint32_t id = 1; id <= kMaxInstances; ++id) {
-    if (instances.count(id) != 0) continue;
-    auto old = ended.find(id);
-    if (old != ended.end()) {
-      if (old->second->impl->InstanceRequests(id) != 0) continue;
-      old->second->impl->AdoptInstance(id);
-      ended.erase(old);
-    }
-    auto inst = std::make_unique<Instance>();
-    inst->id = id;
-    inst->serial = ++next_serial;
-    inst->name = hello.instance_name;
-    inst->pool = pool;
-    inst->connections = 1;
-    Instance* raw = inst.get();
-    instances[id] = std::move(inst);
-    by_name[hello.instance_name] = id;
-    return raw;
-  }
-  return Status::ResourceExhausted("kvtier serve has " + std::to_string(kMaxInstances) +
-                                   " engine instances attached; no more can attach");
-}
-
-Result<Pool*> Server::State::JoinLookup(Conn* conn, const Hello& hello) {
-  // A scheduler process joins an engine instance that is attached already, by its name.
-  std::lock_guard lock(mu);
-  auto named = by_name.find(hello.instance_name);
-  if (named == by_name.end()) {
-    return Status::NotFound("no engine instance named '" + hello.instance_name +
-                            "' is attached to this kvtier serve; a lookup connection joins an "
-                            "attached engine's instance (the engine attaches first)");
-  }
-  const Instance& joined = *instances.at(named->second);
-  conn->instance = joined.id;
-  conn->instance_serial = joined.serial;
-  conn->role = Role::kLookup;
-  return joined.pool;
-}
-
-Pool* Server::State::LookupPool(const Conn& conn) {
-  auto it = instances.find(conn.instance);
-  if (it == instances.end() || it->second->serial != conn.instance_serial) return nullptr;
-  return it->second->pool;
-}
-
-void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
-  // A lookup connection never holds its instance up: the engine's own connections do.
-  if (conn->role == Role::kLookup) return;
-  Pool* pool = nullptr;
-  bool last = false;
-  {
-    std::lock_guard lock(mu);
-    auto it = instances.find(conn->instance);
-    if (it == instances.end()) return;
-    Instance* inst = it->second.get();
-    if (inst->data == conn) inst->data.reset();
-    if (--inst->connections == 0) {
-      last = true;
-      pool = inst->pool;
-      by_name.erase(inst->name);
-      instances.erase(it);
-      ended[conn->instance] = pool;
-      ++stats.instances_ended;
-    }
-  }
-  if (conn->role == Role::kData || last) {
-    // Outside mu: failing batches runs the manager's callbacks, which may send copies.
-    Pool* p = pool;
-    if (p == nullptr) {
-      std::lock_guard lock(mu);
-      auto e = ended.find(conn->instance);
-      if (e != ended.end()) p = e->second;
-      auto i = instances.find(conn->instance);
-      if (i != instances.end()) p = i->second->pool;
-    }
-    if (p != nullptr) {
-      p->backend->FailInstance(conn->instance,
-                               Status::Unavailable("the engine's data connection closed"));
-    }
-  }
-  if (last) {
-    size_t n = pool->impl->ForgetInstance(conn->instance);
-    KVTIER_LOG(kInfo) << "kvtier serve: instance " << conn->instance << " ended (" << n
-                      << " requests finished)";
-  }
-}
-
 Status Server::State::SendCopy(uint32_t instance, const CopyCall& call) {
   std::shared_ptr<Conn> data;
   {
@@ -460,12 +187,14 @@ void Server::State::WriterLoop(const std::shared_ptr<Conn>& conn) {
       payload = std::move(conn->out.front());
       conn->out.pop_front();
     }
-    Status sent = SendFrame(conn->fd.get(), static_cast<uint16_t>(MsgType::kCopy), ++seq, payload,
-                            -1, Clock::now() + lease);
+    const MsgType type = conn->role == Role::kEvents ? MsgType::kEvents : MsgType::kCopy;
+    Status sent = SendFrame(conn->fd.get(), static_cast<uint16_t>(type), ++seq, payload, -1,
+                            Clock::now() + lease);
     if (!sent.ok()) {
       // A stuck or dead engine: end the connection; its reader fails what it held.
       KVTIER_LOG(kWarn) << "kvtier serve: instance " << conn->instance
-                        << " data connection: " << sent.ToString();
+                        << (conn->role == Role::kEvents ? " events" : " data")
+                        << " connection: " << sent.ToString();
       ::shutdown(conn->fd.get(), SHUT_RDWR);
       return;
     }
@@ -512,16 +241,18 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     finish();
     return;
   }
-  Result<Pool*> pool = hello.role == Role::kLookup ? JoinLookup(conn.get(), hello) : GetPool(hello);
+  Result<std::shared_ptr<Pool>> pool =
+      hello.role == Role::kLookup ? JoinLookup(conn.get(), hello) : GetPool(hello);
   if (!pool.ok()) {
     refuse(pool.status(), first->header.seq);
     finish();
     return;
   }
   Instance* inst = nullptr;
-  if (hello.role != Role::kLookup) {
+  const bool joins = hello.role == Role::kCall || hello.role == Role::kData;
+  if (joins) {
     std::lock_guard lock(mu);
-    Result<Instance*> joined = JoinInstance(hello, *pool);
+    Result<Instance*> joined = JoinInstance(hello, pool->get());
     if (joined.ok() && hello.role == Role::kData && (*joined)->data != nullptr) {
       --(*joined)->connections;
       joined = Status::FailedPrecondition("instance '" + hello.instance_name +
@@ -537,7 +268,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     }
     if (!joined.ok()) decoded = joined.status();
   }
-  if (inst == nullptr && hello.role != Role::kLookup) {
+  if (inst == nullptr && joins) {
     refuse(decoded, first->header.seq);
     finish();
     return;
@@ -561,11 +292,15 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       return;
     }
   }
-  if (conn->role == Role::kData) {
+  if (hello.role == Role::kEvents) {
+    conn->role = Role::kEvents;
+    Subscribe(pool->get(), conn);
+  }
+  if (conn->role == Role::kData || conn->role == Role::kEvents) {
     conn->writer = std::thread([this, conn] { WriterLoop(conn); });
   }
   const uint32_t instance = conn->instance;
-  Pool* p = *pool;
+  Pool* p = pool->get();  // kept alive by `pool` until this connection ends
   for (;;) {
     Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
     if (!frame.ok()) {
@@ -575,6 +310,13 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
         std::lock_guard lock(mu);
         ++stats.bad_frames;
       }
+      break;
+    }
+    if (conn->role == Role::kEvents) {
+      KVTIER_LOG(kWarn) << "kvtier serve: an events connection sent "
+                        << MsgTypeName(frame->header.type) << "; it carries nothing back";
+      std::lock_guard lock(mu);
+      ++stats.bad_frames;
       break;
     }
     if (conn->role == Role::kData) {
@@ -647,159 +389,16 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
                             out.data(), -1, Clock::now() + std::chrono::seconds(5));
     if (!sent.ok()) break;
   }
-  if (conn->role == Role::kData) {
+  if (conn->role == Role::kData || conn->role == Role::kEvents) {
     {
       std::lock_guard lock(conn->out_mu);
       conn->closing = true;
     }
     conn->out_cv.notify_all();
   }
+  Unsubscribe(conn);
   LeaveInstance(conn);
   finish();
-}
-
-// Decodes and runs one call; writes the reply (status first). A decode error is returned (and
-// nothing written); a call's own error is written into the reply and Ok returned.
-Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& frame,
-                                 WireWriter* out) {
-  BlockManager::Impl& impl = *pool->impl;
-  WireReader r(frame.payload);
-  uint32_t g1_limit = kMaxG1Blocks;
-  {
-    std::lock_guard lock(mu);
-    auto it = instances.find(instance);
-    if (it != instances.end()) g1_limit = it->second->g1_blocks;
-  }
-  auto map_blocks = [&](std::vector<uint32_t>* ids) -> Status {
-    for (uint32_t& id : *ids) {
-      if (id >= g1_limit) {
-        return Status::InvalidArgument("G1 block id " + std::to_string(id) +
-                                       " is past the engine's " + std::to_string(g1_limit) +
-                                       " blocks");
-      }
-      id |= instance << kInstanceShift;
-    }
-    return Status::Ok();
-  };
-  switch (static_cast<MsgType>(frame.header.type)) {
-    case MsgType::kLookup: {
-      LookupCall m;
-      KVTIER_RETURN_IF_ERROR(DecodeLookup(&r, &m));
-      RequestSpec spec;
-      spec.request_id = m.request_id.empty() ? std::string() : Rid(instance, m.request_id);
-      spec.prompt = m.prompt;
-      spec.cache_salt = m.cache_salt;
-      spec.adapter_id = m.adapter_id;
-      spec.block_extra = std::move(m.block_extra);
-      spec.load_tiers = m.load_tiers;
-      spec.store_tiers = m.store_tiers;
-      Result<LookupResult> res = impl.Lookup(spec, m.num_computed_tokens, instance);
-      EncodeStatus(out, res.status());
-      if (res.ok()) EncodeLookupResult(out, *res);
-      return Status::Ok();
-    }
-    case MsgType::kPrepareLoad: {
-      PrepareLoadCall m;
-      KVTIER_RETURN_IF_ERROR(DecodePrepareLoad(&r, &m));
-      Status mapped = map_blocks(&m.g1_block_ids);
-      Result<uint32_t> res = mapped.ok()
-                                 ? impl.PrepareLoad(Rid(instance, m.request_id), m.g1_block_ids,
-                                                    m.num_external_tokens, m.async_load)
-                                 : Result<uint32_t>(mapped);
-      EncodeStatus(out, res.status());
-      if (res.ok()) out->U32(*res);
-      return Status::Ok();
-    }
-    case MsgType::kCommit: {
-      CommitCall m;
-      KVTIER_RETURN_IF_ERROR(DecodeCommit(&r, &m));
-      Status mapped = map_blocks(&m.g1_block_ids);
-      EncodeStatus(out, mapped.ok()
-                            ? impl.Commit(Rid(instance, m.request_id), m.tokens, m.g1_block_ids)
-                            : mapped);
-      return Status::Ok();
-    }
-    case MsgType::kRequestFinished: {
-      std::string id;
-      KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
-      const bool kept = impl.RequestFinished(Rid(instance, id));
-      EncodeStatus(out, Status::Ok());
-      out->U8(kept ? 1 : 0);
-      return Status::Ok();
-    }
-    case MsgType::kRegisterG1: {
-      uint32_t blocks = 0;
-      KVTIER_RETURN_IF_ERROR(r.U32("register_g1.num_blocks", &blocks));
-      KVTIER_RETURN_IF_ERROR(r.Done());
-      if (blocks == 0 || blocks > kMaxG1Blocks) {
-        EncodeStatus(out, Status::InvalidArgument("an attached engine's G1 holds 1 to " +
-                                                  std::to_string(kMaxG1Blocks) + " blocks, not " +
-                                                  std::to_string(blocks)));
-        return Status::Ok();
-      }
-      {
-        std::lock_guard lock(mu);
-        auto it = instances.find(instance);
-        if (it != instances.end()) it->second->g1_blocks = blocks;
-      }
-      EncodeStatus(out, Status::Ok());
-      return Status::Ok();
-    }
-    case MsgType::kStartLoad:
-      KVTIER_RETURN_IF_ERROR(r.Done());
-      EncodeStatus(out, impl.StartLoad(instance));
-      return Status::Ok();
-    case MsgType::kStartSave:
-      KVTIER_RETURN_IF_ERROR(r.Done());
-      EncodeStatus(out, impl.StartSave(instance));
-      return Status::Ok();
-    case MsgType::kWaitLayer: {
-      uint32_t layer = 0;
-      KVTIER_RETURN_IF_ERROR(r.U32("wait_layer.layer", &layer));
-      KVTIER_RETURN_IF_ERROR(r.Done());
-      EncodeStatus(out, impl.WaitLayer(layer, instance));
-      return Status::Ok();
-    }
-    case MsgType::kLoadedTokens: {
-      std::string id;
-      KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
-      const uint32_t n = impl.LoadedTokens(Rid(instance, id));
-      EncodeStatus(out, Status::Ok());
-      out->U32(n);
-      return Status::Ok();
-    }
-    case MsgType::kWaitForSaves:
-      KVTIER_RETURN_IF_ERROR(r.Done());
-      impl.WaitForSaves();
-      EncodeStatus(out, Status::Ok());
-      return Status::Ok();
-    case MsgType::kWaitForRequestSaves: {
-      std::string id;
-      KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
-      impl.WaitForRequestSaves(Rid(instance, id));
-      EncodeStatus(out, Status::Ok());
-      return Status::Ok();
-    }
-    case MsgType::kFinished: {
-      KVTIER_RETURN_IF_ERROR(r.Done());
-      FinishedRequests f = impl.Finished(instance);
-      f.saves_done = StripRids(instance, std::move(f.saves_done));
-      f.loads_done = StripRids(instance, std::move(f.loads_done));
-      EncodeStatus(out, Status::Ok());
-      EncodeFinished(out, f);
-      return Status::Ok();
-    }
-    case MsgType::kStats: {
-      KVTIER_RETURN_IF_ERROR(r.Done());
-      EncodeStatus(out, Status::Ok());
-      EncodeStats(out, impl.Stats());
-      return Status::Ok();
-    }
-    default:
-      return Status::InvalidArgument(
-          std::string("service protocol: ") + MsgTypeName(frame.header.type) + " (type " +
-          std::to_string(frame.header.type) + ") is not a call a call connection carries");
-  }
 }
 
 }  // namespace kvtier::service

@@ -8,8 +8,15 @@
 // thread that submitted a copy.
 //
 // Pools: one BlockManager::Impl per (model id, layout fingerprint), made on the first Hello that
-// names it, each with g2.capacity_bytes of shared G2 and, with G3, its own directory under
-// g3.dir (so a restart finds each model's blocks again).
+// names it, each with g2.capacity_bytes / service.max_pools of shared G2 (g2.capacity_bytes is
+// the daemon's whole G2) and, with G3, its own directory under g3.dir (so a restart finds each
+// model's blocks again). When service.max_pools pools exist, a new one takes the room of a
+// pool that no engine uses (closed: its G2 flushed to G3 when on), or is refused
+// (ResourceExhausted, naming the pools and the key to raise).
+//
+// Events: an events connection (Role::kEvents) hears its pool's KV events as kEvents frames,
+// from one subscription per pool; a connection whose queue is full loses events (counted in
+// the next frame's `dropped`), never holding the pool up.
 //
 // Instances: engine processes that say the same instance name in their Hello are one
 // instance (vLLM's scheduler and its worker); it ends when its last connection closes. Its
@@ -42,6 +49,8 @@ struct ServerStats {
   uint64_t instances_live = 0;
   uint64_t instances_ended = 0;
   uint64_t pools = 0;
+  uint64_t pools_closed = 0;       // idle pools closed to make room (service.max_pools)
+  uint64_t event_subscribers = 0;  // events connections open now
   uint64_t lease_expired = 0;
   uint64_t copy_batches = 0;
 };

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "core/unique_fd.h"
+#include "service/handshake.h"
 #include "service/protocol.h"
 #include "service/unix_socket.h"
 #include "service/wire.h"
@@ -49,29 +50,18 @@ class ServiceLookup::Impl {
 };
 
 Status ServiceLookup::Impl::Join(UniqueFd* out) {
-  KVTIER_ASSIGN_OR_RETURN(UniqueFd fd, service::ConnectUnix(socket_path));
   service::Hello hello;
   hello.role = service::Role::kLookup;
   hello.instance_name = instance_name;
   hello.pid = static_cast<uint32_t>(::getpid());
-  service::WireWriter w;
-  service::EncodeHello(&w, hello);
-  const auto deadline = Clock::now() + call_timeout;
   uint64_t seq;
   {
     std::lock_guard lock(mu_);
     seq = ++seq_;
   }
-  KVTIER_RETURN_IF_ERROR(service::SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kHello), seq,
-                                            w.data(), -1, deadline));
-  KVTIER_ASSIGN_OR_RETURN(service::Frame reply, service::RecvFrame(fd.get(), deadline));
-  service::WireReader r(reply.payload);
-  Status status;
-  KVTIER_RETURN_IF_ERROR(service::DecodeStatus(&r, &status));
-  KVTIER_RETURN_IF_ERROR(status);
-  service::HelloReply hr;
-  KVTIER_RETURN_IF_ERROR(service::DecodeHelloReply(&r, &hr));
-  *out = std::move(fd);
+  KVTIER_ASSIGN_OR_RETURN(service::Handshake opened,
+                          service::OpenConnection(socket_path, hello, seq, Clock::now() + call_timeout));
+  *out = std::move(opened.fd);
   return Status::Ok();
 }
 

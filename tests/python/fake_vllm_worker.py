@@ -178,7 +178,16 @@ def main() -> None:
         hit = cache.cached_tokens(toks)
         await asyncio.sleep((len(toks) - hit) * a.ms_per_token / 1000.0)
         cache.store(toks, body.get("cache_salt") or "")
-        served.append({"tokens": len(toks), "hit": hit, "user": body.get("user")})
+        params = body.get("kv_transfer_params")
+        served.append({"tokens": len(toks), "hit": hit, "user": body.get("user"),
+                       "max_tokens": body.get("max_tokens"), "stream": bool(body.get("stream")),
+                       "kv_transfer_params": params})
+        # A P/D producer's answer (vLLM with kv_role kv_producer and kvtier) carries what the
+        # consumer needs.
+        produced = None
+        if isinstance(params, dict) and params.get("do_remote_decode"):
+            produced = {"do_remote_prefill": True,
+                        "kvtier": {"expect_tokens": len(toks) // a.block_size * a.block_size}}
         resp = web.StreamResponse(headers={"x-fake-worker": a.name,
                                            "x-fake-hit-tokens": str(hit)})
         resp.content_type = "text/event-stream" if body.get("stream") else "application/json"
@@ -190,8 +199,11 @@ def main() -> None:
                 await asyncio.sleep(0.01)
             await resp.write(b"data: [DONE]\n\n")
         else:
-            await resp.write(json.dumps({"choices": [{"text": "ok"}], "worker": a.name,
-                                         "hit_tokens": hit}).encode())
+            answer: Dict[str, Any] = {"choices": [{"text": "ok"}], "worker": a.name,
+                                      "hit_tokens": hit}
+            if produced is not None:
+                answer["kv_transfer_params"] = produced
+            await resp.write(json.dumps(answer).encode())
         await resp.write_eof()
         return resp
 

@@ -58,8 +58,10 @@ def wait_http(url: str, deadline_s: float = 20.0) -> None:
 
 class Fake:
     def __init__(self, name: str, capacity: int = 1000, ms_per_token: float = 0.0,
-                 medium: str = "GPU", port: int = 0, events: int = 0, replay: int = 0) -> None:
+                 medium: str = "GPU", port: int = 0, events: int = 0, replay: int = 0,
+                 role: str = "") -> None:
         self.name = name
+        self.role = role  # kvtier router --pd: prefill, decode or both
         self.port = port or free_port()
         self.events_port = events or free_port()
         self.replay_port = replay or free_port()
@@ -76,7 +78,8 @@ class Fake:
     @property
     def spec(self) -> str:
         return (f"{self.url},events=tcp://127.0.0.1:{self.events_port},"
-                f"replay=tcp://127.0.0.1:{self.replay_port}")
+                f"replay=tcp://127.0.0.1:{self.replay_port}"
+                + (f",role={self.role}" if self.role else ""))
 
     def start(self) -> None:
         self.proc = subprocess.Popen(

@@ -16,6 +16,9 @@ export PYTHONPATH="$BUILD/python"
 export KVTIER_TEST_VLLM_MODEL="$KVTIER_VLLM_MODEL"
 export KVTIER_TEST_CLI="$BUILD/kvtier"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+# Results that depend only on vLLM and the model (vLLM alone's reference tokens), shared by
+# the ctest entries of one build (tests/vllm/test_vllm_connector.py's baseline).
+export KVTIER_TEST_VLLM_CACHE="$BUILD/vllm-test-cache"
 cd "$ROOT/tests/vllm"
 files=()
 args=()
@@ -26,4 +29,6 @@ for a in "$@"; do
   esac
 done
 [ ${#files[@]} -gt 0 ] || files=(test_layouts.py test_vllm_connector.py)
-exec "$KVTIER_VLLM_PYTHON" -m pytest -q -p no:cacheprovider -ra "${args[@]}" "${files[@]}"
+# --durations: each test's time in ctest's log (where a slow run spends it).
+exec "$KVTIER_VLLM_PYTHON" -m pytest -q -p no:cacheprovider -ra --durations=10 \
+  "${args[@]}" "${files[@]}"

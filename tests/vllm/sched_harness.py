@@ -188,6 +188,18 @@ class Harness:
                              structured_output_manager=StructuredOutputManager(self.vllm_config),
                              block_size=block_size, log_stats=True)
         self.connector: KvtierConnector = self.scheduler.connector  # type: ignore[assignment]
+        # The scheduler side's counters (get_kv_connector_stats resets them each report).
+        self.scheduler_counters: collections.Counter = collections.Counter()
+        report = self.connector.get_kv_connector_stats
+
+        def recording_report() -> Any:
+            stats = report()
+            if stats is not None:
+                self.scheduler_counters.update(
+                    {k: v for k, v in stats.data.items() if isinstance(v, int)})
+            return stats
+
+        self.connector.get_kv_connector_stats = recording_report  # type: ignore[method-assign]
         hash_fn = get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.block_hasher = get_request_block_hasher(block_size, hash_fn)
@@ -196,6 +208,7 @@ class Harness:
         self.max_tokens: Dict[str, int] = {}
         self.outputs: Dict[str, List[int]] = {}
         self.finished: Set[str] = set()
+        self.kv_transfer_params: Dict[str, Any] = {}  # what each finished request returned
         self.reported_sending: List[str] = []
         self.reported_recving: List[str] = []
         self.invalid_blocks_by_step: Dict[int, Set[int]] = {}
@@ -263,6 +276,7 @@ class Harness:
                 self.outputs[o.request_id].extend(o.new_token_ids)
                 if o.finish_reason is not None:
                     self.finished.add(o.request_id)
+                    self.kv_transfer_params[o.request_id] = o.kv_transfer_params
         if self.num_spec_tokens and not self.async_scheduling:
             ids, drafts = [], []
             for rid, r in self.reqs.items():

@@ -85,7 +85,8 @@ def main() -> int:
     if plan.get("kvtier") is not None:
         kwargs["kv_transfer_config"] = {
             "kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
-            "kv_role": "kv_both", "kv_connector_extra_config": plan["kvtier"]}
+            "kv_role": plan.get("kv_role", "kv_both"),
+            "kv_connector_extra_config": plan["kvtier"]}
     elif plan.get("example_connector"):
         kwargs["kv_transfer_config"] = {
             "kv_connector": "ExampleConnector", "kv_role": "kv_both",
@@ -166,7 +167,8 @@ def _metrics(llm: Any) -> Dict[str, float]:
 def _serve(llm: Any, tokenizer: Any, plan: Dict[str, Any]) -> int:
     """Serve mode ("serve": true): one request per line of stdin, one JSON reply per line on
     OUT (a file the caller reads as a stream: a FIFO). Lines: {"prompt": PROMPT, "max_tokens":
-    N} -> {"output": [ids], "ttft_s": T, "prompt_tokens": N}; {"metrics": true} -> {"metrics":
+    N[, "kv_transfer_params": {...}]} -> {"output": [ids], "ttft_s": T, "prompt_tokens": N,
+    "kv_transfer_params": what the connector returned}; {"metrics": true} -> {"metrics":
     {...}}; {"reset_prefix_cache": true} -> {"reset": ok}. {"ready": true} is written once the engine is up; EOF on stdin ends the process."""
     from vllm import SamplingParams
 
@@ -188,13 +190,17 @@ def _serve(llm: Any, tokenizer: Any, plan: Dict[str, Any]) -> int:
             send({"reset": _reset(llm, bool(msg.get("reset_connector", False)))})
             continue
         prompt = _prompt(msg["prompt"], tokenizer, plan["model"])
-        sp = SamplingParams(temperature=0.0, max_tokens=int(msg.get("max_tokens", 8)))
+        extra = ({"kv_transfer_params": msg["kv_transfer_params"]}
+                 if msg.get("kv_transfer_params") else None)
+        sp = SamplingParams(temperature=0.0, max_tokens=int(msg.get("max_tokens", 8)),
+                            extra_args=extra)
         r = llm.generate([prompt], sp, use_tqdm=False)[0]
         m = r.metrics
         first = getattr(m, "first_token_latency", None) if m is not None else None
         send({"output": list(r.outputs[0].token_ids),
               "ttft_s": float(first) if first else None,
-              "prompt_tokens": len(r.prompt_token_ids or [])})
+              "prompt_tokens": len(r.prompt_token_ids or []),
+              "kv_transfer_params": getattr(r, "kv_transfer_params", None)})
     reply.close()
     del llm
     return 0

@@ -24,8 +24,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         prog="kvtier router",
         description="OpenAI-compatible proxy that routes each request to the worker with the "
                     "lowest estimated TTFT, from the workers' KV events (docs/router.md).")
-    p.add_argument("--worker", action="append", default=[], metavar="URL[,events=EP[,replay=EP]]",
+    p.add_argument("--worker", action="append", default=[],
+                   metavar="URL[,events=EP[,replay=EP]][,role=prefill|decode|both]",
                    help="a vllm serve worker and the ZMQ endpoints of its KV events; repeat")
+    p.add_argument("--pd", action="store_true",
+                   help="disaggregated prefill/decode: each request is prefilled on a "
+                        "role=prefill worker, then decoded on a role=decode worker (docs/pd.md)")
+    p.add_argument("--pd-prefill-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="--pd: a prefill slower than this is served colocated instead")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--policy", default="kvtier", help="kvtier | round-robin | least-loaded")
@@ -61,7 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   prefill_tokens_per_s=a.prefill_tokens_per_s,
                                   load_gbps=gbps, queue_weight=a.queue_weight,  # type: ignore
                                   policy=a.policy, tokenizer=a.tokenizer, topic=a.topic,
-                                  health_interval_s=a.health_interval)
+                                  health_interval_s=a.health_interval, pd=a.pd,
+                                  pd_prefill_timeout_s=a.pd_prefill_timeout)
         router = Router(settings, workers)
     except (ValueError, OSError, KeyError) as exc:
         print(f"kvtier router: {exc}", file=sys.stderr)
@@ -72,8 +79,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from aiohttp import web
 
-    print(f"kvtier router: {a.policy} over {len(workers)} workers on http://{a.host}:{a.port}",
-          file=sys.stderr, flush=True)
+    mode = " (P/D)" if a.pd else ""
+    print(f"kvtier router: {a.policy}{mode} over {len(workers)} workers on "
+          f"http://{a.host}:{a.port}", file=sys.stderr, flush=True)
     try:
         web.run_app(make_app(router), host=a.host, port=a.port, print=None,
                     handle_signals=True)

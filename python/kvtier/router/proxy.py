@@ -34,15 +34,20 @@ class WorkersUnavailable(Exception):
     fault."""
 
 
+ROLES = ("both", "prefill", "decode")
+
+
 @dataclass
 class WorkerSpec:
     url: str                       # http://host:port of a `vllm serve`
     events: List[str] = field(default_factory=list)   # ZMQ PUB endpoints it publishes on
     replay: List[str] = field(default_factory=list)   # matching ROUTER replay endpoints ("" none)
+    role: str = "both"             # --pd: "prefill" (kv_producer), "decode" (kv_consumer), both
 
     @staticmethod
     def parse(text: str) -> "WorkerSpec":
-        """``URL[,events=EP][,replay=EP]...`` (events/replay may repeat, paired in order)."""
+        """``URL[,events=EP][,replay=EP]...[,role=R]`` (events/replay may repeat, paired in
+        order)."""
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts or not parts[0].startswith(("http://", "https://")):
             raise ValueError(f"--worker '{text}': expected URL[,events=tcp://H:P[,replay=tcp://H:P]]"
@@ -50,9 +55,14 @@ class WorkerSpec:
         spec = WorkerSpec(url=parts[0].rstrip("/"))
         for p in parts[1:]:
             k, sep, v = p.partition("=")
+            if k == "role" and sep:
+                if v not in ROLES:
+                    raise ValueError(f"--worker '{text}': role={v} is none of {', '.join(ROLES)}")
+                spec.role = v
+                continue
             if not sep or k not in ("events", "replay") or not v.startswith(("tcp://", "ipc://")):
-                raise ValueError(f"--worker '{text}': '{p}' is not events=ENDPOINT or "
-                                 "replay=ENDPOINT (tcp:// or ipc://)")
+                raise ValueError(f"--worker '{text}': '{p}' is not events=ENDPOINT, "
+                                 "replay=ENDPOINT (tcp:// or ipc://) or role=prefill|decode|both")
             if k == "events":
                 spec.events.append(v)
                 spec.replay.append("")
@@ -95,6 +105,8 @@ class RouterSettings:
     request_timeout_s: float = 600.0
     topic: str = ""
     log_decisions: int = 1000      # decisions kept for GET /router/decisions
+    pd: bool = False               # disaggregated: prefill worker first, then decode (pd.py)
+    pd_prefill_timeout_s: float = 30.0  # a prefill slower than this falls back to colocated
 
 
 class Router:
@@ -125,7 +137,13 @@ class Router:
         self._ids = itertools.count()
         self.decisions: List[Dict[str, Any]] = []
         self.counters: Dict[str, int] = {"requests": 0, "retries": 0, "no_worker": 0,
-                                         "tokenize_failures": 0, "bad_requests": 0}
+                                         "tokenize_failures": 0, "bad_requests": 0,
+                                         "pd_prefills": 0, "pd_fallbacks": 0}
+        if settings.pd:
+            roles = {w.role for w in workers}
+            if not roles & {"prefill", "both"} or not roles & {"decode", "both"}:
+                raise ValueError("--pd needs a worker for each side: role=prefill (or both) and "
+                                 "role=decode (or both)")
         self.tokenize_s = 0.0
         self._stop = asyncio.Event()
         self._tasks: List[asyncio.Task[Any]] = []
@@ -258,8 +276,11 @@ class Router:
         return [w for w in self.workers if w.up]
 
     def choose(self, tokens: List[int], body: Dict[str, Any],
-               exclude: Sequence[int] = ()) -> Tuple[Optional[Worker], Dict[str, Any]]:
-        """The worker for a request, and why (the decision log entry)."""
+               exclude: Sequence[int] = (),
+               roles: Sequence[str] = ROLES) -> Tuple[Optional[Worker], Dict[str, Any]]:
+        """The worker for a request among those of `roles`, and why (the decision log
+        entry)."""
+        exclude = list(exclude) + [w.id for w in self.workers if w.spec.role not in roles]
         now = time.monotonic()
         for w in self.workers:
             self.index.set_queue(w.id, w.queue_s(now))
@@ -309,9 +330,26 @@ class Router:
             self.counters["bad_requests"] += 1
             return web.json_response({"error": {"message": f"kvtier router: {exc}",
                                                 "type": "BadRequest"}}, status=400)
+        if self.s.pd:
+            from kvtier.router.pd import disaggregate
+
+            raw, pd_entry = await disaggregate(self, request, body, tokens)
+        else:
+            pd_entry = None
+        return await self.forward(request, raw, body, tokens,
+                                  roles=("decode", "both") if self.s.pd else ROLES,
+                                  pd_entry=pd_entry)
+
+    async def forward(self, request: Any, raw: bytes, body: Dict[str, Any], tokens: List[int],
+                      roles: Sequence[str] = ROLES,
+                      pd_entry: Optional[Dict[str, Any]] = None) -> Any:
+        """Streams the response of the best worker of `roles` to the client; a worker that
+        cannot be reached before any byte went out is retried on another."""
+        from aiohttp import ClientError, web
+
         tried: List[int] = []
         while True:
-            worker, why = self.choose(tokens, body, exclude=tried)
+            worker, why = self.choose(tokens, body, exclude=tried, roles=roles)
             if worker is None:
                 self.counters["no_worker"] += 1
                 return web.json_response({"error": {"message": "kvtier router: no worker is up",
@@ -325,6 +363,8 @@ class Router:
                      "est_ttft_s": est, "blocks_by_tier": why["chosen"]["blocks_by_tier"],
                      "tokens": why["tokens"], "policy": self.s.policy,
                      "user": body.get("user")}
+            if pd_entry is not None:
+                entry["pd"] = pd_entry
             self.decisions.append(entry)
             del self.decisions[:-self.s.log_decisions]
             t0 = time.monotonic()

@@ -167,6 +167,9 @@ class _SchedReq:
     extras: Optional[List[bytes]] = None
     refused: str = ""  # why kvtier neither loads nor saves this request
     pending_lookup: Optional[Tuple[Tuple[Any, ...], List[int], float]] = None
+    consumer: bool = False  # P/D decode side: loads the producer's blocks, saves no prompt
+    producer: bool = False  # P/D prefill side: announces what it saved (expect_tokens)
+    pd_wait_since: Optional[float] = None  # when it began waiting for the producer's blocks
 
     @property
     def key(self) -> str:
@@ -201,6 +204,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
         self._check_deployment(vllm_config)
         self._model_name = self._settings.model_id or str(vllm_config.model_config.model)
+        # Disaggregated prefill/decode (docs/pd.md): vLLM's kv_role, or per request vLLM's own
+        # do_remote_prefill / do_remote_decode.
+        self._kv_role = str(getattr(self._kv_transfer_config, "kv_role", None) or "kv_both")
         self._manager: Optional[kvtier.BlockManager] = None  # worker side only
         if role == KVConnectorRole.SCHEDULER:
             self._apply_load_failure_policy()
@@ -283,7 +289,9 @@ class KvtierConnector(KVConnectorBase_V1):
         if state is None:
             controls = RequestControls.parse(getattr(request, "kv_transfer_params", None))
             state = self._reqs[request.request_id] = _SchedReq(
-                request, controls, generation=int(getattr(request, "num_preemptions", 0)))
+                request, controls, generation=int(getattr(request, "num_preemptions", 0)),
+                consumer=self._kv_role == "kv_consumer" or controls.remote_prefill,
+                producer=self._kv_role == "kv_producer" or controls.remote_decode)
             if controls.error:
                 state.refused = controls.error
                 self._warn_once("params", f"kvtier: request {request.request_id}: "
@@ -333,6 +341,8 @@ class KvtierConnector(KVConnectorBase_V1):
         elif state.load_failures >= self._settings.max_load_failures:
             self._sched_counts["load_retries_exhausted"] += 1
             load_tiers = "none"
+        elif state.producer and not self._settings.producer_loads:
+            load_tiers = "none"  # still looked up: the lookup tells the workers what to save
         tokens = list(request.all_token_ids)
         salt = request.cache_salt or ""
         if self._epoch:
@@ -376,8 +386,43 @@ class KvtierConnector(KVConnectorBase_V1):
         by_tier = answers[0][1]
         slow = by_tier[2] + by_tier[3] > 0
         is_async = num > 0 and slow and self._settings.async_load == "auto"
+        if state.consumer and c.expect_tokens and load_tiers != "none":
+            waited = self._pd_wait(state, num_computed_tokens + num)
+            if waited:
+                return None, False  # asked again at the next step
         state.lookup_tokens, state.lookup_by_tier, state.lookup_async = num, by_tier, is_async
         return num, is_async
+
+    def _pd_wait(self, state: _SchedReq, found_end: int) -> bool:
+        """A consumer's request whose producer announced `expect_tokens`: True while fewer
+        have arrived and pd_wait_ms has not passed since the first lookup (vLLM asks again
+        next step). Once they are all there, or the wait is over, the lookup's answer stands
+        and the shortfall is counted; the missing blocks are computed."""
+        req = state.request
+        bs = self._block_size
+        # At most the prompt's full blocks before its last token (vLLM computes that one).
+        target = min(state.controls.expect_tokens, (req.num_prompt_tokens - 1) // bs * bs)
+        if found_end >= target:
+            if state.pd_wait_since is not None:
+                self._sched_counts["pd_waited_microseconds"] += int(
+                    (time.monotonic() - state.pd_wait_since) * 1e6)
+                state.pd_wait_since = None
+            self._sched_counts["pd_expected_tokens"] += target
+            return False
+        now = time.monotonic()
+        if state.pd_wait_since is None:
+            state.pd_wait_since = now
+            self._sched_counts["pd_waits"] += 1
+        if now - state.pd_wait_since < self._settings.pd_wait_ms / 1000.0:
+            return True
+        logger.warning("kvtier: request %s: %d of the %d tokens its producer saved arrived "
+                       "within pd_wait_ms (%d ms); the rest is computed", req.request_id,
+                       found_end, target, self._settings.pd_wait_ms)
+        self._sched_counts["pd_waited_microseconds"] += int((now - state.pd_wait_since) * 1e6)
+        self._sched_counts["pd_expected_tokens"] += target
+        self._sched_counts["pd_missing_tokens"] += target - found_end
+        state.pd_wait_since = None
+        return False
 
     def _forget_lookup(self, state: _SchedReq) -> None:
         if state.pending_lookup is not None:
@@ -467,6 +512,12 @@ class KvtierConnector(KVConnectorBase_V1):
         full = frontier - frontier % self._block_size
         if full <= state.tokens_sent:
             return None
+        if state.consumer and not self._settings.consumer_saves_prompt:
+            # The producer saved the prompt: nothing is sent until generated tokens fill a
+            # block (that save keys the whole sequence, and the prompt's blocks kvtier holds
+            # are not copied again: dedup).
+            if full <= req.num_prompt_tokens - req.num_prompt_tokens % self._block_size:
+                return None
         save = SaveSpec(state.key, state.tokens_sent, list(all_ids[state.tokens_sent:full]),
                         state.block_ids_sent, state.block_ids[state.block_ids_sent:])
         state.tokens_sent = full
@@ -521,7 +572,13 @@ class KvtierConnector(KVConnectorBase_V1):
         # request in finished_sending when kvtier no longer reads them.
         delay = state.tokens_sent > 0
         self._finished.append(FinishSpec(state.key, REPORT_SENDING if delay else REPORT_NONE))
-        return delay, None
+        params = None
+        if state.producer and not state.refused:
+            # What a consumer should wait for (a P/D proxy hands it over with the request);
+            # vLLM's own P/D key says the KV is to be fetched, not recomputed.
+            params = {"do_remote_prefill": True,
+                      "kvtier": {"expect_tokens": state.tokens_sent}}
+        return delay, params
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         if self._events is None:

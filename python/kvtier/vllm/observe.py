@@ -36,7 +36,10 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
              # requests whose loads are no longer offered (max_load_failures), save frontiers
              # moved back to a failed block, saves a worker skipped or cut for a failed load.
              "failed_loads", "load_retries_exhausted", "save_rollbacks", "save_gaps",
-             "saves_cut_by_load_errors")
+             "saves_cut_by_load_errors",
+             # Disaggregated decode (docs/pd.md): requests that waited for a producer's blocks,
+             # the time they waited, the tokens producers announced and those that never came.
+             "pd_waits", "pd_waited_microseconds", "pd_expected_tokens", "pd_missing_tokens")
 # Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
 # figures kvtier's own /metrics exports as kvtier_*_total).
 _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",

@@ -46,6 +46,17 @@ _OWN = {
     # Names the weights in the key namespace instead of their fingerprint (kvtier/vllm/keys.py):
     # for weights kvtier cannot read, or to version them by hand.
     "weights_id": "",
+    # Disaggregated prefill/decode (vLLM's kv_role; docs/pd.md). A consumer's request that
+    # announces the producer's blocks (kv_transfer_params.kvtier.expect_tokens) is looked up
+    # again each step until they have all arrived, for at most this long; then what arrived
+    # loads and the rest is computed (counted: pd_missing_tokens).
+    "pd_wait_ms": 2000,
+    # A consumer (kv_role "kv_consumer") saves the prompt blocks it loaded or computed again:
+    # off by default, the producer saved them.
+    "consumer_saves_prompt": False,
+    # A producer (kv_role "kv_producer") looks its prompts up and loads what kvtier holds (a
+    # later turn's prefill reuses the earlier turn): on by default; off, it only saves.
+    "producer_loads": True,
 }
 
 
@@ -72,6 +83,9 @@ class ConnectorSettings:
     save_decode_tokens: bool
     weights_id: str
     kvtier_values: Dict[str, Any]
+    pd_wait_ms: int = 2000
+    consumer_saves_prompt: bool = False
+    producer_loads: bool = True
 
     @staticmethod
     def parse(extra: Mapping[str, Any]) -> "ConnectorSettings":
@@ -97,7 +111,19 @@ class ConnectorSettings:
             save_decode_tokens=own.get("save_decode_tokens", _OWN["save_decode_tokens"]),
             weights_id=str(own.get("weights_id", _OWN["weights_id"])),
             kvtier_values=flat,
+            pd_wait_ms=own.get("pd_wait_ms", _OWN["pd_wait_ms"]),
+            consumer_saves_prompt=own.get("consumer_saves_prompt",
+                                          _OWN["consumer_saves_prompt"]),
+            producer_loads=own.get("producer_loads", _OWN["producer_loads"]),
         )
+        if (not isinstance(s.pd_wait_ms, int) or isinstance(s.pd_wait_ms, bool)
+                or not 0 <= s.pd_wait_ms <= 600_000):
+            raise ValueError(f"kvtier: pd_wait_ms must be an integer in 0..600000, not "
+                             f"{s.pd_wait_ms!r}")
+        for flag in ("consumer_saves_prompt", "producer_loads"):
+            if not isinstance(getattr(s, flag), bool):
+                raise ValueError(f"kvtier: {flag} must be true or false, not "
+                                 f"{getattr(s, flag)!r}")
         if (not isinstance(s.lookup_timeout_ms, int) or isinstance(s.lookup_timeout_ms, bool)
                 or not 1 <= s.lookup_timeout_ms <= 600_000):
             raise ValueError(f"kvtier: lookup_timeout_ms must be an integer in 1..600000, "

@@ -1,0 +1,154 @@
+// kvtier serve's internals (src/service/server.cc, server_pools.cc, server_calls.cc): the
+// daemon's state, its pools, instances and connections. Not a public header.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/unique_fd.h"
+#include "manager/block_manager_impl.h"
+#include "service/protocol.h"
+#include "service/remote_g1_backend.h"
+#include "service/server.h"
+#include "service/unix_socket.h"
+
+namespace kvtier::service {
+namespace server_internal {
+
+
+using Clock = std::chrono::steady_clock;
+
+struct Conn;
+
+struct Pool {
+  std::string key;
+  std::string model_id;
+  // Events connections (Role::kEvents), fed by one subscription to impl's events. Declared
+  // before impl: impl's destructor may still emit events (the G3 flush).
+  std::mutex sub_mu;
+  std::vector<std::shared_ptr<Conn>> subscribers;
+  bool subscribed = false;
+  std::unique_ptr<BlockManager::Impl> impl;
+  RemoteG1Backend* backend = nullptr;  // owned by impl's transfer engine
+  uint64_t g2_capacity = 0;
+  uint64_t g2_slot_bytes = 0;
+  int memfd = -1;  // owned by impl's arena
+};
+
+struct Conn {
+  UniqueFd fd;
+  Role role = Role::kCall;
+  uint32_t instance = 0;
+  uint64_t instance_serial = 0;  // lookup connections: the Instance they joined (ids are reused)
+  std::thread reader;
+  std::thread writer;  // data connections
+  std::atomic<bool> done{false};
+  std::mutex out_mu;
+  std::condition_variable out_cv;
+  std::deque<std::vector<uint8_t>> out;  // kCopy (or kEvents) payloads to send
+  bool closing = false;
+  Pool* pool = nullptr;     // events connections: the pool they hear
+  uint64_t dropped = 0;     // events connections: events dropped since the last frame queued
+};
+
+// An events connection's queue holds at most this many frames; past it, events are dropped
+// and counted (a subscriber that does not keep up never holds the pool up).
+constexpr size_t kMaxQueuedEventFrames = 256;
+
+struct Instance {
+  uint32_t id = 0;
+  uint64_t serial = 0;  // unique per daemon run (an id is reused once its requests are gone)
+  std::string name;
+  Pool* pool = nullptr;
+  int connections = 0;
+  std::shared_ptr<Conn> data;
+  uint32_t g1_blocks = kMaxG1Blocks;  // RegisterG1's count bounds the block ids it may name
+};
+
+inline std::string PoolKey(const std::string& model_id, const KvLayout& layout) {
+  char fp[17];
+  std::snprintf(fp, sizeof(fp), "%016llx", static_cast<unsigned long long>(layout.Fingerprint()));
+  std::string safe;
+  for (char c : model_id)
+    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '_';
+  return (safe.empty() ? std::string("model") : safe.substr(0, 64)) + "-" + fp;
+}
+
+inline std::string Rid(uint32_t instance, const std::string& id) {
+  return std::to_string(instance) + "/" + id;
+}
+
+// Strips "N/" from the ids of `instance`.
+inline std::vector<std::string> StripRids(uint32_t instance, std::vector<std::string> ids) {
+  const std::string prefix = std::to_string(instance) + "/";
+  for (std::string& id : ids) {
+    if (id.compare(0, prefix.size(), prefix) == 0) id.erase(0, prefix.size());
+  }
+  return ids;
+}
+
+}  // namespace server_internal
+
+using namespace server_internal;  // NOLINT: the daemon's own files
+
+class Server::State {
+ public:
+  ServeOptions options;
+  std::string socket_path;
+  std::vector<gid_t> allowed_gids;
+  std::chrono::milliseconds lease{5000};
+  uint64_t epoch = 0;
+  UniqueFd listen_fd;
+  std::thread acceptor;
+  std::atomic<bool> stopping{false};
+
+  std::mutex pool_create_mu;  // held while a pool is made
+  mutable std::mutex mu;
+  // By PoolKey. Connections hold their pool too, so one closed (MakeRoomForPool) stays valid
+  // until the last of them ends.
+  std::map<std::string, std::shared_ptr<Pool>> pools;
+  std::map<uint32_t, std::unique_ptr<Instance>> instances;  // live, by id
+  std::map<std::string, uint32_t> by_name;
+  std::map<uint32_t, Pool*> ended;  // ended ids whose requests may still be tracked
+  uint64_t next_serial = 0;
+  std::list<std::shared_ptr<Conn>> conns;
+  ServerStats stats;
+  uint32_t max_pools = 1;
+  uint64_t g2_total = 0;
+
+  void AcceptLoop();
+  void Serve(const std::shared_ptr<Conn>& conn);
+  // Role::kEvents: registers the connection with its pool (subscribing the pool on the first).
+  void Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn);
+  void Unsubscribe(const std::shared_ptr<Conn>& conn);
+  // Makes room for one more pool within service.max_pools: closes a pool no engine uses
+  // (nullptr) or says which pools hold the room (ResourceExhausted).
+  Status MakeRoomForPool(const std::string& key, const std::string& model_id);
+  // REQUIRES: mu held. A pool with no live instance and no ended instance's requests left.
+  bool PoolIdle(const Pool* pool);
+  void WriterLoop(const std::shared_ptr<Conn>& conn);
+  Result<std::shared_ptr<Pool>> GetPool(const Hello& hello);
+  Result<Instance*> JoinInstance(const Hello& hello, Pool* pool);  // REQUIRES: mu held
+  // Role::kLookup: the live instance named in the Hello; NotFound when there is none.
+  Result<std::shared_ptr<Pool>> JoinLookup(Conn* conn, const Hello& hello);
+  // A lookup connection's instance, when it is still the live one it joined.
+  Pool* LookupPool(const Conn& conn);  // REQUIRES: mu held
+  void LeaveInstance(const std::shared_ptr<Conn>& conn);
+  Status SendCopy(uint32_t instance, const CopyCall& call);
+  Status HandleCall(uint32_t instance, Pool* pool, const Frame& frame, WireWriter* out);
+  void ReapDone();
+};
+
+}  // namespace kvtier::service
