@@ -57,8 +57,8 @@ void ExpectPromptStores(const std::vector<KvEvent>& stores, uint32_t seed, uint3
   for (uint32_t b = 0; b < blocks; ++b) {
     const KvEvent& e = stores[b];
     EXPECT_EQ(e.block_size, bs);
-    EXPECT_EQ(e.token_ids, std::vector<TokenId>(prompt.begin() + b * bs,
-                                                 prompt.begin() + (b + 1) * bs))
+    EXPECT_EQ(e.token_ids,
+              std::vector<TokenId>(prompt.begin() + b * bs, prompt.begin() + (b + 1) * bs))
         << "block " << b;
     EXPECT_EQ(e.parent_is_root, b == 0) << "block " << b;
     if (b > 0) {

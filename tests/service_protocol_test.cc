@@ -278,11 +278,11 @@ TEST(ProtocolFuzzTest, EveryMessageRoundTripsAndDamageIsRefusedWithinItsSize) {
       } else {
         ++refused;
         ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << kind.name << ": " << s.ToString();
-        ASSERT_EQ(s.message().rfind("service protocol: ", 0), 0u) << kind.name << ": "
-                                                                   << s.ToString();
+        ASSERT_EQ(s.message().rfind("service protocol: ", 0), 0u)
+            << kind.name << ": " << s.ToString();
       }
-      ASSERT_LE(cap, bytes.size() + 64) << kind.name << " allocated past its bytes, iteration "
-                                        << iter;
+      ASSERT_LE(cap, bytes.size() + 64)
+          << kind.name << " allocated past its bytes, iteration " << iter;
     }
     EXPECT_GT(refused, 2000) << kind.name << ": the damage hardly ever reached the decoder";
     std::printf("%s: %d damaged messages decoded, %d refused\n", kind.name, ok, refused);

@@ -105,7 +105,7 @@ inline bool BlockIs(const uint8_t* src, uint64_t bytes, uint32_t seed, uint32_t 
 // Computes (fills) and saves prompt `seed` (`blocks` full blocks + 1 token) in G1 blocks
 // [first, first + blocks); waits until its saves are done.
 inline void ComputeAndSave(Engine& e, const std::string& id, uint32_t seed, uint32_t blocks,
-                    uint32_t first = 0) {
+                           uint32_t first = 0) {
   const KvLayout& l = e.g1.layout;
   const std::vector<TokenId> prompt = Prompt(seed, blocks * l.tokens_per_block + 1);
   RequestSpec spec;
@@ -134,7 +134,7 @@ inline void ComputeAndSave(Engine& e, const std::string& id, uint32_t seed, uint
 // Looks prompt `seed` up and loads what is found into G1 blocks from `first`; returns the
 // tokens loaded intact, and checks every loaded block's bytes.
 inline uint32_t LookupAndLoad(Engine& e, const std::string& id, uint32_t seed, uint32_t blocks,
-                       uint32_t first, bool* bytes_ok) {
+                              uint32_t first, bool* bytes_ok) {
   const KvLayout& l = e.g1.layout;
   const std::vector<TokenId> prompt = Prompt(seed, blocks * l.tokens_per_block + 1);
   RequestSpec spec;

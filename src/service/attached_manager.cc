@@ -47,8 +47,8 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
     if (refused) {
       // The daemon is there and said no (a peer it does not allow, no room for this model):
       // a setting to change, not a fault to ride out.
-      return Status(s.code(), "kvtier serve at " + m->socket_path_ + " refused this engine: " +
-                                  s.message());
+      return Status(s.code(),
+                    "kvtier serve at " + m->socket_path_ + " refused this engine: " + s.message());
     }
     if (!s.ok()) {
       KVTIER_LOG(kWarn) << "kvtier: cannot attach to kvtier serve at " << m->socket_path_ << ": "
@@ -240,8 +240,8 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
   }();
   if (!fd) {
     // One more call connection for this call in flight.
-    Result<Handshake> opened = OpenConnection(socket_path_, MakeHello(Role::kCall), ++seq_,
-                                              Clock::now() + call_timeout_);
+    Result<Handshake> opened =
+        OpenConnection(socket_path_, MakeHello(Role::kCall), ++seq_, Clock::now() + call_timeout_);
     Status s = opened.status();
     if (s.ok() && opened->reply.epoch != epoch) s = Status::Unavailable("kvtier serve restarted");
     if (s.ok()) fd = std::move(opened->fd);
@@ -698,11 +698,11 @@ void AttachedManager::EventsLoop() {
         if (!frame.ok()) break;
         EventsFrame ev;
         WireReader r(frame->payload);
-        Status decoded = frame->header.type == static_cast<uint16_t>(MsgType::kEvents)
-                             ? DecodeEvents(&r, &ev)
-                             : Status::InvalidArgument(
-                                   std::string("an events connection carries Events, not ") +
-                                   MsgTypeName(frame->header.type));
+        Status decoded =
+            frame->header.type == static_cast<uint16_t>(MsgType::kEvents)
+                ? DecodeEvents(&r, &ev)
+                : Status::InvalidArgument(std::string("an events connection carries Events, not ") +
+                                          MsgTypeName(frame->header.type));
         if (!decoded.ok()) {
           KVTIER_LOG(kWarn) << "kvtier: events from kvtier serve at " << socket_path_ << ": "
                             << decoded.message() << "; connecting again";

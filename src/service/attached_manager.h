@@ -45,9 +45,9 @@ class AttachedManager {
 
   // Reads service.* from options.config and tries to attach once. A daemon that is not there
   // is no error (a warning; calls are misses until it is); a daemon that refuses this engine
-  // (another uid, no G2 room for its model: service.max_pools) is its error, with the reason. InvalidArgument for a bad layout,
-  // an empty model id or an empty service.socket. `device_backend`: as the in-process
-  // manager's seam (null = the CUDA backend), for a device G1.
+  // (another uid, no G2 room for its model: service.max_pools) is its error, with the reason.
+  // InvalidArgument for a bad layout, an empty model id or an empty service.socket.
+  // `device_backend`: as the in-process manager's seam (null = the CUDA backend), for a device G1.
   static Result<std::unique_ptr<AttachedManager>> Create(const ManagerOptions& options,
                                                          DeviceBackendFactory device_backend = {});
   ~AttachedManager();
@@ -81,11 +81,11 @@ class AttachedManager {
   struct ClientStats {
     bool attached = false;
     uint32_t instance = 0;
-    uint64_t attaches = 0;      // successful attaches (the first included)
-    uint64_t detaches = 0;      // times the daemon went away
-    uint64_t failed_calls = 0;  // calls answered as misses because the daemon was gone
-    uint64_t copy_batches = 0;  // kCopy batches run
-    uint64_t late_batches = 0;  // batches (or loads' layers) refused past their lease
+    uint64_t attaches = 0;        // successful attaches (the first included)
+    uint64_t detaches = 0;        // times the daemon went away
+    uint64_t failed_calls = 0;    // calls answered as misses because the daemon was gone
+    uint64_t copy_batches = 0;    // kCopy batches run
+    uint64_t late_batches = 0;    // batches (or loads' layers) refused past their lease
     uint64_t events = 0;          // events handed to SubscribeEvents callbacks
     uint64_t events_dropped = 0;  // events the daemon dropped for this subscriber
     uint64_t events_connects = 0;

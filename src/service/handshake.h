@@ -15,7 +15,7 @@
 namespace kvtier::service {
 
 struct Handshake {
-  UniqueFd fd;     // the connection, ready for the role's frames
+  UniqueFd fd;  // the connection, ready for the role's frames
   HelloReply reply;
   UniqueFd passed;  // the descriptor sent with the reply (a data connection's G2), if any
 };

@@ -400,8 +400,7 @@ Status DecodeEvents(WireReader* r, EventsFrame* m) {
     KVTIER_RETURN_IF_ERROR(r->U8("event.tier", &tier));
     if (tier >= kNumTiers) {
       return Status::InvalidArgument("service protocol: event.tier " + std::to_string(tier) +
-                                     " names no tier (0 to " + std::to_string(kNumTiers - 1) +
-                                     ")");
+                                     " names no tier (0 to " + std::to_string(kNumTiers - 1) + ")");
     }
     e.tier = tier;
     KVTIER_RETURN_IF_ERROR(r->U64("event.time_ns", &e.time_ns));
@@ -415,10 +414,9 @@ Status DecodeEvents(WireReader* r, EventsFrame* m) {
     e.parent_is_root = root != 0;
     KVTIER_RETURN_IF_ERROR(r->U32Array("event.token_ids", kMaxBlockTokens, &e.token_ids));
     if (e.token_ids.size() > e.block_size) {
-      return Status::InvalidArgument("service protocol: event.token_ids holds " +
-                                     std::to_string(e.token_ids.size()) +
-                                     " tokens, more than its block_size " +
-                                     std::to_string(e.block_size));
+      return Status::InvalidArgument(
+          "service protocol: event.token_ids holds " + std::to_string(e.token_ids.size()) +
+          " tokens, more than its block_size " + std::to_string(e.block_size));
     }
     KVTIER_RETURN_IF_ERROR(r->String("event.lora_name", kMaxIdBytes, &e.lora_name));
     KVTIER_RETURN_IF_ERROR(r->String("event.cache_salt", kMaxIdBytes, &e.cache_salt));

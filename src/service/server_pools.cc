@@ -121,9 +121,9 @@ Status Server::State::MakeRoomForPool(const std::string& key, const std::string&
       std::string held;
       for (const auto& [k, p] : pools) held += (held.empty() ? "" : ", ") + k;
       return Status::ResourceExhausted(
-          "kvtier serve holds service.max_pools=" + std::to_string(max_pools) +
-          " G2 pools (" + held + "), each with an engine attached, so model '" + model_id +
-          "' (pool " + key + ") has no G2 share: start kvtier serve with service.max_pools "
+          "kvtier serve holds service.max_pools=" + std::to_string(max_pools) + " G2 pools (" +
+          held + "), each with an engine attached, so model '" + model_id + "' (pool " + key +
+          ") has no G2 share: start kvtier serve with service.max_pools "
           "set to the number of models and layouts it serves (a tensor-parallel engine needs "
           "one per rank; g2.capacity_bytes is split evenly among them)");
     }

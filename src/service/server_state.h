@@ -27,7 +27,6 @@
 namespace kvtier::service {
 namespace server_internal {
 
-
 using Clock = std::chrono::steady_clock;
 
 struct Conn;
@@ -59,8 +58,8 @@ struct Conn {
   std::condition_variable out_cv;
   std::deque<std::vector<uint8_t>> out;  // kCopy (or kEvents) payloads to send
   bool closing = false;
-  Pool* pool = nullptr;     // events connections: the pool they hear
-  uint64_t dropped = 0;     // events connections: events dropped since the last frame queued
+  Pool* pool = nullptr;  // events connections: the pool they hear
+  uint64_t dropped = 0;  // events connections: events dropped since the last frame queued
 };
 
 // An events connection's queue holds at most this many frames; past it, events are dropped

@@ -59,8 +59,9 @@ Status ServiceLookup::Impl::Join(UniqueFd* out) {
     std::lock_guard lock(mu_);
     seq = ++seq_;
   }
-  KVTIER_ASSIGN_OR_RETURN(service::Handshake opened,
-                          service::OpenConnection(socket_path, hello, seq, Clock::now() + call_timeout));
+  KVTIER_ASSIGN_OR_RETURN(
+      service::Handshake opened,
+      service::OpenConnection(socket_path, hello, seq, Clock::now() + call_timeout));
   *out = std::move(opened.fd);
   return Status::Ok();
 }
