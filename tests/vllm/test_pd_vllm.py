@@ -234,7 +234,7 @@ def test_prefill_on_one_instance_decode_on_another_same_host_and_across_hosts(tm
                         "kv_transfer_params": COLOCATED})["output"] == out_late
     finally:
         for inst in procs:
-            inst.stop()
+            inst.close()
         for proc in (a, b, redis):
             if proc.poll() is None:
                 proc.kill()
