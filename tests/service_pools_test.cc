@@ -77,8 +77,8 @@ TEST(ServicePools, AttachedSubscriberHearsEveryEnginesBlocks) {
   const std::string socket = dir + "/sock/kvtier.sock";
   Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
+  Heard heard;  // outlives A: A's events thread calls into it until A's manager is gone
   Engine a = MakeEngine(socket, "engine-a");
-  Heard heard;
   a.manager->SubscribeEvents(heard.Callback());
   Engine b = MakeEngine(socket, "engine-b");
   // The events connection opens on A's events thread: B's saves may start before it is open,

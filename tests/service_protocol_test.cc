@@ -100,7 +100,8 @@ std::vector<Kind> Kinds() {
                    [](Rng& rng) {
                      RequestSpec spec;
                      spec.request_id = RandomString(rng, 16);
-                     spec.prompt = RandomU32s(rng, 64);
+                     const std::vector<uint32_t> prompt = RandomU32s(rng, 64);
+                     spec.prompt = prompt;  // a span: the vector outlives the encoding
                      spec.cache_salt = RandomString(rng, 8);
                      spec.adapter_id = RandomString(rng, 8);
                      for (size_t i = rng() % 3; i > 0; --i)
