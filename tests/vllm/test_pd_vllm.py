@@ -233,9 +233,20 @@ def test_prefill_on_one_instance_decode_on_another_same_host_and_across_hosts(tm
         assert d2.call({"prompt": late, "max_tokens": 8,
                         "kv_transfer_params": COLOCATED})["output"] == out_late
     finally:
-        for inst in procs:
-            inst.close()
+        # The daemons and Redis go first: nothing a failing close() raises leaves them behind.
         for proc in (a, b, redis):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        errors: List[BaseException] = []
+        for inst in procs:
+            try:
+                inst.close()
+            except Exception as exc:  # noqa: BLE001: every instance is closed, errors shown
+                errors.append(exc)
+                try:
+                    inst.kill()
+                except ProcessLookupError:
+                    pass
+        if errors:
+            raise errors[0]

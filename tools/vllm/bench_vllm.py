@@ -9,7 +9,10 @@ environment with scripts/setup-vllm.sh. Each configuration is a fresh vLLM proce
 - example_connector: vLLM's ExampleConnector (whole-prompt files on disk; the only peer
   connector that runs on the CPU backend);
 - kvtier_g2: KvtierConnector with G2 large enough for the working set, no G3;
-- kvtier_g2_g3: KvtierConnector with G2 at a quarter of the working set and G3 behind it.
+- kvtier_g2_g3: KvtierConnector with G2 at a quarter of the working set and G3 behind it;
+- vllm_unbounded: vLLM alone with a KV space that holds the whole working set, so every reuse
+  is a vLLM prefix-cache (G1) hit: the limit a multi-tier cache is measured against (issue 25).
+  Its KV space is sized from the working set the first configuration measured.
 
 Workload (in the spirit of LMCache's multi-round QA and vLLM's prefix_repetition dataset):
 U users x R rounds; every user shares one system prompt; round r of user u sends the system
@@ -18,9 +21,14 @@ the same prompts whatever it generates) and a new question. Requests go round-ro
 users, so between two turns of one user the other users' prompts pass through vLLM's cache.
 
 Also measured: the floor (one long prompt cold, as a vLLM prefix-cache hit, and as a kvtier G2
-hit after vLLM's cache is reset; medians of --reps repetitions), and overhead_no_reuse (unique
-prompts, kvtier on vs vLLM alone, the medians over two alternating processes of each: the
-cost of lookups and saves when nothing hits).
+hit after vLLM's cache is reset; medians of --reps repetitions), quiet and again with a
+CPU-bound neighbour process running beside vLLM (a busy loop, not pinned: the load a shared
+machine puts beside an engine); and overhead_no_reuse (unique prompts, kvtier on vs vLLM alone,
+the medians over two alternating processes of each: the cost of lookups and saves when nothing
+hits).
+
+--quick is a smoke run (4 users x 3 rounds, vllm_alone, kvtier_g2 and vllm_unbounded, 2 floor
+repetitions, 4 no-reuse requests): minutes, and its ratios are noisier than the full run's.
 """
 
 from __future__ import annotations
@@ -119,7 +127,8 @@ def chat_workload(users: int, rounds: int, system_words: int, answer_words: int,
     return out
 
 
-def run_driver(tmp: Path, name: str, plan: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+def run_driver(tmp: Path, name: str, plan: Dict[str, Any], timeout: float,
+               env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     plan_path, out_path, log_path = (tmp / f"{name}.plan.json", tmp / f"{name}.out.json",
                                      tmp / f"{name}.log")
     plan_path.write_text(json.dumps(plan))
@@ -127,7 +136,7 @@ def run_driver(tmp: Path, name: str, plan: Dict[str, Any], timeout: float) -> Di
     with open(log_path, "w") as f:
         rc = subprocess.run([sys.executable, str(DRIVER), str(plan_path), str(out_path)],
                             stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                            env=dict(os.environ, **THREADS_ENV)).returncode
+                            env=dict(os.environ, **THREADS_ENV, **(env or {}))).returncode
     if rc != 0:
         raise RuntimeError(f"{name}: vLLM exited {rc}; see {log_path}:\n"
                            + log_path.read_text()[-3000:])
@@ -195,7 +204,46 @@ def bench_instances(args: Any, tmp: Path, requests: List[Dict[str, Any]],
     return 0
 
 
-DEFAULT_CONFIGS = "vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3"
+DEFAULT_CONFIGS = "vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3,vllm_unbounded"
+QUICK_CONFIGS = "vllm_alone,kvtier_g2,vllm_unbounded"
+
+
+class Neighbour:
+    """A CPU-bound process beside the benchmark (one busy thread, not pinned), for the floor
+    under load; ended with the `with` block."""
+
+    def __enter__(self) -> "Neighbour":
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def measure_floor(tmp: Path, name: str, base: Dict[str, Any], reps: int, floor_tokens: int,
+                  timeout: float) -> Dict[str, Any]:
+    """One long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset, `reps` times: the
+    medians and every repetition (ms)."""
+    floor_steps: List[Dict[str, Any]] = []
+    for i in range(reps):
+        text = f"Document {i}. " + words(9000 + i, int(floor_tokens * 0.8))
+        p = [{"text": text}]
+        floor_steps += [{"name": f"cold{i}", "generate": p, "max_tokens": 1},
+                        {"name": f"g1hit{i}", "generate": p, "max_tokens": 1},
+                        {"reset_prefix_cache": True},
+                        {"name": f"g2hit{i}", "generate": p, "max_tokens": 1},
+                        {"reset_prefix_cache": True}]
+    floor = run_driver(tmp, name, dict(base, steps=floor_steps, kvtier={
+        "g2.capacity_bytes": "2GiB", "g3.enabled": False, "g2.lock_memory": False}), timeout)
+    ttft = {s["name"]: 1000.0 * (s["ttft_s"][0] or 0.0) for s in floor["steps"]}
+    out: Dict[str, Any] = {"prompt_tokens": floor["steps"][0]["prompt_tokens"][0], "reps": reps}
+    for key, step in (("cold", "cold"), ("g1_hit", "g1hit"), ("kvtier_g2_hit", "g2hit")):
+        out[f"{key}_ms"] = [ttft[f"{step}{i}"] for i in range(reps)]
+        out[f"{key}_median_ms"] = statistics.median(out[f"{key}_ms"])
+    out["kvtier_g2_hit_vs_g1_hit"] = out["kvtier_g2_hit_median_ms"] / out["g1_hit_median_ms"]
+    return out
 
 
 def main() -> int:
@@ -217,6 +265,10 @@ def main() -> int:
     ap.add_argument("--plot", default="bench-vllm-ttft.png", help="TTFT per round (PNG)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 4 users x 3 rounds, 3 configurations, 2 floor repetitions")
+    ap.add_argument("--no-neighbour", action="store_true",
+                    help="skip the floor measured beside a CPU-bound process")
     ap.add_argument("--instances", type=int, default=1,
                     help="2: two vLLM instances, round-robin, follow-ups on the other one "
                          "(vllm_alone, kvtier_per_instance, kvtier_shared; "
@@ -224,6 +276,11 @@ def main() -> int:
     ap.add_argument("--cli", default="", help="the kvtier binary (kvtier serve), for "
                                               "--instances 2 (default: $BENCH_KVTIER_CLI)")
     args = ap.parse_args()
+    if args.quick:
+        args.users, args.rounds, args.reps, args.no_reuse_requests = 4, 3, 2, 4
+        if args.configs == DEFAULT_CONFIGS:
+            args.configs = QUICK_CONFIGS
+    started = time.perf_counter()
 
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-bench-vllm-"))
     requests = chat_workload(args.users, args.rounds, args.system_words, args.answer_words,
@@ -251,10 +308,21 @@ def main() -> int:
             plan["kvtier"] = {"g2.capacity_bytes": g2_blocks * (BLOCK_BYTES + 4096),
                               "g2.lock_memory": False, "g3.dir": str(tmp / "g3"),
                               "g3.capacity_bytes": "3GiB", "g3.admit_min_seen": 1}
+        env: Dict[str, str] = {}
+        if name == "vllm_unbounded":
+            # vLLM's own KV space holds the whole working set (and one longest prompt more):
+            # every reuse is a G1 hit. Before any configuration has measured the working set,
+            # 64 blocks per user stand in for it.
+            blocks = (working_blocks or 64 * args.users) + args.g1_blocks
+            plan["num_gpu_blocks"] = blocks
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(-(-blocks * BLOCK_BYTES * 11 // 10 // 2**30))
+            configs_extra = {"vllm_kv_blocks": blocks}
         elif name != "vllm_alone":
             raise SystemExit(f"unknown config {name!r}")
-        results[name] = run_driver(tmp, name, plan, timeout)
+        results[name] = run_driver(tmp, name, plan, timeout, env)
         configs[name] = summarize(results[name])
+        if name == "vllm_unbounded":
+            configs[name].update(configs_extra)
         if working_blocks is None:
             # Distinct prompt KV: the last round of each user holds every earlier block.
             last = results[name]["steps"][0]["prompt_tokens"][-args.users:]
@@ -270,24 +338,18 @@ def main() -> int:
     outs = [results[n]["steps"][0]["outputs"] for n in results]
     outputs_equal = all(o == outs[0] for o in outs)
 
-    # The floor: one long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset.
+    # The floor: one long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset; quiet, and
+    # beside a CPU-bound neighbour.
     floor_tokens = (args.g1_blocks - 2) * BLOCK - 8
-    floor_steps: List[Dict[str, Any]] = []
-    for i in range(args.reps):
-        text = f"Document {i}. " + words(9000 + i, int(floor_tokens * 0.8))
-        p = [{"text": text}]
-        floor_steps += [{"name": f"cold{i}", "generate": p, "max_tokens": 1},
-                        {"name": f"g1hit{i}", "generate": p, "max_tokens": 1},
-                        {"reset_prefix_cache": True},
-                        {"name": f"g2hit{i}", "generate": p, "max_tokens": 1},
-                        {"reset_prefix_cache": True}]
-    floor = run_driver(tmp, "floor", dict(base, steps=floor_steps, kvtier={
-        "g2.capacity_bytes": "2GiB", "g3.enabled": False, "g2.lock_memory": False}), timeout)
-    ttft = {s["name"]: 1000.0 * (s["ttft_s"][0] or 0.0) for s in floor["steps"]}
-    cold = statistics.median(ttft[f"cold{i}"] for i in range(args.reps))
-    g1 = statistics.median(ttft[f"g1hit{i}"] for i in range(args.reps))
-    g2 = statistics.median(ttft[f"g2hit{i}"] for i in range(args.reps))
-    floor_prompt = floor["steps"][0]["prompt_tokens"][0]
+    floor = measure_floor(tmp, "floor", base, args.reps, floor_tokens, timeout)
+    cold, g1, g2 = (floor["cold_median_ms"], floor["g1_hit_median_ms"],
+                    floor["kvtier_g2_hit_median_ms"])
+    floor_prompt = floor["prompt_tokens"]
+    floor_busy: Optional[Dict[str, Any]] = None
+    if not args.no_neighbour:
+        with Neighbour():
+            floor_busy = measure_floor(tmp, "floor_neighbour", base, args.reps, floor_tokens,
+                                       timeout)
 
     # No reuse: unique prompts (distinct from the first token), kvtier on vs vLLM alone. Two
     # processes of each, alternating (alone, kvtier, alone, kvtier), each with two unmeasured
@@ -327,14 +389,14 @@ def main() -> int:
                      "dtype": "fp32", "model": args.model, "threads_env": THREADS_ENV},
         "configs": configs,
         "outputs_equal": outputs_equal,
-        "floor": {"prompt_tokens": floor_prompt, "reps": args.reps,
-                  "cold_ms": [ttft[f"cold{i}"] for i in range(args.reps)],
-                  "g1_hit_ms": [ttft[f"g1hit{i}"] for i in range(args.reps)],
-                  "kvtier_g2_hit_ms": [ttft[f"g2hit{i}"] for i in range(args.reps)]},
+        "floor": floor,
+        "floor_neighbour": floor_busy,
         "cold_ttft_ms": cold,
         "g1_hit_ttft_ms": g1,
         "kvtier_g2_hit_ttft_ms": g2,
         "kvtier_g2_hit_vs_g1_hit": g2 / g1,
+        "kvtier_g2_hit_vs_g1_hit_neighbour":
+            floor_busy["kvtier_g2_hit_vs_g1_hit"] if floor_busy else None,
         "overhead_no_reuse": overhead,
         "no_reuse": {"vllm_alone_ttft_p50_ms": 1000 * a, "kvtier_ttft_p50_ms": 1000 * k,
                      "kvtier_hit_blocks": no_reuse_hits},
@@ -342,6 +404,13 @@ def main() -> int:
     if "vllm_alone" in configs and "kvtier_g2" in configs:
         report["kvtier_g2_vs_vllm_alone"] = (configs["kvtier_g2"]["ttft_mean_ms"]
                                             / configs["vllm_alone"]["ttft_mean_ms"])
+    if "vllm_unbounded" in configs and "kvtier_g2" in configs:
+        # The limit: vLLM whose own KV space holds the working set (issue 25: <= 1.15).
+        report["kvtier_g2_vs_vllm_unbounded_ttft_mean"] = (
+            configs["kvtier_g2"]["ttft_mean_ms"] / configs["vllm_unbounded"]["ttft_mean_ms"])
+        report["kvtier_g2_vs_vllm_unbounded_throughput"] = (
+            configs["kvtier_g2"]["throughput_tokens_per_s"]
+            / configs["vllm_unbounded"]["throughput_tokens_per_s"])
     if "example_connector" in configs and "kvtier_g2" in configs:
         report["kvtier_g2_vs_example_connector"] = (
             configs["kvtier_g2"]["ttft_mean_ms"] / configs["example_connector"]["ttft_mean_ms"])
@@ -370,6 +439,8 @@ def main() -> int:
         except Exception as e:  # the figures stand without the picture
             log(f"no plot: {e}")
 
+    report["wall_s"] = time.perf_counter() - started
+    report["quick"] = bool(args.quick)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -382,12 +453,20 @@ def main() -> int:
             print(f"{name:<20}{c['ttft_mean_ms']:>9.1f}ms{c['ttft_p50_ms']:>7.1f}ms"
                   f"{c['ttft_p90_ms']:>7.1f}ms{c['throughput_tokens_per_s']:>9.0f}  {hits}")
         print(f"outputs_equal: {outputs_equal}")
-        for key in ("kvtier_g2_vs_vllm_alone", "kvtier_g2_vs_example_connector"):
+        for key in ("kvtier_g2_vs_vllm_alone", "kvtier_g2_vs_example_connector",
+                    "kvtier_g2_vs_vllm_unbounded_ttft_mean",
+                    "kvtier_g2_vs_vllm_unbounded_throughput"):
             if key in report:
                 print(f"{key}: {report[key]:.3f}")
         print(f"floor ({floor_prompt} tokens): cold {cold:.1f} ms, vLLM G1 hit {g1:.1f} ms, "
               f"kvtier G2 hit {g2:.1f} ms (x{g2 / g1:.2f} of G1)")
+        if floor_busy is not None:
+            print(f"floor beside a CPU-bound neighbour: cold {floor_busy['cold_median_ms']:.1f} "
+                  f"ms, vLLM G1 hit {floor_busy['g1_hit_median_ms']:.1f} ms, kvtier G2 hit "
+                  f"{floor_busy['kvtier_g2_hit_median_ms']:.1f} ms "
+                  f"(x{floor_busy['kvtier_g2_hit_vs_g1_hit']:.2f} of G1)")
         print(f"overhead_no_reuse: {overhead:+.3f} (p50 {1000 * k:.1f} vs {1000 * a:.1f} ms)")
+        print(f"wall: {report['wall_s']:.0f} s")
     if not args.keep:
         import shutil
 

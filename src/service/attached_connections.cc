@@ -1,0 +1,196 @@
+// AttachedManager's two background connections to kvtier serve (docs/service.md): the data
+// connection, on which the daemon lends this engine G1<->G2 copies (kCopy batches, run here
+// through this process's mapping of the shared G2, reported per layer or per batch), and the
+// events connection that feeds SubscribeEvents. The call side is attached_manager.cc.
+#include <sys/socket.h>
+
+#include "core/log.h"
+#include "service/attached_manager.h"
+#include "service/handshake.h"
+#include "transfer/block_copy.h"
+
+namespace kvtier::service {
+
+void AttachedManager::SubscribeEvents(KvEventCallback callback) {
+  {
+    std::lock_guard lock(mu_);
+    callbacks_.push_back(std::move(callback));
+  }
+  std::lock_guard lock(events_mu_);
+  if (!events_thread_.joinable() && !events_stop_) {
+    events_thread_ = std::thread([this] { EventsLoop(); });
+  }
+}
+
+void AttachedManager::EventsLoop() {
+  bool warned = false;
+  for (;;) {
+    {
+      std::lock_guard lock(events_mu_);
+      if (events_stop_) return;
+    }
+    Result<Handshake> opened = OpenConnection(socket_path_, MakeHello(Role::kEvents), ++seq_,
+                                              Clock::now() + call_timeout_);
+    if (opened.ok()) {
+      std::unique_lock lock(events_mu_);
+      if (events_stop_) return;
+      events_fd_ = opened->fd.get();
+    }
+    if (opened.ok()) {
+      warned = false;
+      {
+        std::lock_guard lock(mu_);
+        stats_.events_connects++;
+      }
+      const int fd = opened->fd.get();
+      for (;;) {
+        Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
+        if (!frame.ok()) break;
+        EventsFrame ev;
+        WireReader r(frame->payload);
+        Status decoded =
+            frame->header.type == static_cast<uint16_t>(MsgType::kEvents)
+                ? DecodeEvents(&r, &ev)
+                : Status::InvalidArgument(std::string("an events connection carries Events, not ") +
+                                          MsgTypeName(frame->header.type));
+        if (!decoded.ok()) {
+          KVTIER_LOG(kWarn) << "kvtier: events from kvtier serve at " << socket_path_ << ": "
+                            << decoded.message() << "; connecting again";
+          break;
+        }
+        std::vector<KvEventCallback> callbacks;
+        {
+          std::lock_guard lock(mu_);
+          callbacks = callbacks_;
+          stats_.events += ev.events.size();
+          stats_.events_dropped += ev.dropped;
+        }
+        if (ev.dropped != 0) {
+          KVTIER_LOG(kWarn) << "kvtier: kvtier serve dropped " << ev.dropped
+                            << " KV events for this engine (its callbacks did not keep up)";
+        }
+        for (const auto& cb : callbacks) cb(ev.events);
+      }
+      std::lock_guard lock(events_mu_);
+      events_fd_ = -1;
+    } else if (!warned) {
+      KVTIER_LOG(kDebug) << "kvtier: events from kvtier serve at " << socket_path_ << ": "
+                         << opened.status().message() << "; retried every "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(reattach_).count()
+                         << " ms";
+      warned = true;
+    }
+    std::unique_lock lock(events_mu_);
+    events_cv_.wait_for(lock, reattach_, [&] { return events_stop_; });
+  }
+}
+
+Status AttachedManager::SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer,
+                                   const Status& status) {
+  WireWriter w;
+  w.U64(batch);
+  if (type == MsgType::kCopyLayer) {
+    w.U32(layer);
+  } else {
+    EncodeStatus(&w, status);
+  }
+  std::lock_guard lock(send_mu_);
+  return SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
+                   Clock::now() + call_timeout_);
+}
+
+void AttachedManager::RunCopy(int fd, const CopyCall& call) {
+  const KvLayout& layout = options_.layout;
+  const uint64_t block_bytes = layout.BlockBytes();
+  for (const auto& [block, offset] : call.copies) {
+    if (block >= g1_->num_blocks || offset > arena_->mapped_bytes() ||
+        arena_->mapped_bytes() - offset < block_bytes) {
+      (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0,
+                       Status::InvalidArgument("a copy names G1 block " + std::to_string(block) +
+                                               " or G2 offset " + std::to_string(offset) +
+                                               " outside this engine's memory"));
+      return;
+    }
+  }
+  const auto deadline = Clock::time_point(std::chrono::nanoseconds(call.deadline_ns));
+  auto late = [&] {
+    std::lock_guard lock(mu_);
+    stats_.late_batches++;
+    return Status::TimedOut("the copy's lease ended before it could run");
+  };
+  {
+    std::lock_guard lock(mu_);
+    stats_.copy_batches++;
+  }
+  if (Clock::now() >= deadline) {
+    (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, late());
+    return;
+  }
+  if (device_) {
+    std::vector<DeviceBlockCopy> copies;
+    for (const auto& [block, offset] : call.copies) {
+      copies.push_back(DeviceBlockCopy{block, arena_->base() + offset});
+    }
+    const uint64_t batch = call.batch;
+    const bool load = call.dir == 1;
+    Status s = device_->Submit(
+        load ? CopyDirection::kHostToDevice : CopyDirection::kDeviceToHost, copies,
+        [this, fd, batch, load](uint32_t layer) {
+          if (load) (void)SendReport(fd, MsgType::kCopyLayer, batch, layer, Status::Ok());
+        },
+        [this, fd, batch](const Status& st) {
+          (void)SendReport(fd, MsgType::kCopyDone, batch, 0, st);
+        },
+        load);
+    if (!s.ok()) (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, s);
+    return;
+  }
+  Status status;
+  if (call.dir == 1) {
+    for (uint32_t l = 0; l < layout.num_layers && status.ok(); ++l) {
+      {
+        std::lock_guard lock(copy_mu_);
+        if (Clock::now() >= deadline) {
+          status = late();
+          break;
+        }
+        for (const auto& [block, offset] : call.copies) {
+          ScatterLayer(*g1_, arena_->base() + offset, block, l);
+        }
+      }
+      status = SendReport(fd, MsgType::kCopyLayer, call.batch, l, Status::Ok());
+      if (!status.ok()) return;  // the daemon is gone
+    }
+  } else {
+    for (const auto& [block, offset] : call.copies) {
+      if (copy_stall_.count() > 0) std::this_thread::sleep_for(copy_stall_);
+      std::lock_guard lock(copy_mu_);
+      if (Clock::now() >= deadline) {
+        status = late();
+        break;
+      }
+      GatherBlock(*g1_, block, arena_->base() + offset);
+    }
+  }
+  (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, status);
+}
+
+void AttachedManager::DataLoop(int fd) {
+  for (;;) {
+    Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
+    if (!frame.ok()) break;
+    CopyCall call;
+    WireReader r(frame->payload);
+    Status decoded = frame->header.type == static_cast<uint16_t>(MsgType::kCopy)
+                         ? DecodeCopy(&r, &call)
+                         : Status::InvalidArgument("a data connection frame that is not Copy");
+    if (!decoded.ok()) {
+      KVTIER_LOG(kWarn) << "kvtier: kvtier serve sent a bad copy frame: " << decoded.ToString();
+      break;
+    }
+    RunCopy(fd, call);
+  }
+  // Device batches still running report into a closed socket; their callbacks end first.
+}
+
+}  // namespace kvtier::service
