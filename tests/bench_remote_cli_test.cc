@@ -1,5 +1,6 @@
 // `kvtier bench remote` run as a user would: briefly, with --json, against its own embedded
-// redis-server and against one the test started; and its usage errors.
+// redis-server and against one the test started; and its usage errors. Also `kvtier bench
+// handoff` (the P/D handoff through a shared G2 and a Redis G4), small.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -73,6 +74,30 @@ TEST(BenchRemoteCliTest, ServerDownIsAFailureNotAHang) {
                     " --value-bytes 4KiB --seconds 0.1 --rounds 1 --no-redis-benchmark");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("Unavailable"), std::string::npos) << r.out;
+}
+
+// The handoff of a 256-token prompt (16 blocks of 2 MiB): through one daemon's G2 and across two
+// daemons over the embedded Redis, every block byte-exact, each path beside its limit.
+TEST(BenchHandoffCliTest, BothPathsDeliverEveryBlockByteExact) {
+  KVTIER_REQUIRE_REDIS();
+  CliRun r = Kvtier("bench handoff --tokens 256 --reps 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* key : {"\"blocks\": 16", "\"bytes_ok\": true", "\"g2_handoff_vs_memcpy\"",
+                          "\"g4_handoff_s\"", "\"memcpy_gbps\""}) {
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
+  }
+}
+
+TEST(BenchHandoffCliTest, UsageErrorsSayWhatToFix) {
+  CliRun r = Kvtier("bench handoff --tokens 8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--tokens 16..65536"), std::string::npos) << r.out;
+  r = Kvtier("bench handoff --reps 0 --no-g4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--reps 1..100"), std::string::npos) << r.out;
+  r = Kvtier("bench handoff --bogus 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--bogus"), std::string::npos) << r.out;
 }
 
 }  // namespace

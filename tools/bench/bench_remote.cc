@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench/bench_timer.h"
+#include "bench/redis_benchmark.h"
 #include "cli/commands.h"
 #include "cli/embedded_redis.h"
 #include "cli/json_writer.h"
@@ -94,37 +95,6 @@ Phase RunPhase(std::vector<Client>& clients, double seconds, uint64_t value_byte
   p.first_error = first_error;
   p.gbps = static_cast<double>(p.ops * value_bytes) / sw.Seconds() / 1e9;
   return p;
-}
-
-// Runs redis-benchmark for one test ("set" or "get"); returns requests/s, or -1 with *error.
-double RedisBenchmark(const std::string& base, const std::string& test, uint32_t pipeline,
-                      uint64_t requests, std::string* command, std::string* error) {
-  *command = base + " -P " + std::to_string(pipeline) + " -n " + std::to_string(requests) + " -t " +
-             test + " --csv";
-  FILE* p = popen((*command + " 2>&1").c_str(), "r");
-  if (p == nullptr) {
-    *error = "popen failed";
-    return -1;
-  }
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  // CSV: "test","rps",...  then "SET","724.64",...
-  std::string upper = test;
-  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  const std::string row = "\"" + upper + "\",\"";
-  const size_t at = out.find(row);
-  if (rc != 0 || at == std::string::npos) {
-    *error = "redis-benchmark failed (exit " + std::to_string(rc) + "): " + out.substr(0, 300);
-    return -1;
-  }
-  return std::strtod(out.c_str() + at + row.size(), nullptr);
-}
-
-bool RedisBenchmarkInstalled() {
-  return std::system("command -v redis-benchmark >/dev/null 2>&1") == 0;
 }
 
 }  // namespace

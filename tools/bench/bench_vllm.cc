@@ -2,6 +2,8 @@
 // ExampleConnector, kvtier on G2, kvtier on G2 + G3), on a multi-round chat. The work is a
 // Python program in the cached vLLM environment (tools/vllm/bench_vllm.py, started by
 // tools/vllm/run_bench.sh); this command finds and runs it with the caller's flags.
+// kvtier bench pd: disaggregated prefill/decode through kvtier vs colocated vLLM on a mixed
+// workload (tools/vllm/bench_pd.py, started by tools/vllm/run_bench_pd.sh), the same way.
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,13 +23,17 @@
 
 namespace kvtier::cli {
 
-int ExecBenchVllm(int argc, char** argv, int first) {
-  const std::string script = std::string(KVTIER_SOURCE_DIR) + "/tools/vllm/run_bench.sh";
+namespace {
+
+// Execs `bash tools/vllm/SCRIPT --build-dir BUILD argv[first..argc)`; `what` names the command
+// in messages. Returns only when it cannot (1).
+int ExecBenchScript(const char* what, const char* script_name, int argc, char** argv, int first) {
+  const std::string script = std::string(KVTIER_SOURCE_DIR) + "/tools/vllm/" + script_name;
   if (access(script.c_str(), R_OK) != 0) {
     std::fprintf(stderr,
-                 "kvtier bench vllm: %s is missing: this command runs from a kvtier source tree "
+                 "%s: %s is missing: this command runs from a kvtier source tree "
                  "(it needs the repository's scripts and Python programs)\n",
-                 script.c_str());
+                 what, script.c_str());
     return 1;
   }
   std::vector<char*> exec_argv;
@@ -42,8 +48,18 @@ int ExecBenchVllm(int argc, char** argv, int first) {
   for (int i = first; i < argc; ++i) exec_argv.push_back(argv[i]);
   exec_argv.push_back(nullptr);
   execvp("bash", exec_argv.data());
-  std::perror("kvtier bench vllm: exec bash");
+  std::perror((std::string(what) + ": exec bash").c_str());
   return 1;
+}
+
+}  // namespace
+
+int ExecBenchVllm(int argc, char** argv, int first) {
+  return ExecBenchScript("kvtier bench vllm", "run_bench.sh", argc, argv, first);
+}
+
+int ExecBenchPd(int argc, char** argv, int first) {
+  return ExecBenchScript("kvtier bench pd", "run_bench_pd.sh", argc, argv, first);
 }
 
 }  // namespace kvtier::cli

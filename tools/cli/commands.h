@@ -27,11 +27,14 @@ int RunDemoWorkers(const CliArgs& args);    // kvtier demo --workers N (tools/de
 int RunBenchRemote(const CliArgs& args);    // kvtier bench remote
 int RunBenchEvents(const CliArgs& args);    // kvtier bench events
 int RunBenchService(const CliArgs& args);   // kvtier bench service
+int RunBenchHandoff(const CliArgs& args);   // kvtier bench handoff (P/D, docs/pd.md)
 int RunServe(const CliArgs& args);          // kvtier serve (tools/cli/serve_command.cc)
 int RunTop(const CliArgs& args);            // kvtier top URL... (tools/cli/top_command.cc)
 // kvtier bench vllm: execs tools/vllm/run_bench.sh with argv[first..argc) (the Python program
 // parses its own flags). Returns only when it cannot start it (1).
 int ExecBenchVllm(int argc, char** argv, int first);
+// kvtier bench pd: the same, with tools/vllm/run_bench_pd.sh (docs/pd.md).
+int ExecBenchPd(int argc, char** argv, int first);
 // kvtier router: execs `PYTHON -m kvtier.router` with this build's package (build/python) and
 // argv[first..argc) (PYTHON: the build's interpreter, or --python PATH). Returns only when it
 // cannot start it (1; 2 for a --python without a path).

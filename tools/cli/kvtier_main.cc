@@ -52,6 +52,9 @@ const std::vector<Command>& Commands() {
       {{"bench", "service"},
        "Lookup of a 131,072-token prompt attached (kvtier serve) vs embedded",
        RunBenchService},
+      {{"bench", "handoff"},
+       "P/D handoff of a prefilled prompt: shared G2 vs memcpy, Redis G4 vs redis-benchmark GET",
+       RunBenchHandoff},
       {{"serve"},
        "one kvtier per host: the daemon engines attach to (service.socket), shared G2 and G3",
        RunServe},
@@ -68,6 +71,9 @@ const std::vector<Command>& Commands() {
       // Runs a Python program with its own flags: dispatched in main() before CliArgs.
       {{"bench", "vllm"},
        "vLLM (CPU) alone vs ExampleConnector vs kvtier on G2 and G2+G3: TTFT, multi-round chat",
+       nullptr},
+      {{"bench", "pd"},
+       "1P1D through kvtier (one host; two hosts over Redis G4) vs colocated vLLM: TTFT, ITL",
        nullptr},
       {{"router"},
        "OpenAI-compatible proxy over vLLM workers: each request to the lowest estimated TTFT",
@@ -99,6 +105,9 @@ int Main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "bench") == 0 && std::strcmp(argv[2], "vllm") == 0) {
     return ExecBenchVllm(argc, argv, 3);
   }
+  if (argc >= 3 && std::strcmp(argv[1], "bench") == 0 && std::strcmp(argv[2], "pd") == 0) {
+    return ExecBenchPd(argc, argv, 3);
+  }
   if (std::strcmp(argv[1], "router") == 0) return ExecRouter(argc, argv, 2);
   for (const Command& c : Commands()) {
     if (static_cast<size_t>(argc - 1) < c.words.size() || c.run == nullptr) continue;
@@ -109,7 +118,7 @@ int Main(int argc, char** argv) {
         CliArgs::Parse(argc, argv, 1 + static_cast<int>(c.words.size()),
                        {"json", "help", "headers-only", "no-fio", "keep", "no-plot", "cluster",
                         "no-redis-benchmark", "compare-belady", "sweep", "g4-warm", "describe",
-                        "list", "once", "metrics-compare", "shared"});
+                        "list", "once", "metrics-compare", "shared", "no-g4"});
     if (!args.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", args.status().message().c_str());
       return 2;
