@@ -5,8 +5,18 @@
 // each read verified. Then, when fio is installed, runs fio on the same directory with the same
 // block size, queue depth and bytes (randwrite, then randread; O_DIRECT, io_uring engine) and
 // reports the ratios. The fio command is printed and written down in bench/README.md.
+//
+// Like with like: with --hugepages on (the default) both sides use 2 MiB-page buffers. The bench
+// raises vm.nr_hugepages for the run by what fio (--iomem=shmhuge: iodepth x bs) and the G2
+// arena (a hugetlbfs memfd) need, and puts the old value back on every exit, signals included.
+// When the pages cannot be had (not root, or the kernel finds too few) fio runs on 4 KiB pages
+// and the output says so (fio_buffers, fio_buffers_reason).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <fstream>
 
 #include <algorithm>
 #include <condition_variable>
@@ -19,6 +29,7 @@
 #include <vector>
 
 #include "bench/bench_timer.h"
+#include "bench/hugepage_reservation.h"
 #include "cli/commands.h"
 #include "cli/json_writer.h"
 #include "cli/progress.h"
@@ -42,8 +53,12 @@ void PrintUsage() {
       "  --dir D (./kvtier-data; the bench works in D/bench-<pid> and removes it)\n"
       "  --block-bytes N (2MiB)  --qd Q (32)  --total-bytes T (2GiB)  --rounds R (3)\n"
       "  --backend auto|io_uring|threads (auto)\n"
-      "  --hugepages on|off (on): G2 buffers on 2 MiB pages, as the arena has them; fio's are\n"
-      "  4 KiB pages, so a large I/O needs more DMA segments (and block-layer splits) there\n");
+      "  --hugepages on|off (on): 2 MiB-page buffers on both sides: G2 on a hugetlbfs memfd\n"
+      "  and fio with --iomem=shmhuge, vm.nr_hugepages raised for the run and restored after\n"
+      "  (as root; otherwise G2 on transparent huge pages and fio on 4 KiB pages, reported in\n"
+      "  fio_buffers). A 2 MiB I/O from 4 KiB pages needs many more DMA segments and is split\n"
+      "  by the block layer, so fio on 4 KiB pages is not the device's limit. off: G2 on 4 KiB\n"
+      "  pages, fio on 4 KiB pages\n");
 }
 
 // Collects results; WaitSome returns whatever arrived (at least one).
@@ -150,6 +165,16 @@ double RunFio(const std::string& command, const std::string& section, std::strin
   return bw;
 }
 
+std::string JsonArray(const std::vector<double>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%s%.4f", i ? ", " : "", v[i]);
+    out += buf;
+  }
+  return out + "]";
+}
+
 }  // namespace
 
 int RunBenchDisk(const CliArgs& args) {
@@ -212,8 +237,50 @@ int RunBenchDisk(const CliArgs& args) {
     }
   } cleanup{base, parent_existed ? "" : parent, args.Has("keep")};
 
+  const bool want_fio = !args.Has("no-fio");
+  const bool have_fio = want_fio && FioInstalled();
+
   // G2 buffers: twice the queue depth, so the ring stays full while completed buffers are
   // turned around.
+  const uint64_t stride = (kBlockHeaderBytes + *block_bytes + 4095) / 4096 * 4096;
+  const uint32_t window = static_cast<uint32_t>(std::min<uint64_t>(2 * depth, blocks));
+
+  // Huge pages for both sides (declared before the arena: restored after it is unmapped).
+  // fio's buffers are iodepth x bs bytes plus alignment, one shm segment rounded up to whole
+  // pages (fio 3.33 at 32 x 2 MiB took 34 pages: 4 pages of slack); the arena is window x
+  // stride rounded up to 2 MiB, plus one page.
+  constexpr uint64_t kHuge = 2ull << 20;
+  HugepageReservation reservation;
+  bool huge_reserved = false;
+  std::string fio_buffers = "4k";
+  std::string fio_buffers_reason;
+  uint64_t hugepages_needed = 0;
+  uint64_t fio_pages = 0;
+  if (hugepages == "off") {
+    fio_buffers_reason = "--hugepages off: fio and G2 on 4 KiB pages";
+  } else if (const long long kb = MeminfoField("Hugepagesize"); kb != 2048) {
+    fio_buffers_reason =
+        (kb < 0 ? std::string("no hugetlb support in this kernel")
+                : "the default huge page size is " + std::to_string(kb) + " kB, not 2048") +
+        "; no huge pages reserved, fio on 4 KiB pages";
+  } else {
+    fio_pages = have_fio ? (uint64_t{depth} * *block_bytes + kHuge - 1) / kHuge + 4 : 0;
+    const uint64_t arena_pages = (uint64_t{window} * stride + kHuge - 1) / kHuge + 1;
+    hugepages_needed = fio_pages + arena_pages;
+    std::string why;
+    huge_reserved = reservation.Reserve(hugepages_needed, &why);
+    if (huge_reserved) {
+      fio_buffers = "hugepages";
+      fio_buffers_reason = std::to_string(hugepages_needed) + " x 2 MiB pages needed (fio " +
+                           std::to_string(fio_pages) + ", G2 " + std::to_string(arena_pages) +
+                           "); " + reservation.reason();
+    } else {
+      fio_buffers_reason =
+          "no huge pages for fio: " + why + "; fio on 4 KiB pages, G2 on transparent huge pages";
+    }
+    if (!json) std::printf("huge pages: %s\n", fio_buffers_reason.c_str());
+  }
+
   DiskTier::Config config;
   config.dir = base + "/g3";
   config.payload_bytes = *block_bytes;
@@ -223,15 +290,19 @@ int RunBenchDisk(const CliArgs& args) {
   config.io_backend = *backend;
   config.snapshot_on_close = false;
   config.admission.min_seen = 1;
-  const uint64_t stride = (kBlockHeaderBytes + *block_bytes + 4095) / 4096 * 4096;
   config.capacity_bytes = kFirstSlotOffset + blocks * stride;
-  const uint32_t window = static_cast<uint32_t>(std::min<uint64_t>(2 * depth, blocks));
   HostArena::Config arena_config;
   arena_config.slot_bytes = stride;
   arena_config.capacity_bytes = uint64_t{window} * stride;
   arena_config.hugepages = hugepages == "on";
+  // With reserved pages, a hugetlbfs memfd (as the service's shared G2 has it); else private
+  // memory with MADV_HUGEPAGE (transparent huge pages when the kernel has them).
+  arena_config.shared = huge_reserved;
   auto arena = HostArena::Create(arena_config);
   if (!arena.ok()) return Failure(arena.status());
+  const std::string arena_buffers = (*arena)->startup().hugetlb             ? "hugetlbfs"
+                                    : (*arena)->startup().hugepages_advised ? "thp-advised"
+                                                                            : "4k";
   std::mt19937_64 rng(42);
   for (uint32_t b = 0; b < window; ++b) {
     auto* p = reinterpret_cast<uint64_t*>((*arena)->SlotData(b) + kBlockHeaderBytes);
@@ -253,17 +324,32 @@ int RunBenchDisk(const CliArgs& args) {
     std::vector<DiskReadRequest> read;
   } requests;
 
-  const bool want_fio = !args.Has("no-fio");
-  const bool have_fio = want_fio && FioInstalled();
   const std::string fio_file = base + "/fio.dat";
-  const std::string fio_common = "fio --name=kvtier-g3 --filename=" + fio_file +
-                                 " --size=" + std::to_string(blocks * *block_bytes) +
-                                 " --bs=" + std::to_string(*block_bytes) +
-                                 " --iodepth=" + std::to_string(depth) +
-                                 " --direct=1 --ioengine=io_uring --fixedbufs=1 --numjobs=1"
-                                 " --output-format=json";
-  const std::string fio_write_cmd = fio_common + " --rw=randwrite";
-  const std::string fio_read_cmd = fio_common + " --rw=randread";
+  // --fixedbufs=1: registered buffers, when the tier registered the arena (it cannot under a
+  // small RLIMIT_MEMLOCK, and neither can fio then). Not --registerfiles or --sqthread_poll: the
+  // tier uses neither.
+  const bool fixed_bufs = tier->stats().buffers_registered;
+  auto fio_command = [&](bool huge) {
+    return "fio --name=kvtier-g3 --filename=" + fio_file +
+           " --size=" + std::to_string(blocks * *block_bytes) +
+           " --bs=" + std::to_string(*block_bytes) + " --iodepth=" + std::to_string(depth) +
+           " --direct=1 --ioengine=io_uring" + (fixed_bufs ? " --fixedbufs=1" : "") +
+           (huge ? " --iomem=shmhuge --hugepage-size=2m" : "") +
+           " --numjobs=1 --output-format=json";
+  };
+  std::string fio_common = fio_command(fio_buffers == "hugepages");
+  // One fio run; with huge pages, the pool is topped up first if others took pages out of it,
+  // and a run that failed is retried once after topping up again.
+  auto run_fio = [&](const std::string& command, const std::string& section, std::string* error) {
+    const bool huge = fio_buffers == "hugepages";
+    if (huge) (void)reservation.EnsureFree(fio_pages);
+    double bw = RunFio(command, section, error);
+    if (bw < 0 && huge && reservation.EnsureFree(fio_pages)) {
+      error->clear();
+      bw = RunFio(command, section, error);
+    }
+    return bw;
+  };
 
   double best_write = 0, best_read = 0, best_fio_write = 0, best_fio_read = 0;
   uint64_t failures = 0;
@@ -300,22 +386,39 @@ int RunBenchDisk(const CliArgs& args) {
   remove_all();
   if (have_fio) {
     std::string error;
-    if (RunFio(fio_common + " --rw=write", "write", &error) < 0) fio_error = error;
+    if (run_fio(fio_common + " --rw=write", "write", &error) < 0) {
+      if (fio_buffers == "hugepages") {
+        // fio could not use the huge pages (shm limits, an old fio): 4 KiB pages, said so.
+        fio_buffers = "4k";
+        fio_buffers_reason =
+            "fio with --iomem=shmhuge failed (" + error.substr(0, 200) + "); fio on 4 KiB pages";
+        fio_common = fio_command(false);
+        error.clear();
+        if (RunFio(fio_common + " --rw=write", "write", &error) < 0) fio_error = error;
+      } else {
+        fio_error = error;
+      }
+    }
   }
+  const std::string fio_write_cmd = fio_common + " --rw=randwrite";
+  const std::string fio_read_cmd = fio_common + " --rw=randread";
+  std::vector<double> round_write, round_read, round_fio_write, round_fio_read;
   Progress progress("bench disk", *rounds, "rounds");
-  for (uint64_t round = 0; round < *rounds; ++round) {
-    // fio and kvtier alternate so that both see the same state of a shared, noisy machine.
-    if (have_fio && fio_error.empty()) {
-      const double bw = RunFio(fio_write_cmd, "write", &fio_error);
-      if (bw > 0) best_fio_write = std::max(best_fio_write, bw / 1e9);
-    }
-    PhaseResult w = write_all();
-    if (have_fio && fio_error.empty()) {
-      const double bw = RunFio(fio_read_cmd, "read", &fio_error);
-      if (bw > 0) best_fio_read = std::max(best_fio_read, bw / 1e9);
-    }
+  auto fio_write = [&] {
+    if (!have_fio || !fio_error.empty()) return;
+    const double bw = run_fio(fio_write_cmd, "write", &fio_error);
+    if (bw > 0) best_fio_write = std::max(best_fio_write, bw / 1e9);
+    if (bw > 0) round_fio_write.push_back(bw / 1e9);
+  };
+  auto fio_read = [&] {
+    if (!have_fio || !fio_error.empty()) return;
+    const double bw = run_fio(fio_read_cmd, "read", &fio_error);
+    if (bw > 0) best_fio_read = std::max(best_fio_read, bw / 1e9);
+    if (bw > 0) round_fio_read.push_back(bw / 1e9);
+  };
+  auto read_all = [&] {
     std::shuffle(order.begin(), order.end(), rng);
-    PhaseResult rd = RunPhase(blocks, window, &collector, [&](const auto& batch) {
+    return RunPhase(blocks, window, &collector, [&](const auto& batch) {
       requests.read.clear();
       for (const auto& [i, b] : batch) {
         DiskReadRequest r;
@@ -328,16 +431,35 @@ int RunBenchDisk(const CliArgs& args) {
       }
       tier->SubmitReads(requests.read);
     });
+  };
+  for (uint64_t round = 0; round < *rounds; ++round) {
+    // fio and kvtier alternate so that both see the same state of a shared, noisy machine, and
+    // the order flips every round (fio first in even rounds, kvtier first in odd ones): the
+    // virtual disk absorbs writes into a host cache and pays for them during whatever comes
+    // next, so a fixed order would always charge one side for the other's writes.
+    const bool fio_first = round % 2 == 0;
+    PhaseResult w, rd;
+    if (fio_first) fio_write();
+    w = write_all();
+    if (!fio_first) fio_write();
+    if (fio_first) fio_read();
+    rd = read_all();
+    if (!fio_first) fio_read();
     remove_all();
     note(w);
     note(rd);
-    best_write = std::max(best_write, static_cast<double>(blocks * *block_bytes) / w.seconds / 1e9);
-    best_read = std::max(best_read, static_cast<double>(blocks * *block_bytes) / rd.seconds / 1e9);
+    round_write.push_back(static_cast<double>(blocks * *block_bytes) / w.seconds / 1e9);
+    round_read.push_back(static_cast<double>(blocks * *block_bytes) / rd.seconds / 1e9);
+    best_write = std::max(best_write, round_write.back());
+    best_read = std::max(best_read, round_read.back());
     progress.Update(round + 1);
   }
   progress.Finish();
   const DiskTierStats stats = tier->stats();
   (void)tier->Close();
+  opened->tier.reset();
+  arena->reset();
+  reservation.Restore();  // the pages go back as soon as nothing holds them
   if (failures > 0) {
     std::fprintf(stderr, "kvtier bench disk: %llu request(s) failed, first: %s\n",
                  static_cast<unsigned long long>(failures), first_error.c_str());
@@ -370,6 +492,20 @@ int RunBenchDisk(const CliArgs& args) {
       o.Add("write_vs_fio", write_ratio);
       o.Add("read_vs_fio", read_ratio);
     }
+    o.Add("fio_buffers", fio_buffers);
+    o.Add("fio_buffers_reason", fio_buffers_reason);
+    o.Add("g2_buffers", arena_buffers);
+    o.Add("hugepages_needed", hugepages_needed);
+    o.Add("hugepages_topups", reservation.topups());
+    if (have_fio) {
+      o.Add("fio_write_command", fio_write_cmd);
+      o.Add("fio_read_command", fio_read_cmd);
+    }
+    if (!fio_error.empty()) o.Add("fio_error", fio_error);
+    o.Raw("round_write_gbps", JsonArray(round_write));
+    o.Raw("round_read_gbps", JsonArray(round_read));
+    o.Raw("round_fio_write_gbps", JsonArray(round_fio_write));
+    o.Raw("round_fio_read_gbps", JsonArray(round_fio_read));
     std::printf("%s\n", o.Str().c_str());
     return 0;
   }
@@ -378,13 +514,20 @@ int RunBenchDisk(const CliArgs& args) {
       static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(*block_bytes),
       static_cast<double>(blocks * *block_bytes) / (1ull << 30), depth, stats.io_backend.c_str(),
       stats.buffers_registered ? " with registered buffers" : "",
-      hugepages == "on" ? " on huge pages" : " on 4 KiB pages",
+      arena_buffers == "hugetlbfs"     ? " on hugetlbfs pages"
+      : arena_buffers == "thp-advised" ? " on transparent huge pages"
+                                       : " on 4 KiB pages",
       static_cast<unsigned long long>(*rounds));
   std::printf("  write (random slots, one I/O per block)      %7.3f GB/s", best_write);
   if (fio_ran) std::printf("   fio randwrite %7.3f GB/s   ratio %.2f", best_fio_write, write_ratio);
   std::printf("\n  read  (random order, every block verified)   %7.3f GB/s", best_read);
   if (fio_ran) std::printf("   fio randread  %7.3f GB/s   ratio %.2f", best_fio_read, read_ratio);
   std::printf("\n");
+  if (have_fio) {
+    std::printf("  fio buffers: %s (%s)\n",
+                fio_buffers == "hugepages" ? "2 MiB huge pages" : "4 KiB pages",
+                fio_buffers_reason.c_str());
+  }
   if (fio_ran) {
     std::printf("  fio: %s --rw=randwrite|randread\n", fio_common.c_str());
   } else {
