@@ -28,7 +28,9 @@ the medians over two alternating processes of each: the cost of lookups and save
 hits).
 
 --quick is a smoke run (4 users x 3 rounds, vllm_alone, kvtier_g2 and vllm_unbounded, 2 floor
-repetitions, 4 no-reuse requests): minutes, and its ratios are noisier than the full run's.
+repetitions, no neighbour floor, one no-reuse pair of 4 requests): about 5 minutes on an
+AVX-512 machine of 2 cores, mostly vLLM start-ups, and its ratios are noisier than the full
+run's.
 """
 
 from __future__ import annotations
@@ -266,7 +268,8 @@ def main() -> int:
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 4 users x 3 rounds, 3 configurations, 2 floor repetitions")
+                    help="smoke run: 4 users x 3 rounds, 3 configurations, 2 floor repetitions, "
+                         "no neighbour floor, one no-reuse pair")
     ap.add_argument("--no-neighbour", action="store_true",
                     help="skip the floor measured beside a CPU-bound process")
     ap.add_argument("--instances", type=int, default=1,
@@ -298,6 +301,8 @@ def main() -> int:
     working_blocks: Optional[int] = None
     for name in args.configs.split(","):
         plan = dict(base, steps=[step])
+        env: Dict[str, str] = {}
+        configs_extra: Dict[str, Any] = {}
         if name == "example_connector":
             plan["example_connector"] = str(tmp / "example-store")
         elif name == "kvtier_g2":
@@ -308,8 +313,7 @@ def main() -> int:
             plan["kvtier"] = {"g2.capacity_bytes": g2_blocks * (BLOCK_BYTES + 4096),
                               "g2.lock_memory": False, "g3.dir": str(tmp / "g3"),
                               "g3.capacity_bytes": "3GiB", "g3.admit_min_seen": 1}
-        env: Dict[str, str] = {}
-        if name == "vllm_unbounded":
+        elif name == "vllm_unbounded":
             # vLLM's own KV space holds the whole working set (and one longest prompt more):
             # every reuse is a G1 hit. Before any configuration has measured the working set,
             # 64 blocks per user stand in for it.
@@ -321,8 +325,7 @@ def main() -> int:
             raise SystemExit(f"unknown config {name!r}")
         results[name] = run_driver(tmp, name, plan, timeout, env)
         configs[name] = summarize(results[name])
-        if name == "vllm_unbounded":
-            configs[name].update(configs_extra)
+        configs[name].update(configs_extra)
         if working_blocks is None:
             # Distinct prompt KV: the last round of each user holds every earlier block.
             last = results[name]["steps"][0]["prompt_tokens"][-args.users:]
@@ -346,7 +349,7 @@ def main() -> int:
                     floor["kvtier_g2_hit_median_ms"])
     floor_prompt = floor["prompt_tokens"]
     floor_busy: Optional[Dict[str, Any]] = None
-    if not args.no_neighbour:
+    if not args.no_neighbour and not args.quick:
         with Neighbour():
             floor_busy = measure_floor(tmp, "floor_neighbour", base, args.reps, floor_tokens,
                                        timeout)
@@ -361,7 +364,7 @@ def main() -> int:
     nr_alone: List[float] = []
     nr_kvtier: List[float] = []
     no_reuse_hits = 0.0
-    for rep in range(2):
+    for rep in range(1 if args.quick else 2):
         for side in ("alone", "kvtier"):
             seed = 20000 + 1000 * rep  # the same prompts on both sides (fresh processes)
             steps = [{"name": "warmup", "generate": unique(seed + 900, 2), "max_tokens": 1},
