@@ -118,5 +118,27 @@ TEST(CopyLargeTest, CopiesUnalignedRangesExactly) {
   }
 }
 
+// Every skew of dst against src (the vector loop takes ranges whose skew is not 0 mod 64, memcpy
+// the rest), every tail length past the last whole 64 bytes, and sizes on both sides of the
+// loop's bounds (256 bytes, 1 MiB): byte-exact, and nothing written outside the range.
+TEST(CopyLargeTest, EverySkewAndTailIsByteExact) {
+  const size_t cap = (size_t{1} << 20) + 256;
+  std::vector<uint8_t> src(cap + 64), dst(cap + 128);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 8));
+  for (uint64_t len : {255ull, 256ull, 257ull, 4096ull + 13, 32768ull, 32768ull + 63,
+                       (1ull << 20) - 1, 1ull << 20, (1ull << 20) + 255}) {
+    for (size_t so : {0u, 1u, 16u, 63u}) {
+      for (size_t dof : {0u, 1u, 16u, 48u, 63u}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        CopyLarge(dst.data() + 32 + dof, src.data() + so, len);
+        ASSERT_EQ(std::memcmp(dst.data() + 32 + dof, src.data() + so, len), 0)
+            << "len " << len << " src+" << so << " dst+" << dof;
+        for (size_t i = 0; i < 32 + dof; ++i) ASSERT_EQ(dst[i], 0xEE) << "wrote before dst";
+        ASSERT_EQ(dst[32 + dof + len], 0xEE) << "wrote past the end, len " << len;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier
