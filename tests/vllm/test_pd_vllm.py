@@ -23,13 +23,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -41,6 +40,7 @@ if not MODEL or not Path(MODEL).is_dir() or not CLI:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "vllm"))
 from bench_instances import Instance  # noqa: E402
+from redis_util import redis_cli, start_redis  # noqa: E402
 
 BLOCK = 32
 PD_WAIT_MS = 1500
@@ -51,35 +51,6 @@ def tmp() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="kvtier-pd-vllm-"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_cli(port: int, *args: str) -> str:
-    return subprocess.run(["redis-cli", "-p", str(port), *args], check=True,
-                          capture_output=True, text=True, timeout=30).stdout
-
-
-def start_redis(port: int) -> subprocess.Popen:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail("redis-server is not installed (scripts/install-deps.sh installs it)")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.fail("redis-server did not start")
 
 
 def start_daemon(tmp: Path, name: str, redis_port: int) -> subprocess.Popen:
@@ -138,12 +109,24 @@ def decode(d: Instance, prompt: Dict[str, Any], params: Any) -> Dict[str, Any]:
     return d.call({"prompt": prompt, "max_tokens": 8, "kv_transfer_params": params}, 300.0)
 
 
+def disaggregate(p: Instance, d: Instance,
+                 prompts: List[Dict[str, Any]]) -> Tuple[List[List[int]], int]:
+    """Each prompt prefilled on P, then decoded on D with P's params: D's outputs, and the full
+    prompt blocks D should have loaded (all but the block holding the last prompt token)."""
+    outs, want_blocks = [], 0
+    for prompt in prompts:
+        r = decode(d, prompt, prefill(p, prompt))
+        outs.append(r["output"])
+        want_blocks += (r["prompt_tokens"] - 1) // BLOCK
+    return outs, want_blocks
+
+
 COLOCATED = {"kvtier": {"load": False, "save": False}}
 
 
 def test_prefill_on_one_instance_decode_on_another_same_host_and_across_hosts(tmp: Path) -> None:
-    redis_port = free_port()
-    redis = start_redis(redis_port)
+    redis = start_redis()
+    redis_port = redis.port  # type: ignore[attr-defined]
     a = start_daemon(tmp, "host-a", redis_port)
     b = start_daemon(tmp, "host-b", redis_port)
     procs: List[Any] = []
@@ -158,11 +141,7 @@ def test_prefill_on_one_instance_decode_on_another_same_host_and_across_hosts(tm
         # One host: P's blocks reach D1 through host A's G2.
         before = kv(d1)
         same = [text(i) for i in range(3)]
-        outs_d1, want_blocks = [], 0
-        for prompt in same:
-            r = decode(d1, prompt, prefill(p, prompt))
-            outs_d1.append(r["output"])
-            want_blocks += (r["prompt_tokens"] - 1) // BLOCK
+        outs_d1, want_blocks = disaggregate(p, d1, same)
         after = kv(d1)
         assert grew(before, after, "hit_blocks_g2") == want_blocks, after
         assert grew(before, after, "pd_missing_tokens") == 0, after
@@ -170,11 +149,7 @@ def test_prefill_on_one_instance_decode_on_another_same_host_and_across_hosts(tm
         # Across hosts: D2 on host B has none of it in G2; it loads from G4.
         before = kv(d2)
         other = [text(10 + i) for i in range(2)]
-        outs_d2, want_blocks = [], 0
-        for prompt in other:
-            r = decode(d2, prompt, prefill(p, prompt))
-            outs_d2.append(r["output"])
-            want_blocks += (r["prompt_tokens"] - 1) // BLOCK
+        outs_d2, want_blocks = disaggregate(p, d2, other)
         after = kv(d2)
         assert grew(before, after, "hit_blocks_g4") == want_blocks, after
         assert grew(before, after, "hit_blocks_g2") == 0, after

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
 
+from redis_util import redis_cli, start_redis
 from sched_harness import Harness, reference_output
 
 MODEL = os.environ.get("KVTIER_TEST_VLLM_MODEL", "")
@@ -206,35 +204,8 @@ def test_failed_loads_are_recomputed_and_saved_good(tmp: Path, async_load: str) 
     h3.shutdown()
 
 
-def _redis(tmp: Path) -> subprocess.Popen:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail("redis-server is not installed (scripts/install-deps.sh installs it)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            proc.port = port  # type: ignore[attr-defined]
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.fail("redis-server did not start")
-
-
-def _redis_cli(port: int, *args: str) -> str:
-    return subprocess.run(["redis-cli", "-p", str(port), *args], check=True,
-                          capture_output=True, text=True, timeout=30).stdout
-
-
 def test_corrupt_g4_objects_are_not_offered_in_a_loop(tmp: Path) -> None:
-    redis = _redis(tmp)
+    redis = start_redis()
     try:
         g4 = {"g4.backend": "redis", "g4.endpoints": f"127.0.0.1:{redis.port}",
               "g4.write_through": True}
@@ -245,10 +216,10 @@ def test_corrupt_g4_objects_are_not_offered_in_a_loop(tmp: Path) -> None:
         w.run()
         check(w, list(reqs))
         w.shutdown()
-        names = [n for n in _redis_cli(redis.port, "--scan").split() if n]
+        names = [n for n in redis_cli(redis.port, "--scan").split() if n]
         assert len(names) >= 2 * 8, names
         for n in names:  # a flipped region in every object's payload
-            _redis_cli(redis.port, "SETRANGE", n, "9000", "corrupt-bytes-corrupt-bytes")
+            redis_cli(redis.port, "SETRANGE", n, "9000", "corrupt-bytes-corrupt-bytes")
         # Each lookup would find the objects again; the loads fail verification. The answer
         # must still come, in a bounded number of steps, and be right.
         h = Harness(MODEL, config(tmp, **g4))
