@@ -183,6 +183,56 @@ TEST(RedisStoreTest, BatchesLargerThanThePipelineRoundTrip) {
   }
 }
 
+// The server's used_memory_peak (INFO memory), or -1.
+long long UsedMemoryPeak(const RedisServer& server) {
+  testing::RedisReply r = server.Command({"INFO", "memory"});
+  const std::string key = "used_memory_peak:";
+  const size_t at = r.ok ? r.text.find(key) : std::string::npos;
+  return at == std::string::npos ? -1 : std::atoll(r.text.c_str() + at + key.size());
+}
+
+// Large GETs are bounded by bytes in flight, not only by command count: 16 pipelined 2 MiB GETs
+// make Redis build ~32 MiB of output buffers (its peak memory rises by that much), a 4 MiB byte
+// window keeps it to about one value. Both ways return every value intact.
+TEST(RedisStoreTest, ThePipelineIsBoundedByBytesInFlight) {
+  KVTIER_REQUIRE_REDIS();
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < 16; ++i) values.push_back(Pattern(300 + i, 2 * kMiB));
+  long long peak_rise[2] = {0, 0};
+  const uint64_t window_bytes[2] = {4 * kMiB, 1ull << 30};
+  for (int run = 0; run < 2; ++run) {
+    RedisServer server;
+    ASSERT_TRUE(server.Start()) << server.error();
+    RedisStoreOptions o = Opts(server.endpoint());
+    o.max_pipeline = 64;
+    o.max_pipeline_bytes = window_bytes[run];
+    auto store = MustOpen(o);
+    ASSERT_NE(store, nullptr);
+    for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok()) << s.ToString();
+    const long long before = UsedMemoryPeak(server);
+    ASSERT_GT(before, 0) << "INFO memory has no used_memory_peak";
+    GetResult g = GetAll(store.get(), 0, values.size(), 2 * kMiB);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
+      ASSERT_EQ(g.gets[i].bytes_read, values[i].size());
+      EXPECT_EQ(std::memcmp(g.bufs[i].data(), values[i].data(), values[i].size()), 0) << i;
+    }
+    peak_rise[run] = UsedMemoryPeak(server) - before;
+  }
+  EXPECT_LE(peak_rise[0], static_cast<long long>(5 * kMiB)) << "with a 4 MiB window";
+  EXPECT_GE(peak_rise[1], static_cast<long long>(8 * kMiB)) << "without a byte window";
+}
+
+TEST(RedisStoreTest, APipelineByteWindowOfZeroIsRefused) {
+  RedisStoreOptions o;
+  o.endpoints = {"127.0.0.1:1"};
+  o.max_pipeline_bytes = 0;
+  auto s = OpenRedisStore(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(s.status().Is(StatusCode::kInvalidArgument)) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("max_pipeline_bytes"), std::string::npos);
+}
+
 TEST(RedisStoreTest, DestTooSmallIsCorruptionAndDestUntouched) {
   KVTIER_REQUIRE_REDIS();
   RedisServer server;

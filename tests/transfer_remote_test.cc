@@ -309,6 +309,35 @@ TEST(TransferRemote, G4SavesAreBoundedAndTheOverflowIsDroppedAndCounted) {
   EXPECT_EQ(rig.engine->queued_remote_saves(), 0u);
 }
 
+// A load is cut into store calls of load_call_bytes (at least one block each); every block lands.
+TEST(TransferRemote, ALoadIsCutIntoCallsOfLoadCallBytes) {
+  for (const uint64_t call_blocks : {1ull, 2ull, 1000ull}) {
+    TransferEngine::RemoteConfig rc;
+    rc.threads = 1;
+    const uint64_t slot_bytes = kG2PayloadOffset + SmallLayout().BlockBytes();
+    rc.load_call_bytes = call_blocks == 1 ? 1 : call_blocks * slot_bytes;
+    Rig rig(rc);
+    std::vector<BlockTransfer> puts;
+    for (uint32_t b = 0; b < 6; ++b) {
+      rig.FillSlot(b, 700 + b);
+      puts.push_back(Rig::RemoteMove(Op::kG2ToG4, 700 + b, 0, b));
+    }
+    auto saved = rig.engine->Submit(puts, TransferPriority::kSave);
+    ASSERT_TRUE(saved.ok() && (*saved)->Wait().ok());
+    const int calls_before = rig.slow->calls.load();
+    std::vector<BlockTransfer> gets;
+    for (uint32_t b = 0; b < 6; ++b)
+      gets.push_back(Rig::RemoteMove(Op::kG4ToG1, 700 + b, b, 10 + b));
+    auto load = rig.engine->Submit(gets, TransferPriority::kLoad);
+    ASSERT_TRUE(load.ok());
+    ASSERT_TRUE((*load)->Wait().ok()) << (*load)->Wait().ToString();
+    const int expected_calls =
+        call_blocks >= 6 ? 1 : static_cast<int>((6 + call_blocks - 1) / call_blocks);
+    EXPECT_EQ(rig.slow->calls.load() - calls_before, expected_calls) << call_blocks;
+    for (uint32_t b = 0; b < 6; ++b) EXPECT_EQ(rig.G1Mismatches(b, 700 + b), 0u) << b;
+  }
+}
+
 TEST(TransferRemote, G4MovesNeedAStoreAndValidConfig) {
   KvLayout l = SmallLayout();
   HostArena::Config ac;
@@ -326,6 +355,9 @@ TEST(TransferRemote, G4MovesNeedAStoreAndValidConfig) {
   EXPECT_TRUE(engine->RegisterRemote(fs.get(), bad).Is(StatusCode::kInvalidArgument));
   bad = {};
   bad.load_timeout = std::chrono::milliseconds(0);
+  EXPECT_TRUE(engine->RegisterRemote(fs.get(), bad).Is(StatusCode::kInvalidArgument));
+  bad = {};
+  bad.load_call_bytes = 0;
   EXPECT_TRUE(engine->RegisterRemote(fs.get(), bad).Is(StatusCode::kInvalidArgument));
   EXPECT_TRUE(engine->RegisterRemote(nullptr, {}).Is(StatusCode::kInvalidArgument));
 }

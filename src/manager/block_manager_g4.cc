@@ -70,6 +70,7 @@ Status BlockManager::Impl::InitG4() {
     ro.password = cfg.GetString("g4.password");
     ro.connections_per_node = std::max<uint32_t>(ro.connections_per_node,
                                                  static_cast<uint32_t>(cfg.GetUint("g4.threads")));
+    ro.max_pipeline_bytes = cfg.GetUint("g4.redis_pipeline_kib") << 10;
     opened = OpenRedisStore(ro);
     // A malformed endpoint is the operator's mistake: refuse to start rather than run without.
     if (!opened.ok() && opened.status().Is(StatusCode::kInvalidArgument)) return opened.status();

@@ -458,7 +458,8 @@ class RedisStore final : public RemoteStore {
         lanes[g].conn = groups[g].conn.get();
         lanes[g].commands = groups[g].commands;
       }
-      RedisPipeline::Run(lanes, options_.max_pipeline, deadline);
+      RedisPipeline::Run(lanes, PipelineWindow{options_.max_pipeline, options_.max_pipeline_bytes},
+                         deadline);
       for (size_t g = 0; g < groups.size(); ++g) {
         Group& grp = groups[g];
         RedisPipeline::Lane& lane = lanes[g];
@@ -583,6 +584,9 @@ Result<std::unique_ptr<RemoteStore>> OpenRedisStore(const RedisStoreOptions& opt
   }
   if (options.connections_per_node < 1) {
     return Status::InvalidArgument("redis store: connections_per_node must be >= 1");
+  }
+  if (options.max_pipeline_bytes < 1) {
+    return Status::InvalidArgument("redis store: max_pipeline_bytes must be >= 1");
   }
   if (options.max_pipeline < 1) {
     return Status::InvalidArgument("redis store: max_pipeline must be >= 1");

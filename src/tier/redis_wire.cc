@@ -265,12 +265,24 @@ struct RedisPipeline::LaneState {
   }
 };
 
-bool RedisPipeline::SendSome(Lane& lane, LaneState& st, uint32_t window) {
+size_t RedisPipeline::SendLimit(const Lane& lane, const PipelineWindow& window) {
+  const size_t first = lane.replies.size();
+  const size_t by_count = std::min(lane.commands.size(), first + window.commands);
+  uint64_t bytes = 0;
+  for (size_t i = first; i < by_count; ++i) {
+    const WireCommand& c = lane.commands[i];
+    bytes += CommandBytes(c) + c.dest.size();
+    if (bytes > window.bytes && i > first) return i;
+  }
+  return by_count;
+}
+
+bool RedisPipeline::SendSome(Lane& lane, LaneState& st, const PipelineWindow& window) {
   static const char kCrlf[2] = {'\r', '\n'};
   RedisConnection* conn = lane.conn;
   bool moved = false;
   for (;;) {
-    const size_t limit = std::min(lane.commands.size(), lane.replies.size() + window);
+    const size_t limit = SendLimit(lane, window);
     if (st.send_cmd >= limit) return moved;
     iovec iov[kMaxIov];
     int n = 0;
@@ -456,8 +468,8 @@ bool RedisPipeline::ReceiveSome(Lane& lane, LaneState& st) {
   return moved;
 }
 
-void RedisPipeline::Run(std::span<Lane> lanes, uint32_t window, RemoteDeadline deadline) {
-  window = std::max<uint32_t>(window, 1);
+void RedisPipeline::Run(std::span<Lane> lanes, PipelineWindow window, RemoteDeadline deadline) {
+  window.commands = std::max<uint32_t>(window.commands, 1);
   std::vector<LaneState> states(lanes.size());
   for (Lane& lane : lanes) {
     lane.replies.clear();
@@ -487,7 +499,7 @@ void RedisPipeline::Run(std::span<Lane> lanes, uint32_t window, RemoteDeadline d
     fd_lane.clear();
     for (size_t i = 0; i < lanes.size(); ++i) {
       if (states[i].Finished(lanes[i])) continue;
-      const size_t limit = std::min(lanes[i].commands.size(), lanes[i].replies.size() + window);
+      const size_t limit = SendLimit(lanes[i], window);
       short events = POLLIN;
       if (states[i].send_cmd < limit) events |= POLLOUT;
       fds.push_back(pollfd{lanes[i].conn->context_->fd, events, 0});

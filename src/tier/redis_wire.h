@@ -124,10 +124,20 @@ class RedisConnection {
   size_t rpos_ = 0, rlen_ = 0;
 };
 
+// The most a lane keeps in flight: commands sent whose reply has not been read in full.
+struct PipelineWindow {
+  uint32_t commands = 64;
+  // Bytes of the commands in flight plus their replies' destinations. The first command in
+  // flight is always allowed, whatever its size. Large values are what this bounds: Redis
+  // copies each reply into an output buffer, and 64 pipelined 2 MiB GETs make it allocate (and
+  // fault in) 128 MiB of fresh buffers, about 3x slower than two at a time (docs/pd.md).
+  uint64_t bytes = 4ull << 20;
+};
+
 // Runs lanes of pipelined commands, one lane per connection, all lanes at once from the
-// calling thread (non-blocking sockets, one poll over all of them), with at most `window`
-// commands of a lane awaiting their reply. Returns when every lane has all its replies or
-// has failed, and never later than the deadline (plus one poll granularity).
+// calling thread (non-blocking sockets, one poll over all of them), within `window` per lane.
+// Returns when every lane has all its replies or has failed, and never later than the
+// deadline (plus one poll granularity).
 class RedisPipeline {
  public:
   struct Lane {
@@ -138,13 +148,15 @@ class RedisPipeline {
     // refused), IOError (protocol violation). The connection must then be discarded.
     Status failure;
   };
-  static void Run(std::span<Lane> lanes, uint32_t window, RemoteDeadline deadline);
+  static void Run(std::span<Lane> lanes, PipelineWindow window, RemoteDeadline deadline);
 
  private:
   struct LaneState;
   // Each moves a lane forward without blocking: returns whether any byte moved; sets
   // lane.failure when the lane cannot go on.
-  static bool SendSome(Lane& lane, LaneState& st, uint32_t window);
+  static bool SendSome(Lane& lane, LaneState& st, const PipelineWindow& window);
+  // One past the last command of `lane` that `window` lets be sent now.
+  static size_t SendLimit(const Lane& lane, const PipelineWindow& window);
   static bool ReceiveSome(Lane& lane, LaneState& st);
   // Parses what the receive buffer holds; returns false with lane.failure set on a protocol
   // violation.

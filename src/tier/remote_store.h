@@ -112,8 +112,11 @@ struct RedisStoreOptions {
   std::string password;  // AUTH when not empty
   uint32_t connections_per_node = 4;
   std::chrono::milliseconds connect_timeout{200};
-  // Objects per pipelined round trip at most (a batch is split into rounds).
+  // A connection's pipeline holds at most this many commands awaiting their replies, and at
+  // most this many bytes of commands and expected replies (always at least one command). The
+  // byte bound matters for large values: see PipelineWindow (redis_wire.h).
   uint32_t max_pipeline = 64;
+  uint64_t max_pipeline_bytes = 4ull << 20;
   CircuitBreakerOptions breaker;
 };
 

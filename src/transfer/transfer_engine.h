@@ -84,6 +84,9 @@ class TransferEngine final : private DiskCompletionSink {
     uint32_t max_queued_saves = 256;               // G4 save moves waiting at most, >= 1
     std::chrono::milliseconds load_timeout{500};   // deadline of a G4 load batch, > 0
     std::chrono::milliseconds save_timeout{2000};  // deadline of a G4 save batch, > 0
+    // A load is cut into store calls of about this many bytes (at least one block each), so
+    // that verifying a call's blocks and copying them on to G1 overlap the next call. > 0.
+    uint64_t load_call_bytes = 16ull << 20;
     // Hands back a caller's G2 slot (a G4 load's g2_slot, not kAnyStagingSlot) that was lent
     // to a store call abandoned at its deadline (TransferJob::SlotLent), once that call has
     // returned and nothing writes into the slot any more. Runs on a remote thread, possibly

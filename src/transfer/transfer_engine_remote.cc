@@ -17,6 +17,9 @@ Status TransferEngine::RemoteConfig::Validate() const {
   if (max_queued_saves < 1) {
     return Status::InvalidArgument("transfer remote max_queued_saves = 0; allowed: 1 or more");
   }
+  if (load_call_bytes == 0) {
+    return Status::InvalidArgument("transfer remote load_call_bytes = 0; allowed: 1 or more");
+  }
   if (load_timeout.count() <= 0 || save_timeout.count() <= 0) {
     return Status::InvalidArgument("G4 load/save timeouts must be > 0 ms (got " +
                                    std::to_string(load_timeout.count()) + " / " +
@@ -124,9 +127,15 @@ void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
                                  std::span<const uint32_t> moves, bool save) {
   const auto timeout = save ? remote_config_.save_timeout : remote_config_.load_timeout;
   const RemoteDeadline deadline = RemoteClock::now() + timeout;
-  // One call per remote thread at most, so a big load uses every connection.
-  const size_t per_call =
+  // Spread over every remote thread, so a big move uses every connection. A load is also cut
+  // into calls of about load_call_bytes: a call's blocks are verified and go on to G1 when
+  // the call returns, so smaller calls overlap those steps with the next call's transfer.
+  size_t per_call =
       std::max<size_t>(1, (moves.size() + remote_config_.threads - 1) / remote_config_.threads);
+  if (!save) {
+    const uint64_t block_bytes = kG2PayloadOffset + layout_.BlockBytes();
+    per_call = std::clamp<size_t>(remote_config_.load_call_bytes / block_bytes, 1, per_call);
+  }
   // Gets are watched: at the deadline the watchdog ends whichever of them are still queued or
   // in a call, whatever that call is doing.
   std::vector<uint32_t> gets;
