@@ -130,7 +130,8 @@ struct PipelineWindow {
   // Bytes of the commands in flight plus their replies' destinations. The first command in
   // flight is always allowed, whatever its size. Large values are what this bounds: Redis
   // copies each reply into an output buffer, and 64 pipelined 2 MiB GETs make it allocate (and
-  // fault in) 128 MiB of fresh buffers, about 3x slower than two at a time (docs/pd.md).
+  // fault in) 128 MiB of fresh buffers, about 5x slower than one at a time (docs/pd.md).
+  // RedisStoreOptions (max_pipeline, max_pipeline_bytes) sets both; these are its defaults.
   uint64_t bytes = 4ull << 20;
 };
 
