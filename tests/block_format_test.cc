@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace kvtier {
@@ -77,18 +79,139 @@ TEST(BlockFormat, LayoutIsPinned) {
   EXPECT_EQ(offsetof(BlockHeader, token_width), 96u);
   EXPECT_EQ(offsetof(BlockHeader, tokens), 128u);
   EXPECT_EQ(offsetof(BlockHeader, header_checksum), 4088u);
-  EXPECT_EQ(kBlockFormatVersion, 1u);
+  EXPECT_EQ(kBlockFormatVersion, 2u);
+  EXPECT_EQ(kOldestReadableBlockFormatVersion, 1u);
+  EXPECT_EQ(kMaxWideTokens, 990u);
+  EXPECT_EQ(kMaxNarrowTokens, 1320u);
 }
 
-// Pins the exact bytes of version 1: if this changes, the format changed and
+// The header grows with the block only past what 4 KiB holds, so every block size of version 1
+// (at most 1024 tokens) keeps its 4 KiB header, and G3 slots keep their stride.
+TEST(BlockFormat, HeaderSizeByBlockSize) {
+  for (uint32_t n : {0u, 1u, 3u, 16u, 48u, 96u, 528u, 784u, 990u, 991u, 1024u, 1320u}) {
+    EXPECT_EQ(BlockHeaderBytesFor(n), 4096u) << n;
+  }
+  EXPECT_EQ(BlockHeaderBytesFor(1321), 8192u);
+  EXPECT_EQ(BlockHeaderBytesFor(2014), 8192u);  // 128 + 2014 x 4 + 8 = 8192
+  EXPECT_EQ(BlockHeaderBytesFor(2015), 12288u);
+  EXPECT_EQ(BlockHeaderBytesFor(4096), 20480u);
+  EXPECT_EQ(kMaxBlockHeaderBytes, 20480u);
+}
+
+// Pins the exact bytes of version 2: if this changes, the format changed and
 // kBlockFormatVersion must be bumped (and this constant updated with it).
 TEST(BlockFormat, GoldenHeaderBytes) {
   const std::vector<TokenId> tokens = Tokens(16);
   std::vector<uint8_t> header(kBlockHeaderBytes);
   ASSERT_TRUE(
       EncodeBlockHeader(Fields(), tokens, kPayload, 0x0123456789abcdefull, header.data()).ok());
-  EXPECT_EQ(XXH3_64bits(header.data(), header.size()), 0x3309cbc9c009253eull)
+  EXPECT_EQ(XXH3_64bits(header.data(), header.size()), 0xeaaee5b6d40854f6ull)
       << std::hex << XXH3_64bits(header.data(), header.size());
+}
+
+// Stamps a header of this build as version 1 and reseals it: for 4 KiB headers, exactly the
+// bytes the version 1 writer produced (GoldenHeaderBytes of version 1 checks that).
+void StampVersion1(uint8_t* header) {
+  const uint32_t v1 = 1;
+  std::memcpy(header + offsetof(BlockHeader, format_version), &v1, 4);
+  const uint64_t sum = XXH3_64bits(header, offsetof(BlockHeader, header_checksum));
+  std::memcpy(header + offsetof(BlockHeader, header_checksum), &sum, 8);
+}
+
+// What kvtier wrote before any-size blocks (format version 1) is still read: the version 1
+// golden header (its hash pinned before version 2 existed) decodes and verifies, as does a
+// version 1 block of 1024 tokens (3-byte ids).
+TEST(BlockFormat, Version1BlocksAreStillRead) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  std::vector<uint8_t> header(kBlockHeaderBytes);
+  ASSERT_TRUE(
+      EncodeBlockHeader(Fields(), tokens, kPayload, 0x0123456789abcdefull, header.data()).ok());
+  StampVersion1(header.data());
+  ASSERT_EQ(XXH3_64bits(header.data(), header.size()), 0x3309cbc9c009253eull)
+      << "not the version 1 golden bytes: " << std::hex
+      << XXH3_64bits(header.data(), header.size());
+  DecodedBlockHeader h;
+  std::string why;
+  ASSERT_EQ(DecodeBlockHeader(header, &h, &why), BlockCheck::kOk) << why;
+  EXPECT_EQ(h.format_version, 1u);
+  EXPECT_EQ(h.header_bytes, 4096u);
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), h.token_span().begin()));
+
+  for (size_t n : {size_t{16}, size_t{1024}}) {
+    const std::vector<TokenId> t = Tokens(n, n == 16 ? 4000000000u : 1000);
+    Block b = MakeBlock(t);
+    StampVersion1(b.bytes.data());
+    ASSERT_EQ(DecodeBlockHeader(b.bytes, &h, &why), BlockCheck::kOk) << n << ": " << why;
+    EXPECT_EQ(h.format_version, 1u);
+    EXPECT_EQ(VerifyBlock(b.bytes, Expect(t)), BlockCheck::kOk) << n;
+  }
+}
+
+// A header of a version this build does not read (a newer kvtier wrote it, or version 0) is
+// refused, and the message names the version, what this build reads and what to do.
+TEST(BlockFormat, UnknownVersionsAreRefusedByName) {
+  for (uint32_t version : {0u, 3u, 77u}) {
+    Block b = MakeBlock(Tokens(16));
+    std::memcpy(b.bytes.data() + offsetof(BlockHeader, format_version), &version, 4);
+    Reseal(&b);
+    std::string why;
+    EXPECT_EQ(DecodeBlockHeader(b.bytes, nullptr, &why), BlockCheck::kBadHeader) << version;
+    EXPECT_NE(why.find("block format version " + std::to_string(version)), std::string::npos)
+        << why;
+    EXPECT_NE(why.find("this build reads versions 1..2"), std::string::npos) << why;
+    if (version > 2) {
+      EXPECT_NE(why.find("newer kvtier"), std::string::npos) << why;
+      EXPECT_NE(why.find("empty the G3 directory"), std::string::npos) << why;
+    }
+  }
+  // Version 1 never had a header larger than 4 KiB nor more than 1024 tokens.
+  const std::vector<TokenId> t = Tokens(1500);
+  std::vector<uint8_t> big(BlockHeaderBytesFor(t.size()) + kPayload);
+  ASSERT_TRUE(EncodeBlockHeader(Fields(), t, kPayload, 0, big.data()).ok());
+  const uint32_t v1 = 1;
+  std::memcpy(big.data() + offsetof(BlockHeader, format_version), &v1, 4);
+  std::string why;
+  EXPECT_EQ(DecodeBlockHeader(big, nullptr, &why), BlockCheck::kBadHeader);
+  EXPECT_NE(why.find("out of range for version 1"), std::string::npos) << why;
+}
+
+// Blocks longer than a 4 KiB header holds get a larger header (a multiple of 4 KiB) with full
+// 32-bit ids; the payload follows it; every header bit is still covered by the checksum.
+TEST(BlockFormat, LongBlocksGetLargerHeaders) {
+  for (size_t n : {size_t{1321}, size_t{2048}, size_t{4096}}) {
+    const std::vector<TokenId> tokens = Tokens(n, 0xfffff000u - static_cast<TokenId>(n));
+    const uint64_t hb = BlockHeaderBytesFor(n);
+    std::vector<uint8_t> bytes(hb + kPayload, 0xee);
+    for (uint64_t i = 0; i < kPayload; ++i) bytes[hb + i] = static_cast<uint8_t>(i * 13 + n);
+    ASSERT_TRUE(EncodeBlockHeader(Fields(), tokens, kPayload,
+                                  PayloadChecksum(bytes.data() + hb, kPayload), bytes.data())
+                    .ok());
+    DecodedBlockHeader h;
+    std::string why;
+    ASSERT_EQ(DecodeBlockHeader(bytes, &h, &why), BlockCheck::kOk) << n << ": " << why;
+    EXPECT_EQ(h.header_bytes, hb);
+    EXPECT_EQ(h.format_version, 2u);
+    ASSERT_EQ(h.token_count, n);
+    EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), h.token_span().begin())) << n;
+    ExpectedBlock e = Expect(tokens);
+    e.header_bytes = hb;
+    EXPECT_EQ(VerifyBlock(bytes, e), BlockCheck::kOk) << n;
+    // A reader whose header area differs (another block size) is not served.
+    e.header_bytes = kBlockHeaderBytes;
+    EXPECT_EQ(VerifyBlock(bytes, e), BlockCheck::kWrongLayout) << n;
+    e.header_bytes = hb;
+    // The header cut short is refused without reading past it.
+    EXPECT_EQ(DecodeBlockHeader({bytes.data(), hb - 1}, nullptr, &why), BlockCheck::kBadHeader);
+    EXPECT_NE(why.find("truncated"), std::string::npos) << why;
+    // Flips spread over the whole header (every 37th bit, and the last 64) are detected.
+    for (size_t bit = 0; bit < hb * 8; bit += (bit < hb * 8 - 64 ? 37 : 1)) {
+      bytes[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+      ASSERT_NE(VerifyBlock(bytes, e), BlockCheck::kOk) << n << " bit " << bit;
+      bytes[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    }
+    bytes[hb + 100] ^= 1;
+    EXPECT_EQ(VerifyBlock(bytes, e), BlockCheck::kBadPayload) << "the payload starts at " << hb;
+  }
 }
 
 TEST(BlockFormat, RoundTrip) {
@@ -132,9 +255,10 @@ TEST(BlockFormat, LongBlocksStoreNarrowIds) {
 }
 
 TEST(BlockFormat, RefusesWhatCannotBeStored) {
-  std::vector<uint8_t> out(kBlockHeaderBytes);
-  EXPECT_TRUE(EncodeBlockHeader(Fields(), Tokens(1025), kPayload, 0, out.data())
-                  .Is(StatusCode::kInvalidArgument));
+  std::vector<uint8_t> out(kMaxBlockHeaderBytes + 4096);
+  EXPECT_TRUE(
+      EncodeBlockHeader(Fields(), Tokens(KvLayout::kMaxTokensPerBlock + 1), kPayload, 0, out.data())
+          .Is(StatusCode::kInvalidArgument));
   EXPECT_TRUE(EncodeBlockHeader(Fields(), Tokens(1), KvLayout::kMaxBlockBytes + 1, 0, out.data())
                   .Is(StatusCode::kInvalidArgument));
 }
@@ -191,8 +315,10 @@ TEST(BlockFormat, ForgedLengthsAreRefused) {
       {"token_width", offsetof(BlockHeader, token_width), 7, 1},
       {"token_width", offsetof(BlockHeader, token_width), 3, 1},  // 3 is for > 990 tokens only
       {"payload_bytes", offsetof(BlockHeader, payload_bytes), ~0ull, 8},
-      {"format_version", offsetof(BlockHeader, format_version), 2, 4},
+      {"format_version", offsetof(BlockHeader, format_version), 3, 4},
       {"header_bytes", offsetof(BlockHeader, header_bytes), 8192, 4},
+      {"header_bytes", offsetof(BlockHeader, header_bytes), 4097, 4},
+      {"header_bytes", offsetof(BlockHeader, header_bytes), 0, 4},
   };
   for (const Case& c : cases) {
     Block b = MakeBlock(tokens);

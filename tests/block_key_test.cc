@@ -1,8 +1,10 @@
 #include "kvtier/block_key.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 
 #include "cli_run.h"
 
+#include "core/sha256.h"
 #include "kvtier/layout.h"
 
 namespace kvtier {
@@ -151,9 +154,73 @@ TEST(BlockKeyTest, HexRoundTripAndErrors) {
 TEST(BlockKeyTest, RejectsBadTokensPerBlock) {
   KeyNamespace ns{"m", 1, "", ""};
   EXPECT_FALSE(BlockHasher::Create(ns, 0).ok());
-  EXPECT_FALSE(BlockHasher::Create(ns, 48).ok());
-  EXPECT_FALSE(BlockHasher::Create(ns, 2048).ok());
+  const auto too_big = BlockHasher::Create(ns, KvLayout::kMaxTokensPerBlock + 1);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.status().message().find("tokens_per_block = 4097"), std::string::npos)
+      << too_big.status().message();
+  EXPECT_NE(too_big.status().message().find("1..4096"), std::string::npos)
+      << too_big.status().message();
   EXPECT_TRUE(BlockHasher::Create(ns, 1024).ok());
+  EXPECT_TRUE(BlockHasher::Create(ns, KvLayout::kMaxTokensPerBlock).ok());
+}
+
+// Any block size keys like a power of two does: each full block is one link of the chain,
+// keyed by SHA-256 over exactly (parent, its tokens); a partial tail is not keyed; the block
+// size is in the root, so the same tokens cut at another size are other keys.
+TEST(BlockKeyTest, NonPowerOfTwoBlockSizesChainAndSkipThePartialTail) {
+  KeyNamespace ns{"m", 7, "", ""};
+  for (uint32_t tpb : {3u, 48u, 96u, 528u, 784u, 4096u}) {
+    BlockHasher h = *BlockHasher::Create(ns, tpb);
+    std::vector<TokenId> t(size_t{tpb} * 3 + tpb / 2 + 1);  // three full blocks and a tail
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<TokenId>(i * 2654435761u % 200000);
+    const std::vector<BlockKey> keys = h.KeysFor(t);
+    ASSERT_EQ(keys.size(), 3u) << tpb;
+    // Recomputed from the documented message: parent (16 bytes, big-endian) || uint32 LE ids.
+    BlockKey parent = h.root();
+    for (size_t b = 0; b < 3; ++b) {
+      std::vector<uint8_t> msg(16 + 4 * size_t{tpb});
+      for (int i = 0; i < 8; ++i) {
+        msg[i] = static_cast<uint8_t>(parent.hi >> (56 - 8 * i));
+        msg[8 + i] = static_cast<uint8_t>(parent.lo >> (56 - 8 * i));
+      }
+      for (uint32_t i = 0; i < tpb; ++i) {
+        const TokenId v = t[b * tpb + i];
+        for (int k = 0; k < 4; ++k) msg[16 + 4 * i + k] = static_cast<uint8_t>(v >> (8 * k));
+      }
+      uint8_t digest[32];
+      Sha256(msg.data(), msg.size(), digest);
+      BlockKey want;
+      for (int i = 0; i < 8; ++i) want.hi = (want.hi << 8) | digest[i];
+      for (int i = 8; i < 16; ++i) want.lo = (want.lo << 8) | digest[i];
+      EXPECT_EQ(keys[b], want) << "tpb " << tpb << " block " << b;
+      parent = want;
+    }
+    // Keying the blocks in two calls (a prompt that grows) gives the same chain.
+    std::vector<BlockKey> split;
+    h.AppendKeys(std::span<const TokenId>(t).first(tpb), h.root(), &split);
+    h.AppendKeys(std::span<const TokenId>(t).subspan(tpb), split.back(), &split);
+    EXPECT_EQ(split, keys) << tpb;
+    // A prompt one token short of three blocks has two keys, the same first two.
+    const std::vector<BlockKey> shorter =
+        h.KeysFor(std::span<const TokenId>(t).first(size_t{tpb} * 3 - 1));
+    ASSERT_EQ(shorter.size(), 2u) << tpb;
+    EXPECT_EQ(shorter[1], keys[1]) << tpb;
+  }
+  // The same 96 x 2 tokens cut as 2 blocks of 96 and as 1 block of 192 (or 3 of 64): no key
+  // in common, even though the tokens are the same.
+  std::vector<TokenId> t(192);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<TokenId>(i + 1);
+  const auto k96 = BlockHasher::Create(ns, 96)->KeysFor(t);
+  const auto k64 = BlockHasher::Create(ns, 64)->KeysFor(t);
+  const auto k192 = BlockHasher::Create(ns, 192)->KeysFor(t);
+  ASSERT_EQ(k96.size(), 2u);
+  ASSERT_EQ(k64.size(), 3u);
+  ASSERT_EQ(k192.size(), 1u);
+  for (const BlockKey& k : k96) {
+    EXPECT_EQ(std::count(k64.begin(), k64.end(), k), 0);
+    EXPECT_NE(k, k192[0]);
+  }
 }
 
 // Another process (the kvtier CLI, with its own address space and start-up) must compute the

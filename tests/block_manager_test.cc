@@ -814,7 +814,7 @@ TEST(BlockManagerTest, BadCallsGetClearErrors) {
   bad.model_id = "";
   EXPECT_EQ(BlockManager::Create(bad).status().code(), StatusCode::kInvalidArgument);
   bad.model_id = "m";
-  bad.layout.tokens_per_block = 3;
+  bad.layout.tokens_per_block = KvLayout::kMaxTokensPerBlock + 1;  // any size up to 4096 is fine
   EXPECT_EQ(BlockManager::Create(bad).status().code(), StatusCode::kInvalidArgument);
 }
 

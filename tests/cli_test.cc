@@ -35,7 +35,7 @@ TEST(CliTest, UnknownCommandAndFlagAreUsageErrors) {
   r = Kvtier("bench copy --blokcs 3");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("unknown flag --blokcs"), std::string::npos) << r.out;
-  r = Kvtier("bench copy --tokens-per-block 24");
+  r = Kvtier("bench copy --tokens-per-block 4097");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("tokens_per_block"), std::string::npos) << r.out;
   r = Kvtier("bench copy --blocks lots");

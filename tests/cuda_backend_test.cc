@@ -171,7 +171,7 @@ struct DeviceRig {
       }
     }
     HostArena::Config ac;
-    ac.slot_bytes = kG2PayloadOffset + layout.BlockBytes();
+    ac.slot_bytes = G2PayloadOffset(layout) + layout.BlockBytes();
     ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * 32;
     ac.lock_memory = false;
     arena = std::move(HostArena::Create(ac)).value();
@@ -227,7 +227,7 @@ struct DeviceRig {
     return bad;
   }
   uint64_t SlotMismatches(uint32_t slot, uint64_t id) const {
-    const uint8_t* s = arena->SlotData(slot) + kG2PayloadOffset;
+    const uint8_t* s = arena->SlotData(slot) + G2PayloadOffset(layout);
     uint64_t bad = 0;
     for (uint64_t i = 0; i < layout.BlockBytes(); ++i) bad += s[i] != Pattern(id, i);
     return bad;
@@ -311,7 +311,7 @@ TEST(CudaBackendTest, LayersCompleteInOrder) {
   ASSERT_NE(backend, nullptr);
   std::vector<DeviceBlockCopy> copies;
   for (uint32_t i = 0; i < 16; ++i) {
-    copies.push_back({(i * 7) % rig.blocks, rig.arena->SlotData(i) + kG2PayloadOffset});
+    copies.push_back({(i * 7) % rig.blocks, rig.arena->SlotData(i) + G2PayloadOffset(rig.layout)});
   }
   std::mutex mu;
   std::condition_variable cv;
@@ -346,7 +346,7 @@ TEST(CudaBackendTest, WaitLayerReturnsBeforeLaterLayersLand) {
   rig.WriteDevice(zeros);
   // G2 slots 0..3 hold patterns 900..903.
   for (uint32_t slot = 0; slot < 4; ++slot) {
-    uint8_t* s = rig.arena->SlotData(slot) + kG2PayloadOffset;
+    uint8_t* s = rig.arena->SlotData(slot) + G2PayloadOffset(rig.layout);
     for (uint64_t i = 0; i < rig.layout.BlockBytes(); ++i) s[i] = Pattern(900 + slot, i);
   }
   std::vector<BlockTransfer> loads;

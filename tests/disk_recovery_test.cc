@@ -322,7 +322,8 @@ TEST(DiskRecovery, CorruptSlotsFoundAtOpenAreNeverServed) {
     header_slot = 0;  // block 0 took slot 0, block 1 slot 1
     payload_slot = 1;
   }
-  const DiskGeometry g = *DiskGeometry::For(config.capacity_bytes, kPayload, 1, kTestLayout);
+  const DiskGeometry g =
+      *DiskGeometry::For(config.capacity_bytes, kPayload, kBlockHeaderBytes, 1, kTestLayout);
   FlipByteOnDisk(dir.sub("g3-0000.kvt"), g.OffsetOf(header_slot) + 40);  // key
   FlipByteOnDisk(dir.sub("g3-0000.kvt"), g.OffsetOf(payload_slot) + kBlockHeaderBytes + 5);
   // What an operator sees: inspect reads every payload, so both damaged blocks show.
@@ -330,7 +331,9 @@ TEST(DiskRecovery, CorruptSlotsFoundAtOpenAreNeverServed) {
   EXPECT_NE(report.find("\"blocks\": 8"), std::string::npos) << report;
   EXPECT_NE(report.find("\"corrupt_blocks\": 2"), std::string::npos) << report;
   EXPECT_NE(report.find("\"bytes\": " + std::to_string(8 * kPayload)), std::string::npos) << report;
-  EXPECT_NE(report.find("\"format_version\": 1"), std::string::npos) << report;
+  EXPECT_NE(report.find("\"format_version\": 2"), std::string::npos) << report;
+  EXPECT_NE(report.find("\"blocks_by_format_version\": {\"1\": 0, \"2\": 8}"), std::string::npos)
+      << report;
   EXPECT_NE(report.find("slot 0: bad-header"), std::string::npos) << report;
   EXPECT_NE(report.find("slot 1: bad-payload"), std::string::npos) << report;
   const std::string headers = RunCli("inspect " + dir.path() + " --json --headers-only");
@@ -382,7 +385,8 @@ TEST(DiskRecovery, InspectReportsATruncatedFile) {
     AlignedBuffer buf(opened.tier->io_bytes());
     for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
   }
-  const DiskGeometry g = *DiskGeometry::For(config.capacity_bytes, kPayload, 1, kTestLayout);
+  const DiskGeometry g =
+      *DiskGeometry::For(config.capacity_bytes, kPayload, kBlockHeaderBytes, 1, kTestLayout);
   std::filesystem::resize_file(dir.sub("g3-0000.kvt"), g.OffsetOf(5) + 100);
   const std::string report = RunCli("inspect " + dir.path() + " --json");
   EXPECT_NE(report.find("\"blocks\": 5"), std::string::npos) << report;

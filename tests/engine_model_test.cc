@@ -82,6 +82,8 @@ TEST(LlamaModelTest, PagedBlasForwardMatchesNaiveReference) {
   ExpectMatchesReference(SmallConfig(), 16, 37);
   ExpectMatchesReference(SmallConfig(), 64, 70);
   ExpectMatchesReference(SmallConfig(), 1, 9);
+  ExpectMatchesReference(SmallConfig(), 24, 61);  // not a power of two: a partial last block
+  ExpectMatchesReference(SmallConfig(), 3, 10);
   LlamaConfig mha = SmallConfig();  // multi-head, partial rope, tied embeddings
   mha.num_kv_heads = 4;
   mha.rope_dim = 8;
@@ -283,9 +285,9 @@ TEST(PagedKvCacheTest, AllocatesFreesAndDescribesItsMemory) {
   EXPECT_TRUE(PagedKvCache::Create(l, 4).status().Is(StatusCode::kInvalidArgument));
   EXPECT_TRUE(
       PagedKvCache::Create((*m)->MakeKvLayout(16), 0).status().Is(StatusCode::kInvalidArgument));
-  EXPECT_TRUE(PagedKvCache::Create((*m)->MakeKvLayout(24), 4)
+  EXPECT_TRUE(PagedKvCache::Create((*m)->MakeKvLayout(KvLayout::kMaxTokensPerBlock + 1), 4)
                   .status()
-                  .Is(StatusCode::kInvalidArgument));  // not a power of two
+                  .Is(StatusCode::kInvalidArgument));  // past the largest block size
 }
 
 // Writes a random model as an F32 GGUF file with the real tensor names.

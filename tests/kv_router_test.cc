@@ -197,6 +197,29 @@ TEST(KvRouterTest, BoundForgetsTheOldestStored) {
   EXPECT_EQ(d->candidates[0].blocks_by_tier[kTierG2], 1u);  // K(1) forgotten: walk stops there
 }
 
+// Block sizes that are not powers of two (vLLM's 528 and 784 for hybrid models, 96 on its CPU
+// backend) route like any other: the estimate counts tokens in blocks of that size.
+TEST(KvRouterTest, NonPowerOfTwoBlockSizesRoute) {
+  for (uint32_t tpb : {3u, 96u, 528u, 784u, 4096u}) {
+    RouterOptions o = Options();
+    o.tokens_per_block = tpb;
+    auto r = Make(o, 2);
+    Store(*r, 0, Keys(0, 1), kTierG2);
+    Store(*r, 1, Keys(0, 3), kTierG3);
+    // Three full blocks and 5 more tokens: worker 1 loads 3 blocks (1.5 s from G3) and
+    // computes 5 tokens (0.5 s); worker 0 loads 1 block (0.1 s) and computes 2 x tpb + 5.
+    auto d = r->Route(Keys(0, 3), 3 * tpb + 5);
+    ASSERT_TRUE(d.ok()) << tpb << ": " << d.status().ToString();
+    ASSERT_EQ(d->candidates.size(), 2u);
+    EXPECT_EQ(d->candidates[1].blocks_by_tier[kTierG3], 3u) << tpb;
+    EXPECT_EQ(d->candidates[1].compute_tokens, 5u) << tpb;
+    EXPECT_NEAR(d->candidates[1].ttft_s, 2.0, 1e-9) << tpb;
+    EXPECT_EQ(d->candidates[0].compute_tokens, 2u * tpb + 5) << tpb;
+    EXPECT_NEAR(d->candidates[0].ttft_s, 0.1 + (2.0 * tpb + 5) / 10, 1e-9) << tpb;
+    EXPECT_EQ(d->worker, tpb == 3 ? 0u : 1u) << tpb;  // 3-token blocks: computing is cheaper
+  }
+}
+
 TEST(KvRouterTest, BadInputIsRefused) {
   struct Case {
     const char* what;
@@ -205,7 +228,7 @@ TEST(KvRouterTest, BadInputIsRefused) {
   };
   const Case cases[] = {
       {"tpb 0", [](RouterOptions& o) { o.tokens_per_block = 0; }, "tokens_per_block"},
-      {"tpb 24", [](RouterOptions& o) { o.tokens_per_block = 24; }, "power of two"},
+      {"tpb 4097", [](RouterOptions& o) { o.tokens_per_block = 4097; }, "must be in 1..4096"},
       {"bytes 0", [](RouterOptions& o) { o.block_bytes = 0; }, "block_bytes"},
       {"prefill 0", [](RouterOptions& o) { o.prefill_tokens_per_s = 0; }, "prefill_tokens_per_s"},
       {"prefill nan", [](RouterOptions& o) { o.prefill_tokens_per_s = NAN; }, "prefill"},

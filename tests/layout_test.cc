@@ -46,8 +46,8 @@ TEST(LayoutTest, InvalidValuesNameTheFieldAndRange) {
       {"num_planes", [](KvLayout& l) { l.num_planes = 3; }},
       {"num_kv_heads", [](KvLayout& l) { l.num_kv_heads = 0; }},
       {"head_dim", [](KvLayout& l) { l.head_dim = 0; }},
-      {"tokens_per_block", [](KvLayout& l) { l.tokens_per_block = 24; }},
-      {"tokens_per_block", [](KvLayout& l) { l.tokens_per_block = 2048; }},
+      {"tokens_per_block", [](KvLayout& l) { l.tokens_per_block = 0; }},
+      {"tokens_per_block", [](KvLayout& l) { l.tokens_per_block = 4097; }},
       {"dtype", [](KvLayout& l) { l.dtype = static_cast<DType>(9); }},
       {"block bytes",
        [](KvLayout& l) {
@@ -64,6 +64,31 @@ TEST(LayoutTest, InvalidValuesNameTheFieldAndRange) {
     EXPECT_NE(s.message().find(c.field), std::string::npos) << s.message();
     EXPECT_NE(s.message().find("allowed"), std::string::npos) << s.message();
   }
+}
+
+// vLLM's block sizes are not all powers of two: 528 and 784 for hybrid models (attention pages
+// padded to the state-space page), any multiple of 32 on the CPU backend (96), and small odd
+// sizes in tests. Every size up to kMaxTokensPerBlock is a layout; past it, a clear refusal.
+TEST(LayoutTest, AnyBlockSizeUpToTheMaximum) {
+  for (uint32_t tpb : {1u, 3u, 48u, 96u, 528u, 784u, 1000u, 1320u, 1321u, 2048u, 4095u, 4096u}) {
+    KvLayout l;
+    l.num_layers = 2;
+    l.tokens_per_block = tpb;
+    ASSERT_TRUE(l.Validate().ok()) << tpb << ": " << l.Validate().ToString();
+    EXPECT_EQ(l.ChunkBytes(), uint64_t{tpb} * 8 * 128 * 2) << tpb;
+    EXPECT_EQ(l.ChunkOffset(1, 1), 3 * l.ChunkBytes()) << tpb;
+  }
+  KvLayout a, b;
+  a.tokens_per_block = 96;
+  b.tokens_per_block = 128;
+  EXPECT_NE(a.Fingerprint(), b.Fingerprint()) << "the block size is part of the fingerprint";
+
+  KvLayout big;
+  big.tokens_per_block = KvLayout::kMaxTokensPerBlock + 1;
+  const Status s = big.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tokens_per_block = 4097"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("1..4096"), std::string::npos) << s.message();
 }
 
 TEST(LayoutTest, ParsesNames) {

@@ -35,7 +35,7 @@ KvLayout Layout(Rng& rng) {
   l.num_planes = 1 + rng() % 2;
   l.num_kv_heads = 1 + rng() % 4;
   l.head_dim = 16u << (rng() % 3);
-  l.tokens_per_block = 16u << (rng() % 3);
+  l.tokens_per_block = 1 + rng() % KvLayout::kMaxTokensPerBlock;  // any size
   l.dtype = rng() % 2 ? DType::kFp16 : DType::kFp32;
   l.g1_arrangement = rng() % 2 ? G1Arrangement::kBlockContiguous : G1Arrangement::kLayerSeparate;
   return l;
@@ -316,6 +316,41 @@ TEST(ProtocolFuzzTest, EventsOutOfRangeAreRefusedByName) {
   bad = e;
   bad.block_size = kMaxBlockTokens + 1;
   refuse(bad, "event.block_size");
+}
+
+// The daemon cuts a batch of events into frames that each fit kMaxPayloadBytes: by count for
+// small blocks, by bytes for large ones (4096-token blocks: ~16 KiB per event, so the 65,536
+// events a count allows would be a 1 GiB frame the engine could never receive).
+TEST(ProtocolFuzzTest, EventFramesStayWithinThePayloadLimit) {
+  struct Case {
+    uint32_t tpb;
+    size_t events;
+    size_t frames;
+  };
+  // 16 tokens: 70,000 events of 130 B, two frames by count. 4096 tokens: 16,450 B each, 2,039
+  // fit half of 64 MiB, so 4,200 take three frames.
+  for (const Case& c : {Case{16, 70'000, 2}, Case{4096, 4'200, 3}}) {
+    const uint32_t tpb = c.tpb;
+    KvEvent e;
+    e.block_size = tpb;
+    e.token_ids.assign(tpb, 7);
+    e.cache_salt = "tenant";
+    const std::vector<KvEvent> events(c.events, e);
+    size_t at = 0, frames = 0;
+    while (at < events.size()) {
+      const size_t n = EventsInFrame(std::span<const KvEvent>(events).subspan(at));
+      ASSERT_GE(n, 1u);
+      ASSERT_LE(n, kMaxEventsPerFrame);
+      WireWriter w;
+      EncodeEvents(&w, 0, std::span<const KvEvent>(events).subspan(at, n));
+      ASSERT_LE(w.data().size(), kMaxPayloadBytes / 2) << tpb;
+      EXPECT_EQ(w.data().size(), 12 + n * EventWireBytes(e)) << "the estimate is exact";
+      at += n;
+      ++frames;
+    }
+    EXPECT_EQ(at, events.size());
+    EXPECT_EQ(frames, c.frames) << tpb;
+  }
 }
 
 }  // namespace

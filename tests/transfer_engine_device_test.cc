@@ -63,7 +63,7 @@ struct DeviceRig {
       }
     }
     HostArena::Config ac;
-    ac.slot_bytes = kG2PayloadOffset + layout.BlockBytes();
+    ac.slot_bytes = G2PayloadOffset(layout) + layout.BlockBytes();
     ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * 16;
     ac.lock_memory = false;
     arena = std::move(HostArena::Create(ac)).value();
@@ -105,11 +105,11 @@ struct DeviceRig {
     return bad;
   }
   void FillSlot(uint32_t slot, uint64_t id) {
-    uint8_t* s = arena->SlotData(slot) + kG2PayloadOffset;
+    uint8_t* s = arena->SlotData(slot) + G2PayloadOffset(layout);
     for (uint64_t i = 0; i < layout.BlockBytes(); ++i) s[i] = Pattern(id, i);
   }
   uint64_t SlotMismatches(uint32_t slot, uint64_t id) const {
-    const uint8_t* s = arena->SlotData(slot) + kG2PayloadOffset;
+    const uint8_t* s = arena->SlotData(slot) + G2PayloadOffset(layout);
     uint64_t bad = 0;
     for (uint64_t i = 0; i < layout.BlockBytes(); ++i) bad += s[i] != Pattern(id, i);
     return bad;
@@ -291,7 +291,7 @@ TEST(TransferEngineDeviceTest, RegistrationRules) {
   EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again.ToString();
   // The pinned arena cannot be swapped for another.
   HostArena::Config ac;
-  ac.slot_bytes = kG2PayloadOffset + rig.layout.BlockBytes();
+  ac.slot_bytes = G2PayloadOffset(rig.layout) + rig.layout.BlockBytes();
   ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * 2;
   ac.lock_memory = false;
   auto other = std::move(HostArena::Create(ac)).value();

@@ -46,7 +46,7 @@ struct Rig {
       g1.regions.push_back({g1_mem.data() + r * chunk * g1_blocks, chunk});
     }
     HostArena::Config ac;
-    ac.slot_bytes = kG2PayloadOffset + layout.BlockBytes();
+    ac.slot_bytes = G2PayloadOffset(layout) + layout.BlockBytes();
     ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * g2_slots;
     arena = std::move(HostArena::Create(ac)).value();
     engine = std::move(TransferEngine::Create(cfg)).value();
@@ -76,7 +76,7 @@ struct Rig {
     return bad;
   }
   uint64_t SlotMismatches(uint32_t slot, uint64_t pattern_id) {
-    const uint8_t* s = arena->SlotData(slot) + kG2PayloadOffset;
+    const uint8_t* s = arena->SlotData(slot) + G2PayloadOffset(layout);
     uint64_t bad = 0;
     for (uint64_t i = 0; i < layout.BlockBytes(); ++i) bad += s[i] != Pattern(pattern_id, i);
     return bad;
@@ -410,7 +410,7 @@ TEST_F(TransferEngineDiskTest, MismatchedDiskGeometryIsRefused) {
   other.num_layers = 8;
   Rig rig2;
   HostArena::Config ac;
-  ac.slot_bytes = kG2PayloadOffset + other.BlockBytes();
+  ac.slot_bytes = G2PayloadOffset(other) + other.BlockBytes();
   ac.capacity_bytes = 4 * ((ac.slot_bytes + 4095) / 4096 * 4096);
   auto arena = std::move(HostArena::Create(ac)).value();
   auto engine = std::move(TransferEngine::Create({})).value();

@@ -115,7 +115,7 @@ struct Rig {
       g1.regions.push_back({g1_mem.data() + r * chunk * g1_blocks, chunk});
     }
     HostArena::Config ac;
-    ac.slot_bytes = kG2PayloadOffset + layout.BlockBytes();
+    ac.slot_bytes = G2PayloadOffset(layout) + layout.BlockBytes();
     ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * 32;
     arena = std::move(HostArena::Create(ac)).value();
     fs = std::move(OpenFsStore(FsStoreOptions{dir.sub("g4"), {}})).value();
@@ -127,11 +127,11 @@ struct Rig {
   }
   ~Rig() { engine.reset(); }  // drains before the stores go
   void FillSlot(uint32_t slot, uint64_t id) {
-    uint8_t* p = arena->SlotData(slot) + kG2PayloadOffset;
+    uint8_t* p = arena->SlotData(slot) + G2PayloadOffset(layout);
     for (uint64_t i = 0; i < layout.BlockBytes(); ++i) p[i] = Pattern(id, i);
   }
   uint64_t SlotMismatches(uint32_t slot, uint64_t id) {
-    const uint8_t* p = arena->SlotData(slot) + kG2PayloadOffset;
+    const uint8_t* p = arena->SlotData(slot) + G2PayloadOffset(layout);
     uint64_t bad = 0;
     for (uint64_t i = 0; i < layout.BlockBytes(); ++i) bad += p[i] != Pattern(id, i);
     return bad;
@@ -341,7 +341,7 @@ TEST(TransferRemote, ALoadIsCutIntoCallsOfLoadCallBytes) {
 TEST(TransferRemote, G4MovesNeedAStoreAndValidConfig) {
   KvLayout l = SmallLayout();
   HostArena::Config ac;
-  ac.slot_bytes = kG2PayloadOffset + l.BlockBytes();
+  ac.slot_bytes = G2PayloadOffset(l) + l.BlockBytes();
   ac.capacity_bytes = 8 * ((ac.slot_bytes + 4095) / 4096 * 4096);
   auto arena = std::move(HostArena::Create(ac)).value();
   auto engine = std::move(TransferEngine::Create({})).value();

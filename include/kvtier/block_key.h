@@ -56,7 +56,8 @@ struct KeyNamespace {
 // Computes chained block keys. Immutable after construction; safe to share between threads.
 class BlockHasher {
  public:
-  // InvalidArgument unless tokens_per_block is a power of two in 1..1024.
+  // InvalidArgument unless tokens_per_block is in 1..KvLayout::kMaxTokensPerBlock (4096; any
+  // size, not only powers of two).
   static Result<BlockHasher> Create(const KeyNamespace& ns, uint32_t tokens_per_block,
                                     HashAlgorithm algorithm = HashAlgorithm::kSha256);
 

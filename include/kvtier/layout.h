@@ -40,14 +40,18 @@ struct KvLayout {
   static constexpr uint32_t kMaxLayers = 1024;
   static constexpr uint32_t kMaxKvHeads = 1024;
   static constexpr uint32_t kMaxHeadDim = 8192;
-  static constexpr uint32_t kMaxTokensPerBlock = 1024;
+  // Any block size up to this, not only powers of two: vLLM picks sizes such as 528 or 784 for
+  // hybrid models so that attention pages line up with state-space pages, and its CPU backend
+  // takes any multiple of 32. What the limit bounds: the at-rest header (20 KiB of token ids at
+  // 4096 tokens, block_format.h) and DecodedBlockHeader's token array.
+  static constexpr uint32_t kMaxTokensPerBlock = 4096;
   static constexpr uint64_t kMaxBlockBytes = 1ull << 30;
 
   uint32_t num_layers = 32;
   uint32_t num_planes = 2;  // 2 = K and V; 1 = a single latent plane (MLA)
   uint32_t num_kv_heads = 8;
   uint32_t head_dim = 128;
-  uint32_t tokens_per_block = 16;  // a power of two, <= kMaxTokensPerBlock
+  uint32_t tokens_per_block = 16;  // 1..kMaxTokensPerBlock, any value
   DType dtype = DType::kFp16;
   G1Arrangement g1_arrangement = G1Arrangement::kLayerSeparate;
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/sha256.h"
+#include "kvtier/layout.h"
 
 namespace kvtier {
 
@@ -87,10 +88,10 @@ Result<HashAlgorithm> ParseHashAlgorithm(std::string_view name) {
 
 Result<BlockHasher> BlockHasher::Create(const KeyNamespace& ns, uint32_t tokens_per_block,
                                         HashAlgorithm algorithm) {
-  if (tokens_per_block < 1 || tokens_per_block > 1024 ||
-      (tokens_per_block & (tokens_per_block - 1)) != 0) {
+  if (tokens_per_block < 1 || tokens_per_block > KvLayout::kMaxTokensPerBlock) {
     return Status::InvalidArgument("tokens_per_block = " + std::to_string(tokens_per_block) +
-                                   " is out of range; allowed: a power of two in 1..1024");
+                                   " is out of range; allowed: 1.." +
+                                   std::to_string(KvLayout::kMaxTokensPerBlock));
   }
   if (algorithm != HashAlgorithm::kSha256 && algorithm != HashAlgorithm::kXxh3_128) {
     return Status::InvalidArgument("hash algorithm must be sha256 or xxh3-128");

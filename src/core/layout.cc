@@ -80,9 +80,10 @@ Status KvLayout::Validate() const {
     return OutOfRange("num_kv_heads", num_kv_heads, "1..1024");
   }
   if (head_dim < 1 || head_dim > kMaxHeadDim) return OutOfRange("head_dim", head_dim, "1..8192");
-  if (tokens_per_block < 1 || tokens_per_block > kMaxTokensPerBlock ||
-      (tokens_per_block & (tokens_per_block - 1)) != 0) {
-    return OutOfRange("tokens_per_block", tokens_per_block, "a power of two in 1..1024");
+  if (tokens_per_block < 1 || tokens_per_block > kMaxTokensPerBlock) {
+    const std::string allowed =
+        "1.." + std::to_string(kMaxTokensPerBlock) + " (any size, not only powers of two)";
+    return OutOfRange("tokens_per_block", tokens_per_block, allowed.c_str());
   }
   if (DTypeBytes(dtype) == 0) {
     return OutOfRange("dtype", static_cast<uint64_t>(dtype), "fp32, fp16, bf16, fp8");

@@ -80,7 +80,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
 
   HostArena::Config g2;
   g2.capacity_bytes = cfg.GetBytes("g2.capacity_bytes");
-  g2.slot_bytes = kG2PayloadOffset + layout_.BlockBytes();
+  g2.slot_bytes = G2PayloadOffset(layout_) + layout_.BlockBytes();
   g2.hugepages = cfg.GetBool("g2.hugepages");
   g2.lock_memory = cfg.GetBool("g2.lock_memory");
   g2.prefault_threads = static_cast<uint32_t>(cfg.GetUint("g2.prefault_threads"));
@@ -109,6 +109,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     dc.dir = cfg.GetString("g3.dir");
     dc.capacity_bytes = cfg.GetBytes("g3.capacity_bytes");
     dc.payload_bytes = layout_.BlockBytes();
+    dc.header_bytes = G2PayloadOffset(layout_);
     dc.layout_fingerprint = layout_.Fingerprint();
     dc.num_files = static_cast<uint32_t>(cfg.GetUint("g3.files"));
     dc.queue_depth = static_cast<uint32_t>(cfg.GetUint("g3.queue_depth"));

@@ -274,8 +274,8 @@ Status BlockManager::Impl::StartSave(uint32_t instance) {
       if (st.ok() && shared_g2_) {
         // kvtier serve: the engine wrote this slot through its own mapping; its bytes as they
         // are now, at the commit, are the block (SlotMeta::commit_checksum).
-        const uint64_t sum =
-            PayloadChecksum(g2_->SlotData(s.g2_slot) + kG2PayloadOffset, layout_.BlockBytes());
+        const uint64_t sum = PayloadChecksum(g2_->SlotData(s.g2_slot) + G2PayloadOffset(layout_),
+                                             layout_.BlockBytes());
         MutexLock lock(&slot_mu_);
         slot_meta_[s.g2_slot].commit_checksum = sum;
       }

@@ -15,6 +15,7 @@
 
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
+#include "kvtier/layout.h"
 #include "kvtier/router.h"
 
 namespace kvtier {
@@ -233,9 +234,10 @@ class KvRouterImpl final : public KvRouter {
 
 Result<std::unique_ptr<KvRouter>> KvRouter::Create(const RouterOptions& o) {
   const uint32_t tpb = o.tokens_per_block;
-  if (tpb == 0 || tpb > 1024 || (tpb & (tpb - 1)) != 0) {
-    return Status::InvalidArgument("router tokens_per_block " + std::to_string(tpb) +
-                                   ": must be a power of two in 1..1024 (the engine's page size)");
+  if (tpb == 0 || tpb > KvLayout::kMaxTokensPerBlock) {
+    return Status::InvalidArgument(
+        "router tokens_per_block " + std::to_string(tpb) + ": must be in 1.." +
+        std::to_string(KvLayout::kMaxTokensPerBlock) + " (the engine's block size)");
   }
   if (o.block_bytes == 0) {
     return Status::InvalidArgument(

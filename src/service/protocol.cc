@@ -379,6 +379,23 @@ void EncodeEvents(WireWriter* w, uint64_t dropped, std::span<const KvEvent> even
   }
 }
 
+uint64_t EventWireBytes(const KvEvent& e) {
+  // 60 fixed (see DecodeEvents), the tokens, the two strings' bytes.
+  return 60 + uint64_t{4} * e.token_ids.size() + e.lora_name.size() + e.cache_salt.size();
+}
+
+size_t EventsInFrame(std::span<const KvEvent> events) {
+  uint64_t bytes = 12;  // dropped, count
+  size_t n = 0;
+  while (n < events.size() && n < kMaxEventsPerFrame) {
+    const uint64_t b = EventWireBytes(events[n]);
+    if (n > 0 && bytes + b > kMaxPayloadBytes / 2) break;
+    bytes += b;
+    ++n;
+  }
+  return n;
+}
+
 Status DecodeEvents(WireReader* r, EventsFrame* m) {
   KVTIER_RETURN_IF_ERROR(r->U64("events.dropped", &m->dropped));
   uint32_t n = 0;

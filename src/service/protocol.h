@@ -156,6 +156,13 @@ struct EventsFrame {
 };
 void EncodeEvents(WireWriter* w, uint64_t dropped, std::span<const KvEvent> events);
 Status DecodeEvents(WireReader* r, EventsFrame* m);
+// Bytes `e` takes in an EncodeEvents frame.
+uint64_t EventWireBytes(const KvEvent& e);
+// How many of `events` (from the first) go in one kEvents frame: at most kMaxEventsPerFrame,
+// and no more than kMaxPayloadBytes / 2 of them on the wire (a count alone does not bound a
+// frame: one event of a 4096-token block is ~16 KiB, and a G3 recovery hands over every block
+// it found at once). At least 1 for a non-empty span.
+size_t EventsInFrame(std::span<const KvEvent> events);
 
 struct CopyReport {
   uint64_t batch = 0;

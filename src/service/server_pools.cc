@@ -166,9 +166,9 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
       subs = pool->subscribers;
     }
     if (subs.empty() || events.empty()) return;
-    for (size_t at = 0; at < events.size(); at += kMaxEventsPerFrame) {
-      std::span<const KvEvent> part =
-          events.subspan(at, std::min<size_t>(kMaxEventsPerFrame, events.size() - at));
+    for (size_t at = 0; at < events.size();) {
+      std::span<const KvEvent> part = events.subspan(at, EventsInFrame(events.subspan(at)));
+      at += part.size();
       for (auto& c : subs) {
         {
           std::lock_guard lock(c->out_mu);

@@ -48,11 +48,20 @@ XXH64_hash_t Xxh3(const void* data, size_t len) {
   return fn(data, len);
 }
 
-uint64_t HeaderChecksum(const uint8_t* header) {
-  return Xxh3(header, offsetof(BlockHeader, header_checksum));
+uint64_t HeaderChecksum(const uint8_t* header, uint64_t header_bytes) {
+  return Xxh3(header, header_bytes - 8);
 }
 
-uint8_t TokenWidthFor(size_t count) { return count <= kMaxWideTokens ? 4 : 3; }
+// Bytes per stored id: 4 where they fit the header's token area, else 3.
+uint8_t TokenWidthFor(uint64_t count, uint64_t header_bytes) {
+  return 4 * count <= header_bytes - kBlockHeaderFixedBytes - 8 ? 4 : 3;
+}
+
+uint32_t GetLe32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 void SetWhy(std::string* why, std::string text) {
   if (why != nullptr) *why = std::move(text);
@@ -102,22 +111,25 @@ Status EncodeBlockHeader(const BlockHeaderFields& fields, std::span<const TokenI
                                    " bytes exceeds the largest block, " +
                                    std::to_string(KvLayout::kMaxBlockBytes));
   }
-  const uint8_t width = TokenWidthFor(tokens.size());
+  const uint64_t header_bytes = BlockHeaderBytesFor(tokens.size());
+  const uint8_t width = TokenWidthFor(tokens.size(), header_bytes);
   if (width == 3) {
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (tokens[i] > kMaxNarrowTokenId) {
-        return Status::InvalidArgument(
-            "token id " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-            " does not fit the 24-bit ids stored for blocks of more than " +
-            std::to_string(kMaxWideTokens) + " tokens");
+        return Status::InvalidArgument("token id " + std::to_string(tokens[i]) + " at position " +
+                                       std::to_string(i) +
+                                       " does not fit the 24-bit ids stored for blocks of " +
+                                       std::to_string(kMaxWideTokens + 1) + ".." +
+                                       std::to_string(kMaxNarrowTokens) + " tokens");
       }
     }
   }
+  // The fixed fields, from a 4 KiB header image; the token area and checksum go in place.
   BlockHeader h;
-  std::memset(&h, 0, sizeof(h));
+  std::memset(&h, 0, kBlockHeaderFixedBytes);
   h.magic = kBlockMagic;
   h.format_version = kBlockFormatVersion;
-  h.header_bytes = kBlockHeaderBytes;
+  h.header_bytes = static_cast<uint32_t>(header_bytes);
   h.layout_fingerprint = fields.layout_fingerprint;
   h.namespace_id = fields.namespace_id;
   h.key_hi = fields.key.hi;
@@ -130,16 +142,22 @@ Status EncodeBlockHeader(const BlockHeaderFields& fields, std::span<const TokenI
   h.slot_index = fields.slot_index;
   h.token_count = static_cast<uint32_t>(tokens.size());
   h.token_width = width;
+  std::memcpy(out, &h, kBlockHeaderFixedBytes);
+  uint8_t* area = out + kBlockHeaderFixedBytes;
+  const uint64_t area_bytes = header_bytes - kBlockHeaderFixedBytes - 8;
+  uint64_t used = 0;
   if (width == 4) {
-    if (!tokens.empty()) std::memcpy(h.tokens, tokens.data(), tokens.size() * 4);
+    used = tokens.size() * 4;
+    if (!tokens.empty()) std::memcpy(area, tokens.data(), used);
   } else {
+    used = tokens.size() * 3;
     for (size_t i = 0; i < tokens.size(); ++i) {
-      std::memcpy(h.tokens + 3 * i, &tokens[i], 3);  // low 3 bytes, little-endian
+      std::memcpy(area + 3 * i, &tokens[i], 3);  // low 3 bytes, little-endian
     }
   }
-  std::memcpy(out, &h, sizeof(h));
-  const uint64_t sum = HeaderChecksum(out);
-  std::memcpy(out + offsetof(BlockHeader, header_checksum), &sum, sizeof(sum));
+  std::memset(area + used, 0, area_bytes - used);
+  const uint64_t sum = HeaderChecksum(out, header_bytes);
+  std::memcpy(out + header_bytes - 8, &sum, sizeof(sum));
   return Status::Ok();
 }
 
@@ -151,7 +169,7 @@ BlockCheck DecodeBlockHeader(std::span<const uint8_t> bytes, DecodedBlockHeader*
     return BlockCheck::kBadHeader;
   }
   BlockHeader h;
-  std::memcpy(&h, bytes.data(), sizeof(h));
+  std::memcpy(&h, bytes.data(), kBlockHeaderFixedBytes);
   if (h.magic != kBlockMagic) {
     if (h.magic == 0) {
       SetWhy(why, "no block header (zero magic)");
@@ -160,28 +178,55 @@ BlockCheck DecodeBlockHeader(std::span<const uint8_t> bytes, DecodedBlockHeader*
     SetWhy(why, "bad magic");
     return BlockCheck::kBadHeader;
   }
-  if (HeaderChecksum(bytes.data()) != h.header_checksum) {
+  // The version first: it says where the checksum is. A kvtier block of a version this build
+  // does not read (a newer kvtier wrote it) is refused by name, not as a checksum mismatch.
+  if (h.format_version < kOldestReadableBlockFormatVersion ||
+      h.format_version > kBlockFormatVersion) {
+    SetWhy(why, "block format version " + std::to_string(h.format_version) +
+                    "; this build reads versions " +
+                    std::to_string(kOldestReadableBlockFormatVersion) + ".." +
+                    std::to_string(kBlockFormatVersion) +
+                    (h.format_version > kBlockFormatVersion
+                         ? " (written by a newer kvtier: run that version, or empty the G3 "
+                           "directory / G4 prefix to start cold)"
+                         : ""));
+    return BlockCheck::kBadHeader;
+  }
+  const uint64_t header_bytes = h.header_bytes;
+  const uint64_t max_header = h.format_version == 1 ? kBlockHeaderBytes : kMaxBlockHeaderBytes;
+  if (header_bytes < kBlockHeaderBytes || header_bytes > max_header || header_bytes % 4096 != 0) {
+    SetWhy(why, "header_bytes " + std::to_string(header_bytes) + " out of range for version " +
+                    std::to_string(h.format_version) + " (4096.." + std::to_string(max_header) +
+                    ", a multiple of 4096)");
+    return BlockCheck::kBadHeader;
+  }
+  if (bytes.size() < header_bytes) {
+    SetWhy(why, "header truncated: " + std::to_string(bytes.size()) + " of " +
+                    std::to_string(header_bytes) + " bytes");
+    return BlockCheck::kBadHeader;
+  }
+  uint64_t stored_sum;
+  std::memcpy(&stored_sum, bytes.data() + header_bytes - 8, sizeof(stored_sum));
+  if (HeaderChecksum(bytes.data(), header_bytes) != stored_sum) {
     SetWhy(why, "header checksum mismatch");
     return BlockCheck::kBadHeader;
   }
   // Past the checksum the bytes are what some writer wrote; still check every length, since a
-  // writer of another version (or a bug) may have put anything there.
-  if (h.format_version != kBlockFormatVersion) {
-    SetWhy(why, "format version " + std::to_string(h.format_version) + "; this build reads " +
-                    std::to_string(kBlockFormatVersion));
+  // writer of another version (or a bug) may have put anything there. Version 1 stored at most
+  // 1024 tokens, always in a 4 KiB header (BlockHeaderBytesFor agrees for those).
+  const uint32_t max_tokens = h.format_version == 1 ? 1024 : KvLayout::kMaxTokensPerBlock;
+  if (h.token_count > max_tokens) {
+    SetWhy(why,
+           "token_count " + std::to_string(h.token_count) + " > " + std::to_string(max_tokens));
     return BlockCheck::kBadHeader;
   }
-  if (h.header_bytes != kBlockHeaderBytes) {
-    SetWhy(why, "header_bytes " + std::to_string(h.header_bytes) +
-                    " != " + std::to_string(kBlockHeaderBytes));
+  if (header_bytes != BlockHeaderBytesFor(h.token_count)) {
+    SetWhy(why, "header_bytes " + std::to_string(header_bytes) + " for " +
+                    std::to_string(h.token_count) + " tokens; their header is " +
+                    std::to_string(BlockHeaderBytesFor(h.token_count)));
     return BlockCheck::kBadHeader;
   }
-  if (h.token_count > KvLayout::kMaxTokensPerBlock) {
-    SetWhy(why, "token_count " + std::to_string(h.token_count) + " > " +
-                    std::to_string(KvLayout::kMaxTokensPerBlock));
-    return BlockCheck::kBadHeader;
-  }
-  if (h.token_width != TokenWidthFor(h.token_count)) {
+  if (h.token_width != TokenWidthFor(h.token_count, header_bytes)) {
     SetWhy(why, "token_width " + std::to_string(h.token_width) + " invalid for " +
                     std::to_string(h.token_count) + " tokens");
     return BlockCheck::kBadHeader;
@@ -198,15 +243,18 @@ BlockCheck DecodeBlockHeader(std::span<const uint8_t> bytes, DecodedBlockHeader*
     out->fields.parent = BlockKey{h.parent_hi, h.parent_lo};
     out->fields.write_generation = h.write_generation;
     out->fields.slot_index = h.slot_index;
+    out->format_version = h.format_version;
+    out->header_bytes = header_bytes;
     out->payload_bytes = h.payload_bytes;
     out->payload_checksum = h.payload_checksum;
     out->token_count = h.token_count;
+    const uint8_t* area = bytes.data() + kBlockHeaderFixedBytes;
     if (h.token_width == 4) {
-      if (h.token_count > 0) std::memcpy(out->tokens.data(), h.tokens, size_t{h.token_count} * 4);
+      for (uint32_t i = 0; i < h.token_count; ++i) out->tokens[i] = GetLe32(area + 4 * i);
     } else {
       for (uint32_t i = 0; i < h.token_count; ++i) {
         TokenId t = 0;
-        std::memcpy(&t, h.tokens + 3 * i, 3);
+        std::memcpy(&t, area + 3 * i, 3);
         out->tokens[i] = t;
       }
     }
@@ -226,7 +274,10 @@ BlockCheck VerifyBlock(std::span<const uint8_t> block, const ExpectedBlock& expe
   if (expected.check_generation && h->fields.write_generation != expected.write_generation) {
     return BlockCheck::kWrongGeneration;
   }
-  if (h->fields.layout_fingerprint != expected.layout_fingerprint) return BlockCheck::kWrongLayout;
+  if (h->fields.layout_fingerprint != expected.layout_fingerprint ||
+      (expected.header_bytes != 0 && h->header_bytes != expected.header_bytes)) {
+    return BlockCheck::kWrongLayout;
+  }
   if (h->fields.key != expected.key) return BlockCheck::kWrongKey;
   if (h->fields.namespace_id != expected.namespace_id) return BlockCheck::kWrongNamespace;
   if (!expected.tokens.empty()) {
@@ -237,10 +288,10 @@ BlockCheck VerifyBlock(std::span<const uint8_t> block, const ExpectedBlock& expe
     }
   }
   if (h->payload_bytes != expected.payload_bytes ||
-      block.size() - kBlockHeaderBytes < h->payload_bytes) {
+      block.size() - h->header_bytes < h->payload_bytes) {
     return BlockCheck::kWrongPayloadLength;
   }
-  if (PayloadChecksum(block.data() + kBlockHeaderBytes, h->payload_bytes) != h->payload_checksum) {
+  if (PayloadChecksum(block.data() + h->header_bytes, h->payload_bytes) != h->payload_checksum) {
     return BlockCheck::kBadPayload;
   }
   return BlockCheck::kOk;

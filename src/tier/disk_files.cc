@@ -24,6 +24,11 @@ namespace kvtier {
 
 namespace {
 
+// A header area some block size has: a multiple of 4 KiB in 4 KiB..kMaxBlockHeaderBytes.
+bool IsHeaderArea(uint64_t bytes) {
+  return bytes >= kBlockHeaderBytes && bytes <= kMaxBlockHeaderBytes && bytes % 4096 == 0;
+}
+
 // "KVTG3SB1" read as a little-endian integer.
 constexpr uint64_t kSuperblockMagic = 0x314253334754564bull;
 
@@ -144,14 +149,20 @@ std::string DiskGeometry::ToString() const {
 }
 
 Result<DiskGeometry> DiskGeometry::For(uint64_t capacity_bytes, uint64_t payload_bytes,
-                                       uint32_t num_files, uint64_t layout_fingerprint) {
+                                       uint64_t header_bytes, uint32_t num_files,
+                                       uint64_t layout_fingerprint) {
   if (num_files < 1 || num_files > kMaxSlotFiles) {
     return Status::InvalidArgument("num_files " + std::to_string(num_files) + " outside 1.." +
                                    std::to_string(kMaxSlotFiles));
   }
+  if (!IsHeaderArea(header_bytes)) {
+    return Status::InvalidArgument("header area of " + std::to_string(header_bytes) +
+                                   " bytes: must be a multiple of 4096 in 4096.." +
+                                   std::to_string(kMaxBlockHeaderBytes));
+  }
   DiskGeometry g;
   g.payload_bytes = payload_bytes;
-  g.slot_stride = (kBlockHeaderBytes + payload_bytes + 4095) / 4096 * 4096;
+  g.slot_stride = header_bytes + (payload_bytes + 4095) / 4096 * 4096;
   g.num_files = num_files;
   g.layout_fingerprint = layout_fingerprint;
   const uint64_t per_file = capacity_bytes / num_files;
@@ -363,8 +374,8 @@ Result<std::unique_ptr<DiskFileSet>> DiskFileSet::OpenReadOnly(const std::string
   set->tier_id_ = sb0.tier_id;
   const DiskGeometry& g = set->geometry_;
   if (g.num_files < 1 || g.num_files > kMaxSlotFiles || g.slots_per_file < 1 ||
-      g.slot_stride != (kBlockHeaderBytes + g.payload_bytes + 4095) / 4096 * 4096 ||
-      g.payload_bytes > KvLayout::kMaxBlockBytes) {
+      g.slot_stride % 4096 != 0 || g.slot_stride <= g.payload_bytes ||
+      !IsHeaderArea(g.header_bytes()) || g.payload_bytes > KvLayout::kMaxBlockBytes) {
     return Status::Corruption(set->FilePath(0) +
                               ": superblock geometry out of range: " + g.ToString());
   }

@@ -7,7 +7,9 @@
 //   snapshot.kvt   the slot table written at clean shutdown (see disk_recovery.h)
 //
 // A slot file is [superblock 4 KiB | probe page 4 KiB | slot 0 | slot 1 | ...]; every slot is
-// slot_stride bytes (a stored block, header + payload, rounded up to 4 KiB). Slot s lives in
+// slot_stride bytes (a stored block, header + payload, rounded up to 4 KiB; the header area is
+// the at-rest header of the layout's blocks, 4 KiB up to 1320 tokens per block, so directories
+// of earlier versions have the same geometry). Slot s lives in
 // file s % num_files, at kFirstSlotOffset + (s / num_files) * slot_stride, so consecutive slots
 // are spread over the files (and the devices under them). The superblock records the geometry;
 // a directory whose superblocks do not match the configured geometry is reformatted (all its
@@ -37,12 +39,14 @@ inline constexpr uint32_t kMaxSlotFiles = 256;
 
 struct DiskGeometry {
   uint64_t payload_bytes = 0;
-  uint64_t slot_stride = 0;  // round_up(kBlockHeaderBytes + payload_bytes, 4096)
+  uint64_t slot_stride = 0;  // header_bytes() + round_up(payload_bytes, 4096)
   uint32_t num_files = 1;
   uint32_t slots_per_file = 0;
   uint64_t layout_fingerprint = 0;
 
   uint32_t num_slots() const { return num_files * slots_per_file; }
+  // The header area in front of each slot's payload (BlockHeaderBytes of the layout).
+  uint64_t header_bytes() const { return slot_stride - (payload_bytes + 4095) / 4096 * 4096; }
   uint64_t file_bytes() const { return kFirstSlotOffset + uint64_t{slots_per_file} * slot_stride; }
   uint32_t FileOf(uint32_t slot) const { return slot % num_files; }
   uint64_t OffsetOf(uint32_t slot) const {
@@ -53,10 +57,13 @@ struct DiskGeometry {
   std::string ToString() const;
   friend bool operator==(const DiskGeometry&, const DiskGeometry&) = default;
 
-  // The geometry for `capacity_bytes` of slot files holding blocks of `payload_bytes`.
-  // InvalidArgument when not even one slot per file fits, or there would be >= 2^31 slots.
+  // The geometry for `capacity_bytes` of slot files holding blocks of `payload_bytes` behind
+  // a `header_bytes` header area (a multiple of 4 KiB in 4 KiB..kMaxBlockHeaderBytes).
+  // InvalidArgument for another header area, when not even one slot per file fits, or when
+  // there would be >= 2^31 slots.
   static Result<DiskGeometry> For(uint64_t capacity_bytes, uint64_t payload_bytes,
-                                  uint32_t num_files, uint64_t layout_fingerprint);
+                                  uint64_t header_bytes, uint32_t num_files,
+                                  uint64_t layout_fingerprint);
 };
 
 // What a slot file is, as fstat(2) says. The restart snapshot records it for every file, and a

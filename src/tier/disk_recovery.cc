@@ -98,7 +98,7 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
                              const std::vector<bool>& files, const ScanProgress& progress) {
   ScanReport report;
   const uint32_t depth = io->queue_depth();
-  const uint64_t read_bytes = verify_payload ? g.slot_stride : kBlockHeaderBytes;
+  const uint64_t read_bytes = verify_payload ? g.slot_stride : g.header_bytes();
   auto* pool = static_cast<uint8_t*>(std::aligned_alloc(4096, depth * read_bytes));
   if (pool == nullptr) return Status::NoSpace("no memory for scan buffers");
   std::vector<ScanBuffer> buffers(depth);
@@ -110,6 +110,7 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
   std::unordered_map<BlockKey, size_t, BlockKeyHash> by_key;
   std::vector<IoCompletion> done;
   DecodedBlockHeader header;
+  std::string why;  // DecodeBlockHeader's, for the report (one buffer for the whole scan)
   uint32_t next = 0;
   uint32_t in_flight = 0;
   uint64_t reported = 0;  // slots_scanned at the last progress call
@@ -117,7 +118,8 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
 
   auto examine = [&](uint32_t slot, const uint8_t* data, uint64_t got) {
     ++report.slots_scanned;
-    BlockCheck check = DecodeBlockHeader({data, got}, &header);
+    why.clear();
+    BlockCheck check = DecodeBlockHeader({data, got}, &header, &why);
     if (check == BlockCheck::kEmpty) {
       ++report.empty;
       return;
@@ -125,7 +127,8 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
     if (check == BlockCheck::kOk) {
       if (header.fields.slot_index != slot) {
         check = BlockCheck::kWrongSlot;
-      } else if (header.fields.layout_fingerprint != g.layout_fingerprint) {
+      } else if (header.fields.layout_fingerprint != g.layout_fingerprint ||
+                 header.header_bytes != g.header_bytes()) {
         check = BlockCheck::kWrongLayout;
       } else if (header.payload_bytes != g.payload_bytes) {
         check = BlockCheck::kWrongPayloadLength;
@@ -135,16 +138,21 @@ Result<ScanReport> ScanSlots(DiskIo* io, const DiskGeometry& g, bool verify_payl
         e.namespace_id = header.fields.namespace_id;
         e.key = header.fields.key;
         e.payload_bytes = g.payload_bytes;
+        e.header_bytes = g.header_bytes();
         check = VerifyBlock({data, got}, e);
       }
     }
     if (check != BlockCheck::kOk) {
       ++report.corrupt;
       ++report.by_check[static_cast<size_t>(check)];
-      NoteProblem(&report, slot, BlockCheckName(check));
+      NoteProblem(&report, slot,
+                  check == BlockCheck::kBadHeader && !why.empty()
+                      ? std::string(BlockCheckName(check)) + " (" + why + ")"
+                      : std::string(BlockCheckName(check)));
       return;
     }
     report.max_generation = std::max(report.max_generation, header.fields.write_generation);
+    ++report.by_version[header.format_version];
     RecoveredBlock b;
     b.key = header.fields.key;
     b.parent = header.fields.parent;

@@ -49,6 +49,8 @@ struct ScanReport {
   uint64_t max_generation = 0;
   std::array<uint64_t, kNumBlockChecks> by_check{};  // corrupt slots by failed check
   std::vector<std::string> problems;                 // the first few, e.g. "slot 17: bad-payload"
+  // Valid blocks by the at-rest format version they were written in (index = version).
+  std::array<uint64_t, kBlockFormatVersion + 1> by_version{};
 };
 
 // Reads every slot of `geometry` through `io` (queue_depth() reads in flight) and returns what

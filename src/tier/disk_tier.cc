@@ -63,7 +63,9 @@ Status DiskTier::Config::Validate() const {
   if (health_check_interval_ms < 1) return RangeError("health_check_interval_ms", 0, ">= 1");
   if (io_timeout_ms < 1) return RangeError("io_timeout_ms", 0, ">= 1");
   KVTIER_RETURN_IF_ERROR(admission.Validate());
-  return DiskGeometry::For(capacity_bytes, payload_bytes, num_files, layout_fingerprint).status();
+  return DiskGeometry::For(capacity_bytes, payload_bytes, header_bytes, num_files,
+                           layout_fingerprint)
+      .status();
 }
 
 // ---- open, recovery, close ----
@@ -83,9 +85,10 @@ DiskTier::~DiskTier() {
 
 Result<DiskTier::Opened> DiskTier::Open(const Config& config, const OpenOptions& options) {
   KVTIER_RETURN_IF_ERROR(config.Validate());
-  KVTIER_ASSIGN_OR_RETURN(DiskGeometry geometry,
-                          DiskGeometry::For(config.capacity_bytes, config.payload_bytes,
-                                            config.num_files, config.layout_fingerprint));
+  KVTIER_ASSIGN_OR_RETURN(
+      DiskGeometry geometry,
+      DiskGeometry::For(config.capacity_bytes, config.payload_bytes, config.header_bytes,
+                        config.num_files, config.layout_fingerprint));
   std::unique_ptr<DiskTier> tier(new DiskTier(config, geometry));
   KVTIER_ASSIGN_OR_RETURN(tier->admission_, DiskAdmission::Create(config.admission));
   DiskFileSet::Options file_options;
@@ -187,7 +190,8 @@ Status DiskTier::Recover(std::vector<RecoveredBlock>* recovered, const ScanProgr
     if (report.corrupt + report.read_errors > 0) {
       KVTIER_LOG(kWarn) << "G3 scan of " << config_.dir << ": " << report.corrupt
                         << " slot(s) did not verify, " << report.read_errors
-                        << " could not be read; they are free again";
+                        << " could not be read; they are free again"
+                        << (report.problems.empty() ? "" : " (first: " + report.problems[0] + ")");
     }
   }
   {
@@ -313,6 +317,11 @@ void DiskTier::SubmitWrites(std::span<const DiskWriteRequest> requests) {
     uint64_t generation = 0;
     if (r.buffer == nullptr || !Aligned(r.buffer)) {
       reject = Status::InvalidArgument("write buffer must be 4 KiB aligned");
+    } else if (BlockHeaderBytesFor(r.tokens.size()) != geometry_.header_bytes()) {
+      reject = Status::InvalidArgument(
+          "a block of " + std::to_string(r.tokens.size()) + " tokens has a " +
+          std::to_string(BlockHeaderBytesFor(r.tokens.size())) + "-byte header; this tier's " +
+          "slots have a " + std::to_string(geometry_.header_bytes()) + "-byte header area");
     } else if (quarantined()) {
       reject = Status::Unavailable("G3 is quarantined");
     } else {
@@ -344,7 +353,7 @@ void DiskTier::SubmitWrites(std::span<const DiskWriteRequest> requests) {
       fields.write_generation = generation;
       fields.slot_index = slot;
       const uint64_t checksum =
-          PayloadChecksum(r.buffer + kBlockHeaderBytes, geometry_.payload_bytes);
+          PayloadChecksum(r.buffer + geometry_.header_bytes(), geometry_.payload_bytes);
       if (r.expected_checksum != 0 && checksum != r.expected_checksum) {
         reject = Status::Corruption(
             "G3 write refused: the block's bytes changed after it was committed (checksum " +

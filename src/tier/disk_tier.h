@@ -2,7 +2,7 @@
 // with O_DIRECT through io_uring, one I/O per block (header + payload), every read verified.
 //
 // Buffers: a block travels in a caller-owned, 4 KiB-aligned buffer of io_bytes() bytes laid out
-// as [kBlockHeaderBytes header area | payload] (the shape of a G2 slot). A write fills the
+// as [header area | payload] (the shape of a G2 slot; Config::header_bytes). A write fills the
 // header area and sends the whole buffer in one I/O; a read lands header and payload in one I/O
 // and verifies them in place. No copy on either path; register the memory the buffers come
 // from (OpenOptions::buffers or RegisterBuffers) so the kernel does not map it per I/O.
@@ -93,7 +93,7 @@ struct DiskWriteRequest {
   BlockKey parent;
   uint64_t namespace_id = 0;
   std::span<const TokenId> tokens;  // the block's tokens; read before SubmitWrites returns
-  // io_bytes() bytes, 4 KiB aligned: the tier overwrites [0, kBlockHeaderBytes) with the
+  // io_bytes() bytes, 4 KiB aligned: the tier overwrites [0, Config::header_bytes) with the
   // header; the payload follows. Unchanged by the caller until the result arrives.
   uint8_t* buffer = nullptr;
   DiskCompletionSink* sink = nullptr;
@@ -182,6 +182,9 @@ class DiskTier {
     uint64_t capacity_bytes = 0;
     // Payload bytes of one block (KvLayout::BlockBytes()); 1 .. KvLayout::kMaxBlockBytes.
     uint64_t payload_bytes = 0;
+    // The header area in front of the payload: BlockHeaderBytes(layout), 4 KiB up to 1320
+    // tokens per block. Writes carry exactly tokens_per_block tokens' worth of header.
+    uint64_t header_bytes = kBlockHeaderBytes;
     // KvLayout::Fingerprint() of the blocks stored; a block of any other layout is never served.
     uint64_t layout_fingerprint = 0;
     // Slot files to spread the slots over, 1 .. kMaxSlotFiles.
@@ -251,7 +254,8 @@ class DiskTier {
   //   AlreadyExists      the key is stored or being written
   //   ResourceExhausted  no free slot (Remove a victim first) or the queue is full
   //   Unavailable        quarantined or closed
-  //   InvalidArgument    bad buffer or tokens (see EncodeBlockHeader)
+  //   InvalidArgument    bad buffer or tokens (see EncodeBlockHeader; a token count whose
+  //                      header is not Config::header_bytes)
   //   IOError / NoSpace  the device failed the write (the slot is free again)
   void SubmitWrites(std::span<const DiskWriteRequest> requests) EXCLUDES(mu_, queue_mu_);
 

@@ -238,6 +238,7 @@ void DiskTier::FinishRead(Task& t, int err) {
   e.key = t.key;
   e.tokens = t.expected_tokens;
   e.payload_bytes = geometry_.payload_bytes;
+  e.header_bytes = geometry_.header_bytes();
   e.check_generation = true;
   e.write_generation = t.generation;
   e.check_slot = true;

@@ -1,6 +1,6 @@
 // RemoteStore: G4, storage shared by many workers on existing distributed engines (Redis,
 // Redis Cluster, a shared filesystem). One object per block, holding the block exactly as it
-// is stored at rest (block_format.h: 4 KiB header, then the payload) — the same bytes as a G2
+// is stored at rest (block_format.h: the header, then the payload) — the same bytes as a G2
 // slot, so a put reads straight from a slot and a get lands straight in one.
 //
 // A store moves opaque bytes; it does not verify them. The caller (the transfer engine) runs

@@ -110,12 +110,13 @@ Status TransferEngine::RegisterG1(const G1Memory& g1) {
 Status TransferEngine::RegisterHostArena(HostArena* arena, const KvLayout& layout) {
   if (arena == nullptr) return Status::InvalidArgument("RegisterHostArena(nullptr)");
   KVTIER_RETURN_IF_ERROR(layout.Validate());
-  if (arena->slot_bytes() < kG2PayloadOffset + layout.BlockBytes()) {
+  const uint64_t header_area = G2PayloadOffset(layout);
+  if (arena->slot_bytes() < header_area + layout.BlockBytes()) {
     return Status::InvalidArgument(
         "G2 slots of " + std::to_string(arena->slot_bytes()) + " bytes cannot hold a " +
-        std::to_string(kG2PayloadOffset) + "-byte header area and a " +
+        std::to_string(header_area) + "-byte header area and a " +
         std::to_string(layout.BlockBytes()) + "-byte block; make slot_bytes at least " +
-        std::to_string(kG2PayloadOffset + layout.BlockBytes()));
+        std::to_string(header_area + layout.BlockBytes()));
   }
   if (g1_registered_ && g1_.layout.Fingerprint() != layout.Fingerprint()) {
     return Status::InvalidArgument("G2 layout " + layout.ToString() +

@@ -15,8 +15,9 @@
 // bounded queue: a save batch that does not fit is refused whole (ResourceExhausted) and
 // counted, never waited for. Loads are never refused for space.
 //
-// G2 slots hold a block as [kBlockHeaderBytes header area | payload] (the at-rest shape), so a
-// slot goes to and from G3 in one I/O; G1 copies use the payload part.
+// G2 slots hold a block as [header area | payload] (the at-rest shape; the header area is
+// BlockHeaderBytes(layout): 4 KiB up to 1320 tokens per block), so a slot goes to and from G3 in
+// one I/O; G1 copies use the payload part.
 //
 // G4 (a RemoteStore): the engine's own remote threads make every remote call, never the
 // submitting thread. Each Submit's G4 moves become at most `remote.threads` calls (one batch
@@ -60,8 +61,8 @@
 
 namespace kvtier {
 
-// Offset of the payload inside a G2 slot.
-inline constexpr uint64_t kG2PayloadOffset = kBlockHeaderBytes;
+// Offset of the payload inside a G2 slot of `layout`'s blocks: their at-rest header area.
+inline uint64_t G2PayloadOffset(const KvLayout& layout) { return BlockHeaderBytes(layout); }
 
 class TransferEngine final : private DiskCompletionSink {
  public:
@@ -226,7 +227,9 @@ class TransferEngine final : private DiskCompletionSink {
   void StartDisk(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves,
                  uint32_t given_slot = BlockTransfer::kAnyStagingSlot) EXCLUDES(disk_mu_);
   void OnDiskOpDone(const DiskOpResult& result) override EXCLUDES(disk_mu_, mu_);
-  uint8_t* Payload(uint32_t slot) const { return arena_->SlotData(slot) + kG2PayloadOffset; }
+  uint8_t* Payload(uint32_t slot) const {
+    return arena_->SlotData(slot) + G2PayloadOffset(layout_);
+  }
   // Remote side (transfer_engine_remote.cc).
   void StartRemote(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves,
                    bool save) EXCLUDES(remote_mu_);

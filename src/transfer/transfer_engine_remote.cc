@@ -218,7 +218,8 @@ void TransferEngine::ExecuteRemote(const RemoteBatch& batch) {
 }
 
 void TransferEngine::RemotePuts(const RemoteBatch& batch, std::span<const uint32_t> moves) {
-  const uint64_t block_bytes = kG2PayloadOffset + layout_.BlockBytes();
+  const uint64_t header_area = G2PayloadOffset(layout_);
+  const uint64_t block_bytes = header_area + layout_.BlockBytes();
   std::vector<RemotePut> items;
   std::vector<uint32_t> sent;
   items.reserve(moves.size());
@@ -230,12 +231,17 @@ void TransferEngine::RemotePuts(const RemoteBatch& batch, std::span<const uint32
     f.namespace_id = m.namespace_id;
     f.key = m.key;
     f.parent = m.parent;
-    const uint64_t checksum = PayloadChecksum(slot + kG2PayloadOffset, layout_.BlockBytes());
-    Status enc = m.expected_checksum != 0 && checksum != m.expected_checksum
-                     ? Status::Corruption(
-                           "G4 write refused: the block's bytes changed after it was "
-                           "committed; an engine wrote into a committed G2 slot")
-                     : EncodeBlockHeader(f, m.tokens, layout_.BlockBytes(), checksum, slot);
+    const uint64_t checksum = PayloadChecksum(slot + header_area, layout_.BlockBytes());
+    Status enc =
+        m.expected_checksum != 0 && checksum != m.expected_checksum
+            ? Status::Corruption(
+                  "G4 write refused: the block's bytes changed after it was "
+                  "committed; an engine wrote into a committed G2 slot")
+        : BlockHeaderBytesFor(m.tokens.size()) != header_area
+            ? Status::InvalidArgument("G4 write of a block of " + std::to_string(m.tokens.size()) +
+                                      " tokens; this layout's blocks hold " +
+                                      std::to_string(layout_.tokens_per_block))
+            : EncodeBlockHeader(f, m.tokens, layout_.BlockBytes(), checksum, slot);
     if (!enc.ok()) {
       EndRemoteMove(*batch.job, i, enc);
       continue;
@@ -257,7 +263,8 @@ void TransferEngine::RemotePuts(const RemoteBatch& batch, std::span<const uint32
 
 void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32_t> moves) {
   using Op = BlockTransfer::Op;
-  const uint64_t block_bytes = kG2PayloadOffset + layout_.BlockBytes();
+  const uint64_t header_area = G2PayloadOffset(layout_);
+  const uint64_t block_bytes = header_area + layout_.BlockBytes();
   std::vector<RemoteGet> items;
   std::vector<uint32_t> sent, slots;  // moves called for, and the G2 slot each lands in
   items.reserve(moves.size());
@@ -310,6 +317,7 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
       e.key = m.key;
       e.tokens = m.tokens;
       e.payload_bytes = layout_.BlockBytes();
+      e.header_bytes = header_area;
       const BlockCheck check = VerifyBlock({items[k].dest.data(), items[k].bytes_read}, e);
       if (check != BlockCheck::kOk) {
         st = Status::Corruption("G4 object " + items[k].name + " failed verification (" +

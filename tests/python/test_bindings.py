@@ -156,10 +156,29 @@ def test_layout_and_keys_match_the_cli() -> None:
     assert out[1].split()[1] == keys[0].hex()
     assert out[2].split()[1] == keys[1].hex()
     assert kvtier.block_keys(tokens, "m", layout, cache_salt="s")[0] != keys[0]
-    with pytest.raises(kvtier.KvtierError):
-        kvtier.Layout(2, 2, 1, 8, 12, "fp32")  # 12 tokens per block: not a power of two
+    with pytest.raises(kvtier.KvtierError) as e:
+        kvtier.Layout(2, 2, 1, 8, 4097, "fp32")  # past the largest block size
+    assert "tokens_per_block = 4097" in str(e.value) and "1..4096" in str(e.value)
     with pytest.raises(kvtier.KvtierError):
         kvtier.Layout(2, 2, 1, 8, 8, "fp64")
+
+
+@pytest.mark.parametrize("tpb", [12, 96, 528, 784])
+def test_block_sizes_that_are_not_powers_of_two_key_like_the_cli(tpb: int) -> None:
+    layout = kvtier.Layout(2, 2, 1, 8, tpb, "fp32")
+    assert layout.tokens_per_block == tpb and layout.block_bytes == 2 * 2 * 8 * tpb * 4
+    tokens = [(i * 7919) % 50000 for i in range(2 * tpb + tpb // 2)]  # two blocks and a tail
+    keys = kvtier.block_keys(tokens, "m", layout)
+    assert len(keys) == 2
+    assert kvtier.block_keys(tokens[:2 * tpb - 1], "m", layout) == keys[:1]
+    cli = os.environ.get("KVTIER_TEST_CLI")
+    if not cli:
+        pytest.skip("KVTIER_TEST_CLI is not set (ctest sets it to build/kvtier)")
+    out = subprocess.run(
+        [cli, "keys", "--model", "m", "--tokens", ",".join(map(str, tokens)), "--layers", "2",
+         "--kv-heads", "1", "--head-dim", "8", "--tokens-per-block", str(tpb), "--dtype", "fp32"],
+        check=True, capture_output=True, text=True).stdout.split("\n")
+    assert [line.split()[1] for line in out[1:3]] == [k.hex() for k in keys]
 
 
 def test_save_then_load_bytes_equal_and_stats_and_events() -> None:

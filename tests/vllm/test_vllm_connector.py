@@ -385,6 +385,31 @@ def test_bf16_and_block_size_64_kvtier_hit_equals_vllms_own_hit(tmp: Path) -> No
     assert metric(r, "hit_blocks_g2") >= 2 * (520 // 64), counters(r)
 
 
+def test_block_size_96_same_outputs_as_vllm_alone_and_hits(tmp: Path) -> None:
+    # A block size that is not a power of two (issue 24): 96, a multiple of 32 as vLLM's CPU
+    # backend needs (GPU hybrid models get sizes such as 528 or 784). Round 2, with vLLM's own
+    # cache reset, loads every full block from kvtier's G2; both rounds give vLLM alone's tokens.
+    bs = 96
+    p = prompts(n_systems=2, per_system=1)
+    plan = {"block_size": bs}
+    alone = run_vllm(tmp, "bs96-alone", [{"name": "all", "generate": p, "max_tokens": 8}], None,
+                     extra_plan=plan, num_gpu_blocks=16)
+    steps = [{"name": "round1", "generate": p, "max_tokens": 8},
+             {"reset_prefix_cache": True},
+             {"name": "round2", "generate": p, "max_tokens": 8}]
+    r = run_vllm(tmp, "bs96", steps, kvtier_config(tmp, **{"g3.enabled": False}),
+                 extra_plan=plan, num_gpu_blocks=16)
+    assert alone["block_size"] == bs and r["block_size"] == bs
+    assert outputs(r, 0) == outputs(alone)
+    assert outputs(r, 1) == outputs(alone)
+    # The lookup offers every full block but the one holding the last prompt token.
+    full = sum((n - 1) // bs for n in r["steps"][1]["prompt_tokens"])
+    assert full >= 2 * 5, r["steps"][1]["prompt_tokens"]  # ~520-token system prompts
+    assert metric(r, "hit_blocks_g2") >= full, counters(r)
+    assert metric(r, "load_error_blocks") == 0, counters(r)
+    assert r["metrics"]["vllm:external_prefix_cache_hits"] >= full * bs
+
+
 def test_openai_server_multi_turn_chats(tmp: Path) -> None:
     port = free_port()
     # G2 of 8 blocks: the users' earlier turns are demoted to G3 and come back from there, as

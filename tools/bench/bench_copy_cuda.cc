@@ -213,7 +213,7 @@ int RunBenchCopyCuda(const CliArgs& args) {
 
   // G2: slots shaped as the manager's ([header area | payload]), in shuffled order.
   HostArena::Config ac;
-  ac.slot_bytes = kG2PayloadOffset + block_bytes;
+  ac.slot_bytes = G2PayloadOffset(*layout) + block_bytes;
   ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * n;
   ac.lock_memory = false;  // cudaHostRegister pins it
   auto arena = HostArena::Create(ac);
@@ -226,7 +226,7 @@ int RunBenchCopyCuda(const CliArgs& args) {
   std::shuffle(slots.begin(), slots.end(), rng);
   std::vector<DeviceBlockCopy> copies;
   for (uint32_t i = 0; i < n; ++i) {
-    copies.push_back({g1_order[i], (*arena)->SlotData(slots[i]) + kG2PayloadOffset});
+    copies.push_back({g1_order[i], (*arena)->SlotData(slots[i]) + G2PayloadOffset(*layout)});
   }
 
   std::vector<MethodResult> results;

@@ -15,6 +15,7 @@
 #include "cli/json_writer.h"
 #include "events/event_publisher.h"
 #include "events/event_wire.h"
+#include "kvtier/layout.h"
 
 namespace kvtier::cli {
 namespace {
@@ -106,8 +107,10 @@ int RunBenchEvents(const CliArgs& args) {
   if (*events < 1000 || *events > 100000000) {
     return UsageError(Status::InvalidArgument("--events must be in 1000..100000000"));
   }
-  if (*tokens < 1 || *tokens > 1024) {
-    return UsageError(Status::InvalidArgument("--tokens must be in 1..1024"));
+  if (*tokens < 1 || *tokens > KvLayout::kMaxTokensPerBlock) {
+    return UsageError(Status::InvalidArgument("--tokens must be in 1.." +
+                                              std::to_string(KvLayout::kMaxTokensPerBlock) +
+                                              " (a block's tokens)"));
   }
   if (*per_call < 1 || *per_call > 4096) {
     return UsageError(Status::InvalidArgument("--per-call must be in 1..4096"));

@@ -119,6 +119,11 @@ int RunInspect(const CliArgs& args) {
     JsonObject o;
     o.Add("dir", dir);
     o.Add("format_version", kBlockFormatVersion);
+    JsonObject versions;
+    for (uint32_t v = kOldestReadableBlockFormatVersion; v <= kBlockFormatVersion; ++v) {
+      versions.Add(std::to_string(v), report->by_version[v]);
+    }
+    o.Raw("blocks_by_format_version", versions.Str());
     o.Add("slot_file_version", kSlotFileFormatVersion);
     o.Add("files", g.num_files);
     o.Add("slots", g.num_slots());
@@ -147,7 +152,14 @@ int RunInspect(const CliArgs& args) {
               (*files)->locked_by_other()
                   ? " (in use by a live tier: in-flight writes may show as corrupt)"
                   : "");
-  std::printf("  format version   block %u, slot files %u\n", kBlockFormatVersion,
+  std::string found;
+  for (uint32_t v = kOldestReadableBlockFormatVersion; v <= kBlockFormatVersion; ++v) {
+    if (report->by_version[v] == 0) continue;
+    found += (found.empty() ? "; blocks found: " : ", ") + std::to_string(report->by_version[v]) +
+             " of v" + std::to_string(v);
+  }
+  std::printf("  format version   block %u (reads %u..%u%s), slot files %u\n", kBlockFormatVersion,
+              kOldestReadableBlockFormatVersion, kBlockFormatVersion, found.c_str(),
               kSlotFileFormatVersion);
   std::printf("  geometry         %s\n", g.ToString().c_str());
   std::printf("  blocks           %llu (%.3f GiB of payload)%s\n",

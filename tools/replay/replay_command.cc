@@ -49,7 +49,7 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --trace FILE               Mooncake JSONL ({\"hash_ids\": [...]}) or kvtier JSONL\n"
       "                             ({\"tokens\": [...]}); see docs/replay.md\n"
       "  --format auto|mooncake|kvtier   default auto (a first line with hash_ids = mooncake)\n"
-      "  --tokens-per-block N       default 512 (Mooncake's block)\n"
+      "  --tokens-per-block N       1..4096, default 512 (Mooncake's block)\n"
       "  --policy NAME              adaptive, credit-lru, lru, arc, w-tinylfu, lineage-lru,\n"
       "                             leaf-first-lru, s3fifo, hit-density (default %s,\n"
       "                             the manager's default)\n"
@@ -420,9 +420,10 @@ int RunReplayCommand(const CliArgs& args) {
   }
   auto tpb = args.GetUint("tokens-per-block", 512);
   if (!tpb.ok()) return UsageError(tpb.status());
-  if (*tpb == 0 || *tpb > 1024 || (*tpb & (*tpb - 1)) != 0) {
+  if (*tpb == 0 || *tpb > KvLayout::kMaxTokensPerBlock) {
     return UsageError(Status::InvalidArgument("--tokens-per-block " + std::to_string(*tpb) +
-                                              ": must be a power of two in 1..1024"));
+                                              ": must be in 1.." +
+                                              std::to_string(KvLayout::kMaxTokensPerBlock)));
   }
   const std::string path = args.GetString("trace", "");
   auto trace =
@@ -695,8 +696,9 @@ int RunReplayCommand(const CliArgs& args) {
                            "g3_to_g1", "g2_to_g4", "g4_to_g2", "g4_to_g1"};
   const int num_paths = g4 ? 8 : 5;
   const ManagerStats& s = r.stats;
-  // A stored G4 object: the 4 KiB at-rest header and the payload (docs/g4.md).
-  const uint64_t g4_object_bytes = kBlockHeaderBytes + o.payload_bytes;
+  // A stored G4 object: the at-rest header (4 KiB up to 1320 tokens) and the payload
+  // (docs/g4.md).
+  const uint64_t g4_object_bytes = BlockHeaderBytesFor(trace->tokens_per_block()) + o.payload_bytes;
 
   if (args.Has("json")) {
     JsonObject bytes;

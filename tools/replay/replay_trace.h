@@ -25,8 +25,8 @@ class ReplayTrace {
   // (MooncakeToken), so equal ids at equal positions give equal tokens and the chained keys
   // reproduce the trace's prefix sharing. One tail token (a function of the request index)
   // follows the blocks: the connector always computes a prompt's last token, and without the
-  // tail a request's last block could never load. REQUIRES: tokens_per_block is a power of two
-  // in 1..1024.
+  // tail a request's last block could never load. REQUIRES: tokens_per_block is in
+  // 1..KvLayout::kMaxTokensPerBlock.
   static ReplayTrace FromMooncake(Trace trace, uint32_t tokens_per_block);
 
   // Parses the kvtier token format: one JSON object per line with "tokens": [ids < 2^32]

@@ -18,8 +18,9 @@ PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]} or
 Optional plan keys: "dtype" ("float32"), "block_size", "prompt_embeds".
 
 OUT: {"steps": [{"name", "outputs": [[token ids]], "texts": [...], "ttft_s": [...],
-       "wall_s"}], "metrics": {name: value}} where metrics are vLLM's counters whose names
-       start with vllm:kvtier_ (kvtier's connector stats in vLLM's own Prometheus metrics).
+       "wall_s"}], "metrics": {name: value}, "block_size": N} where metrics are vLLM's counters
+       whose names start with vllm:kvtier_ (kvtier's connector stats in vLLM's own Prometheus
+       metrics) and block_size is the one vLLM ran with (its cache_config's).
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def main() -> int:
             record["ttft_s"].append(ttft)
         out["steps"].append(record)
     out["metrics"] = _metrics(llm)
+    out["block_size"] = int(llm.llm_engine.vllm_config.cache_config.block_size)
     json.dump(out, open(sys.argv[2], "w"))
     del llm
     return 0
