@@ -314,7 +314,7 @@ TEST(TransferRemote, ALoadIsCutIntoCallsOfLoadCallBytes) {
   for (const uint64_t call_blocks : {1ull, 2ull, 1000ull}) {
     TransferEngine::RemoteConfig rc;
     rc.threads = 1;
-    const uint64_t slot_bytes = kG2PayloadOffset + SmallLayout().BlockBytes();
+    const uint64_t slot_bytes = G2PayloadOffset(SmallLayout()) + SmallLayout().BlockBytes();
     rc.load_call_bytes = call_blocks == 1 ? 1 : call_blocks * slot_bytes;
     Rig rig(rc);
     std::vector<BlockTransfer> puts;

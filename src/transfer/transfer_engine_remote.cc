@@ -133,7 +133,7 @@ void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
   size_t per_call =
       std::max<size_t>(1, (moves.size() + remote_config_.threads - 1) / remote_config_.threads);
   if (!save) {
-    const uint64_t block_bytes = kG2PayloadOffset + layout_.BlockBytes();
+    const uint64_t block_bytes = G2PayloadOffset(layout_) + layout_.BlockBytes();
     per_call = std::clamp<size_t>(remote_config_.load_call_bytes / block_bytes, 1, per_call);
   }
   // Gets are watched: at the deadline the watchdog ends whichever of them are still queued or
