@@ -112,6 +112,44 @@ TEST(BlockManagerTest, BlockExtrasSeparateEqualTokensWithOtherInputs) {
   EXPECT_EQ(run("a-again", a), 16u * 4);
 }
 
+// A hybrid model's sliding-window group no longer holds the blocks that left its window (vLLM
+// shows its null block): the connector passes kNoG1Block for them. Commit neither saves nor
+// reuses such a block, and the blocks after it are still saved; a load stops at the first one.
+TEST(BlockManagerTest, BlocksTheEngineDoesNotHoldAreNeitherSavedNorLoaded) {
+  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  MiniEngine engine(mgr.get(), 64);  // registers G1
+  const auto prompt = Prompt(21, 16 * 5 + 1);
+  auto commit = [&](const std::string& id, const std::vector<uint32_t>& g1) {
+    RequestSpec spec{id, prompt, "", "", {}};
+    Result<LookupResult> r = mgr->Lookup(spec, 0);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(mgr->Commit(id, prompt, g1).ok());
+    EXPECT_TRUE(mgr->StartSave().ok());
+    mgr->WaitForSaves();
+    mgr->RequestFinished(id);
+    return r.ok() ? r->num_tokens : 0;
+  };
+  EXPECT_EQ(commit("holes", {0, kNoG1Block, 2, kNoG1Block, 4, 5}), 0u);
+  EXPECT_EQ(mgr->Stats().saved_blocks, 3u) << "blocks 0, 2 and 4 only";
+  EXPECT_EQ(mgr->Stats().dedup_blocks, 0u);
+  // Block 1 is nowhere: a lookup finds block 0 alone.
+  EXPECT_EQ(commit("after-holes", {0, 1, 2, 3, 4, 5}), 16u);
+  EXPECT_EQ(mgr->Stats().saved_blocks, 5u) << "blocks 1 and 3 saved now";
+  // Everything is held now; a load into a table with a hole stops at the hole.
+  RequestSpec spec{"load", prompt, "", "", {}};
+  Result<LookupResult> r = mgr->Lookup(spec, 0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->num_tokens, 16u * 5);
+  const std::vector<uint32_t> g1 = {10, 11, kNoG1Block, 13, 14, 15};
+  Result<uint32_t> planned = mgr->PrepareLoad("load", g1, 16 * 5);
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  EXPECT_EQ(*planned, 16u * 2);
+  ASSERT_TRUE(mgr->StartLoad().ok());
+  EXPECT_EQ(mgr->LoadedTokens("load"), 16u * 2);
+  mgr->RequestFinished("load");
+  EXPECT_EQ(mgr->Stats().pinned_blocks, 0u) << "the blocks past the hole were unpinned";
+}
+
 // kv_transfer_params' load_tiers / store_tiers: where one request may load from and store to.
 TEST(BlockManagerTest, RequestTierMasksLimitWhereItLoadsFromAndStoresTo) {
   TempDirectory dir;

@@ -45,6 +45,12 @@ namespace service {
 class AttachedManager;
 }
 
+// A G1 block id that names no block: the engine does not hold the request's block at that
+// index (a hybrid model's sliding-window group frees the blocks that left its window, and vLLM
+// shows them as its null block). Commit neither saves nor reuses such a block (the blocks after
+// it still are); a load stops at the first one (the engine computes the rest).
+inline constexpr uint32_t kNoG1Block = 0xFFFFFFFFu;
+
 struct ManagerOptions {
   KvLayout layout;       // the engine's KV layout (G1 arrangement included)
   std::string model_id;  // part of every key's namespace
@@ -205,6 +211,7 @@ class BlockManager {
   // `async_load` (vLLM's load_kv_async): for an engine that polls Finished().loads_done before
   // it uses the blocks. StartLoad submits it apart from the synchronous loads, WaitLayer never
   // waits for it, and LoadedTokens(request_id) still waits for it.
+  // A kNoG1Block id in the load's range ends the load at that block.
   // NotFound for a request without a Lookup; InvalidArgument for too few G1 block ids.
   Result<uint32_t> PrepareLoad(const std::string& request_id,
                                std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
@@ -219,6 +226,7 @@ class BlockManager {
   // being written to G3 waits for one (deferred: the engine keeps the G1 block meanwhile, as
   // for any save, up to transfer.max_queued_saves of them); with no slot free nor freeing it is
   // dropped and counted.
+  // Blocks whose G1 id is kNoG1Block are skipped (neither saved nor counted as reuse).
   // NotFound for a request without a Lookup.
   Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
                 std::span<const uint32_t> g1_block_ids);

@@ -22,6 +22,7 @@ import os
 from typing import Mapping, Optional, Union
 
 from kvtier._kvtier import (
+    NO_G1_BLOCK,
     NUM_TIERS,
     TIER_NAMES,
     BlockManager,
@@ -33,6 +34,7 @@ from kvtier._kvtier import (
 )
 
 __all__ = [
+    "NO_G1_BLOCK",
     "NUM_TIERS",
     "TIER_NAMES",
     "BlockManager",

@@ -4,6 +4,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 NUM_TIERS: int
 TIER_NAMES: Tuple[str, str, str, str]
+NO_G1_BLOCK: int  # a G1 block id naming no block: Commit skips it, a load stops at it
 
 class KvtierError(RuntimeError):
     code: str  # kvtier's StatusCode name, e.g. "InvalidArgument"

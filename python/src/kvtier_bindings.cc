@@ -288,6 +288,7 @@ PYBIND11_MODULE(_kvtier, mod) {
 
   mod.attr("NUM_TIERS") = static_cast<int>(kNumTiers);
   mod.attr("TIER_NAMES") = py::make_tuple("G1", "G2", "G3", "G4");
+  mod.attr("NO_G1_BLOCK") = kNoG1Block;  // connector.h: a block the engine does not hold
 
   // ---- Config ----
   py::class_<Config>(mod, "Config")

@@ -173,6 +173,14 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
   }
   c_.lookup_blocks.fetch_add(asked, std::memory_order_relaxed);
 
+  // A block the engine does not hold ends the load there (connector.h: kNoG1Block).
+  for (uint32_t i = 0; i < want; ++i) {
+    if (g1_block_ids[start + i] == kNoG1Block) {
+      keys.resize(i);
+      want = i;
+      break;
+    }
+  }
   MatchResult m = index_->MatchAndPin(keys, LocalTiersToOffer() & load_tiers);
   std::vector<PlannedLoad> plan;
   size_t planned = 0;

@@ -58,6 +58,8 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
     for (uint32_t i = r.committed_blocks; i < full; ++i) {
       const BlockKey& key = r.keys[i];
       seen.push_back(key);
+      // A block the engine does not hold (connector.h: kNoG1Block) is neither saved nor reused.
+      if (g1_block_ids[i] == kNoG1Block) continue;
       const bool loaded = i >= r.load_first && i < r.load_first + r.loaded_blocks;
       // Without G2 in its store_tiers, nothing of the request is saved (G2 leads to the rest).
       if (loaded || saving_keys_.count(key) || !((store_tiers >> kTierG2) & 1u)) continue;

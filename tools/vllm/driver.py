@@ -15,7 +15,12 @@ PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]} or
         {"embeds_seed": S, "embeds_len": N} (N prompt embeddings drawn from a seeded generator
         at the scale of the model's own embeddings; the plan needs "prompt_embeds": true),
         optional "cache_salt".
-Optional plan keys: "dtype" ("float32"), "block_size", "prompt_embeds".
+Optional plan keys: "dtype" ("float32"), "block_size", "prompt_embeds",
+"max_num_batched_tokens", "hma" (true: vLLM's hybrid KV cache manager must stay on; a connector
+that is not a SupportsHMA then fails at start), "disable_hma" (true: turned off), "logprobs" (K: each output's top-K logprobs
+per token in "logprobs": [[{token id: logprob}]]).
+With "in_process": OUT has "engine": {"hma": bool, "groups": [spec class names],
+"num_blocks": N} read from vLLM's own configuration.
 
 OUT: {"steps": [{"name", "outputs": [[token ids]], "texts": [...], "ttft_s": [...],
        "wall_s"}], "metrics": {name: value}, "block_size": N} where metrics are vLLM's counters
@@ -83,6 +88,12 @@ def main() -> int:
         kwargs["enable_prompt_embeds"] = True
     if plan.get("num_gpu_blocks"):
         kwargs["num_gpu_blocks_override"] = int(plan["num_gpu_blocks"])
+    if plan.get("max_num_batched_tokens"):
+        kwargs["max_num_batched_tokens"] = int(plan["max_num_batched_tokens"])
+    if plan.get("hma"):
+        kwargs["disable_hybrid_kv_cache_manager"] = False
+    elif plan.get("disable_hma"):
+        kwargs["disable_hybrid_kv_cache_manager"] = True
     if plan.get("kvtier") is not None:
         kwargs["kv_transfer_config"] = {
             "kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
@@ -97,6 +108,9 @@ def main() -> int:
     if plan.get("serve"):
         return _serve(llm, tokenizer, plan)
     out: Dict[str, Any] = {"steps": []}
+    if plan.get("in_process"):
+        out["engine"] = _engine(llm)
+    logprobs = int(plan.get("logprobs", 0) or 0)
     for step in plan["steps"]:
         if step.get("reset_prefix_cache"):
             if not _reset(llm, bool(step.get("reset_connector", False))):
@@ -111,9 +125,10 @@ def main() -> int:
             continue
         prompts = [_prompt(p, tokenizer, plan["model"]) for p in step["generate"]]
         sp = SamplingParams(temperature=0.0, max_tokens=int(step.get("max_tokens", 8)),
-                            ignore_eos=bool(step.get("ignore_eos", False)))
+                            ignore_eos=bool(step.get("ignore_eos", False)),
+                            logprobs=logprobs or None)
         record: Dict[str, Any] = {"name": step.get("name", ""), "outputs": [], "texts": [],
-                                  "ttft_s": [], "prompt_tokens": []}
+                                  "ttft_s": [], "prompt_tokens": [], "logprobs": []}
         t0 = time.perf_counter()
         if step.get("one_by_one", True):
             results = []
@@ -124,6 +139,9 @@ def main() -> int:
         record["wall_s"] = time.perf_counter() - t0
         for r in results:
             record["outputs"].append(list(r.outputs[0].token_ids))
+            if logprobs:
+                record["logprobs"].append([{str(t): float(lp.logprob) for t, lp in pos.items()}
+                                           for pos in (r.outputs[0].logprobs or [])])
             record["texts"].append(r.outputs[0].text)
             record["prompt_tokens"].append(len(r.prompt_token_ids or []))
             m = r.metrics
@@ -139,6 +157,16 @@ def main() -> int:
     json.dump(out, open(sys.argv[2], "w"))
     del llm
     return 0
+
+
+def _engine(llm: Any) -> Dict[str, Any]:
+    """vLLM's own view of its KV cache (an engine in this process only)."""
+    vc = llm.llm_engine.vllm_config
+    core = llm.llm_engine.engine_core.engine_core
+    kcc = core.scheduler.kv_cache_config
+    return {"hma": vc.scheduler_config.disable_hybrid_kv_cache_manager is False,
+            "groups": [type(g.kv_cache_spec).__name__ for g in kcc.kv_cache_groups],
+            "num_blocks": int(kcc.num_blocks)}
 
 
 def _reset(llm: Any, reset_connector: bool) -> bool:

@@ -8,6 +8,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$ROOT/build"
 PROGRAM="${KVTIER_BENCH_PROGRAM:-bench_vllm.py}"
+for a in "$@"; do
+  # kvtier bench vllm --hybrid: the hybrid-model benchmark (tools/vllm/bench_hybrid.py).
+  [ "$a" = "--hybrid" ] && [ -z "${KVTIER_BENCH_PROGRAM:-}" ] && PROGRAM=bench_hybrid.py
+done
 NAME="${PROGRAM#bench_}"
 NAME="kvtier bench ${NAME%.py}"
 if [ "${1:-}" = "--build-dir" ]; then

@@ -55,6 +55,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+
+try:  # vLLM's hybrid memory allocator (HMA) interface; older vLLMs have none
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorTransferResults,
+        SupportsHMA,
+    )
+except ImportError:  # pragma: no cover - depends on the installed vLLM
+    KVConnectorTransferResults = None  # type: ignore[assignment,misc]
+
+    class SupportsHMA:  # type: ignore[no-redef]
+        pass
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
@@ -66,6 +77,15 @@ import kvtier
 from kvtier.vllm.keys import UnkeyableRequest, adapter_id, block_extras, model_fingerprint
 from kvtier.vllm.layouts import KvCacheLayout, describe_kv_caches
 from kvtier.vllm.daemon_lookup import DaemonLookupClient, instance_name
+from kvtier.vllm.groups import (
+    GROUP_TAG,
+    SLIDING,
+    check_aliasing,
+    first_held,
+    group_key,
+    held_ids,
+    plan_groups,
+)
 from kvtier.vllm.lookup import LookupClient, LookupServer
 from kvtier.vllm.observe import (
     KvtierConnectorStats,
@@ -110,6 +130,11 @@ class LoadSpec:
     num_tokens: int  # tokens to load past num_computed_tokens
     num_computed_tokens: int  # what vLLM's own prefix cache supplied
     is_async: bool
+    # Hybrid models (kvtier/vllm/groups.py): every group's whole table, and the lookup's
+    # (tokens, salt, lora, extras, load_tiers, store_tiers) for the sliding groups, whose loads
+    # start at the window (the worker looks them up again from there).
+    group_block_ids: Optional[List[List[int]]] = None
+    query: Optional[Tuple[Any, ...]] = None
 
 
 @dataclasses.dataclass
@@ -119,6 +144,7 @@ class SaveSpec:
     tokens: List[int]  # real token ids (whole blocks only)
     block_start: int  # the absolute index of block_ids[0] in the request's block table
     block_ids: List[int]
+    group_block_ids: Optional[List[List[int]]] = None  # hybrid: every group's, from block_start
 
 
 # How a finished request is reported back (rule 3 of the module docstring).
@@ -170,6 +196,8 @@ class _SchedReq:
     consumer: bool = False  # P/D decode side: loads the producer's blocks, saves no prompt
     producer: bool = False  # P/D prefill side: announces what it saved (expect_tokens)
     pd_wait_since: Optional[float] = None  # when it began waiting for the producer's blocks
+    group_block_ids: List[List[int]] = dataclasses.field(default_factory=list)  # hybrid
+    query: Optional[Tuple[Any, ...]] = None  # hybrid: the last lookup's, for LoadSpec.query
 
     @property
     def key(self) -> str:
@@ -180,10 +208,13 @@ class _SchedReq:
 class _WorkerReq:
     tokens: List[int] = dataclasses.field(default_factory=list)
     block_ids: List[int] = dataclasses.field(default_factory=list)
+    group_block_ids: List[List[int]] = dataclasses.field(default_factory=list)  # hybrid
 
 
-class KvtierConnector(KVConnectorBase_V1):
-    """vLLM's KV connector over kvtier's BlockManager (see the module docstring)."""
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM's KV connector over kvtier's BlockManager (see the module docstring). A
+    SupportsHMA: vLLM keeps its hybrid memory allocator on for hybrid models
+    (kvtier/vllm/groups.py says which groups kvtier moves)."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -203,6 +234,11 @@ class KvtierConnector(KVConnectorBase_V1):
                             or getattr(pc, "data_parallel_rank", 0) or 0)
         self._dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
         self._check_deployment(vllm_config)
+        self._groups = plan_groups(kv_cache_config, self._block_size)
+        if self._groups.refused and role == KVConnectorRole.SCHEDULER:
+            logger.warning("kvtier: %s. kvtier neither loads nor saves for this model; vLLM "
+                           "runs it with its hybrid KV cache manager as without kvtier.",
+                           self._groups.refused)
         self._model_name = self._settings.model_id or str(vllm_config.model_config.model)
         # Disaggregated prefill/decode (docs/pd.md): vLLM's kv_role, or per request vLLM's own
         # do_remote_prefill / do_remote_decode.
@@ -308,6 +344,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._forget_lookup(state)
         state.generation = gen
         state.block_ids, state.block_ids_sent, state.tokens_sent = [], 0, 0
+        state.group_block_ids = []
         state.pending_load, state.load_block_ids, state.load_in_flight = None, [], False
         state.lookup_tokens, state.lookup_by_tier, state.lookup_async = 0, _NO_HIT, False
 
@@ -329,6 +366,8 @@ class KvtierConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         state = self._state(request)
+        if self._groups.refused and not state.refused:
+            state.refused = self._groups.refused
         extras = self._keying(state)
         c = state.controls
         if state.refused or extras is None:
@@ -353,16 +392,23 @@ class KvtierConnector(KVConnectorBase_V1):
         pending = state.pending_lookup
         if pending is None or pending[0] != signature:
             self._forget_lookup(state)
-            query = (state.key, tokens, num_computed_tokens, salt, lora, extras, load_tiers,
-                     c.store_tiers)
-            pending = state.pending_lookup = (signature, [cl.submit(query)
-                                                          for cl in self._clients],
-                                              time.monotonic())
+            if self._groups.hybrid:
+                # Every group is a kvtier request of its own (kvtier/vllm/groups.py): all
+                # looked up from num_computed_tokens, the hit being the shortest answer.
+                queries = [(group_key(state.key, g.index), tokens, num_computed_tokens,
+                            salt + g.salt_tag, lora, extras, load_tiers, c.store_tiers)
+                           for g in self._groups.groups]
+                state.query = (tokens, salt, lora, extras, load_tiers, c.store_tiers)
+            else:
+                queries = [(state.key, tokens, num_computed_tokens, salt, lora, extras,
+                            load_tiers, c.store_tiers)]
+            pending = state.pending_lookup = (
+                signature, [(cl, cl.submit(q)) for cl in self._clients for q in queries],
+                time.monotonic())
         # Wait a little for the answers (a lookup is normally well under a millisecond); a
         # slower one (a G4 query) is asked about again at the next step: (None, False).
         wait_until = time.monotonic() + self._settings.lookup_wait_ms / 1000.0
-        results = [cl.result(seq, wait_until - time.monotonic())
-                   for cl, seq in zip(self._clients, pending[1])]
+        results = [cl.result(seq, wait_until - time.monotonic()) for cl, seq in pending[1]]
         self._lookup_seconds += time.perf_counter() - t0
         state.lookup_computed = num_computed_tokens
         statuses = {r[0] for r in results}
@@ -386,6 +432,11 @@ class KvtierConnector(KVConnectorBase_V1):
         by_tier = answers[0][1]
         slow = by_tier[2] + by_tier[3] > 0
         is_async = num > 0 and slow and self._settings.async_load == "auto"
+        if self._groups.hybrid:
+            # With several groups vLLM cannot take back single blocks that failed to load
+            # (get_block_ids_with_load_errors raises in its scheduler), only a whole async load
+            # (failed_recving, recomputed): hybrid loads are asynchronous.
+            is_async = num > 0
         if state.consumer and c.expect_tokens and load_tiers != "none":
             waited = self._pd_wait(state, num_computed_tokens + num)
             if waited:
@@ -426,7 +477,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _forget_lookup(self, state: _SchedReq) -> None:
         if state.pending_lookup is not None:
-            for cl, seq in zip(self._clients, state.pending_lookup[1]):
+            for cl, seq in state.pending_lookup[1]:
                 cl.forget(seq)
             state.pending_lookup = None
 
@@ -456,11 +507,15 @@ class KvtierConnector(KVConnectorBase_V1):
         if state is None or num_external_tokens == 0:
             return
         self._sync_generation(state)
-        block_ids = list(blocks.get_block_ids()[0])
+        all_ids = blocks.get_block_ids()
+        block_ids = list(all_ids[0])
         # request.num_computed_tokens can be 0 here: keep what the lookup was given.
         first = state.lookup_computed // self._block_size
         state.pending_load = LoadSpec(state.key, block_ids, num_external_tokens,
                                       state.lookup_computed, state.lookup_async)
+        if self._groups.hybrid:
+            state.pending_load.group_block_ids = [list(ids) for ids in all_ids]
+            state.pending_load.query = state.query
         state.load_block_ids = block_ids[first:first + num_external_tokens // self._block_size]
         # An async load puts the request in WAITING_FOR_REMOTE_KVS: vLLM holds its blocks until
         # the worker lists it in finished_recving.
@@ -479,20 +534,27 @@ class KvtierConnector(KVConnectorBase_V1):
                 state.pending_load = None
         # Saves: every full block whose KV exists once this step has run (rule 1).
         cached = scheduler_output.scheduled_cached_reqs
-        updates: List[Tuple[str, Optional[List[int]], bool]] = [
-            (r.req_id, list(r.block_ids[0]), True) for r in scheduler_output.scheduled_new_reqs]
+        updates: List[Tuple[str, Optional[Tuple[List[int], ...]], bool]] = [
+            (r.req_id, r.block_ids, True) for r in scheduler_output.scheduled_new_reqs]
         for i, rid in enumerate(cached.req_ids):
-            new_ids = cached.new_block_ids[i]
             resumed = rid in cached.resumed_req_ids
-            updates.append((rid, list(new_ids[0]) if new_ids is not None else None, resumed))
+            updates.append((rid, cached.new_block_ids[i], resumed))
+        hybrid = self._groups.hybrid
         for rid, new_ids, replace in updates:
             state = self._reqs.get(rid)
             if state is None:
                 continue
             if replace:
-                state.block_ids, state.block_ids_sent = list(new_ids or []), 0
+                state.block_ids, state.block_ids_sent = list(new_ids[0] if new_ids else []), 0
+                if hybrid:
+                    state.group_block_ids = [list(ids) for ids in new_ids or ()]
             elif new_ids:
-                state.block_ids.extend(new_ids)
+                state.block_ids.extend(new_ids[0])
+                if hybrid:
+                    while len(state.group_block_ids) < len(new_ids):
+                        state.group_block_ids.append([])
+                    for g, ids in enumerate(new_ids):
+                        state.group_block_ids[g].extend(ids)
             if state.refused or not state.controls.save or state.extras is None:
                 continue
             save = self._next_save(state, scheduler_output.num_scheduled_tokens.get(rid, 0))
@@ -520,6 +582,8 @@ class KvtierConnector(KVConnectorBase_V1):
                 return None
         save = SaveSpec(state.key, state.tokens_sent, list(all_ids[state.tokens_sent:full]),
                         state.block_ids_sent, state.block_ids[state.block_ids_sent:])
+        if self._groups.hybrid:
+            save.group_block_ids = [ids[state.block_ids_sent:] for ids in state.group_block_ids]
         state.tokens_sent = full
         state.block_ids_sent = len(state.block_ids)
         return save
@@ -536,6 +600,13 @@ class KvtierConnector(KVConnectorBase_V1):
             state = self._reqs.get(rid)
             if state is not None:
                 state.load_in_flight = False
+        for rid in getattr(connector_output, "failed_recving", None) or ():
+            # A hybrid load that lost blocks: vLLM recomputes the request from the start.
+            state = self._reqs.get(rid)
+            if state is not None:
+                state.load_failures += 1
+                state.load_block_ids = []
+                self._sched_counts["failed_loads"] += 1
         invalid = connector_output.invalid_block_ids
         if invalid:
             self._on_load_errors(set(invalid))
@@ -580,6 +651,12 @@ class KvtierConnector(KVConnectorBase_V1):
                       "kvtier": {"expect_tokens": state.tokens_sent}}
         return delay, params
 
+    def request_finished_all_groups(self, request: "Request", block_ids: Tuple[List[int], ...]
+                                    ) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        """SupportsHMA: request_finished for every group at once (vLLM calls this one, not
+        request_finished, on a SupportsHMA connector, whatever the number of groups)."""
+        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+
     def take_events(self) -> Iterable[KVCacheEvent]:
         if self._events is None:
             return
@@ -612,6 +689,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self._worker_counts: Dict[str, int] = collections.Counter()
         self._rank = 0
         self._pp_rank = 0
+        # Hybrid models (kvtier/vllm/groups.py):
+        # key -> {gkey: (tokens wanted, planned, loaded once done)}
+        self._hybrid_loads: Dict[str, Dict[str, Tuple[int, int, Optional[int]]]] = {}
+        self._failed_recving: Set[str] = set()  # vLLM ids whose hybrid load lost blocks
+        self._fence: Set[str] = set()  # sliding groups' keys saved last step (see _fence_saves)
+        self._held_groups: Dict[str, Set[str]] = {}  # key -> its groups' keys saves still read
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
         from vllm.distributed.parallel_state import (
@@ -621,10 +704,22 @@ class KvtierConnector(KVConnectorBase_V1):
 
         self._rank = get_tensor_model_parallel_rank() if self._tp_size > 1 else 0
         self._pp_rank = get_pp_group().rank_in_group if self._pp_size > 1 else 0
+        if self._groups.refused:
+            # The scheduler neither loads nor saves (it said why): no manager, no tiers.
+            logger.info("kvtier: rank %d stays out of this model's KV cache: %s", self._rank,
+                        self._groups.refused)
+            return
         model_config = self._vllm_config.model_config
         # The KV cache manager's block count tells an attention backend's kernel blocks (a
         # block dimension k times longer) from vLLM's blocks; older vLLMs pass no config.
         kv_cache_config = getattr(self, "_kv_cache_config", None)
+        groups_tag = ""
+        if self._groups.hybrid:
+            # Group 0's layers stand for every group's: they view the same memory.
+            check_aliasing(self._groups.groups, kv_caches)
+            kv_caches = {n: kv_caches[n] for n in self._groups.groups[0].layer_names}
+            groups_tag = "|hma:" + ",".join(
+                f"{g.kind}{g.window or ''}:{'+'.join(g.layer_names)}" for g in self._groups.groups)
         layout = describe_kv_caches(
             kv_caches, block_size=self._block_size,
             num_kv_heads=model_config.get_num_kv_heads(self._vllm_config.parallel_config),
@@ -642,7 +737,8 @@ class KvtierConnector(KVConnectorBase_V1):
         weights = model_fingerprint(self._vllm_config, self._settings.weights_id)
         took = time.perf_counter() - t0
         model_id = (f"{self._model_name}|w{weights}|{layout.namespace_tag}"
-                    f"|tp{self._rank}of{self._tp_size}|pp{self._pp_rank}of{self._pp_size}")
+                    f"|tp{self._rank}of{self._tp_size}|pp{self._pp_rank}of{self._pp_size}"
+                    f"{groups_tag}")
         # vLLM's CPU worker pins this thread to its OpenMP cores, and threads inherit the
         # mask: kvtier's copy, disk and lookup threads would then compete with the model for
         # the compute cores. They are started on the cores vLLM left free (all cores when it
@@ -676,7 +772,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 store_tiers: str) -> Tuple[int, Tuple[int, int, int, int]]:
         assert self._manager is not None, "lookup before register_kv_caches"
         with self._finished_lock:
-            if key in self._finished_keys:
+            if key.split(GROUP_TAG, 1)[0] in self._finished_keys:
                 return 0, _NO_HIT  # arrived after the request's end: nothing to remember
         return self._manager.lookup(key, tokens, num_computed, cache_salt=salt,
                                     adapter_id=lora, block_extra=extras, load_tiers=load_tiers,
@@ -693,6 +789,29 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._role == KVConnectorRole.WORKER:
             self._step_failed = set()
             self._layer_error = None
+            self._fence_saves()
+
+    def _gkeys(self, key: str) -> List[str]:
+        """The kvtier request ids of a request: one per KV cache group of a hybrid model."""
+        if not self._groups.hybrid:
+            return [key]
+        return [group_key(key, g.index) for g in self._groups.groups]
+
+    def _fence_saves(self) -> None:
+        """Before the forward pass: vLLM frees a sliding-window group's blocks once they leave
+        the window, even while the request runs, and may hand them to another request (or
+        group) in this very step. The saves that read such blocks last step end first (their
+        unstarted ones are dropped: counted, a later miss). Full-attention blocks stay the
+        request's until finished_sending."""
+        m = self._manager
+        if not self._fence or m is None:
+            return
+        fence, self._fence = self._fence, set()
+        t0 = time.perf_counter()
+        for gkey in fence:
+            m.wait_for_request_saves(gkey)
+        self._worker_counts["hybrid_fence_microseconds"] += int(
+            (time.perf_counter() - t0) * 1e6)
 
     def _forget_key(self, key: str) -> None:
         self._wreqs.pop(key, None)
@@ -708,9 +827,11 @@ class KvtierConnector(KVConnectorBase_V1):
         for key in kv_connector_metadata.preempted:
             # Its blocks are freed and reused at once: its saves still reading them end first
             # (only its own: other requests' saves, demotions and G4 writes go on).
-            m.wait_for_request_saves(key)
+            for gkey in self._gkeys(key):
+                m.wait_for_request_saves(gkey)
             self._forget_key(key)
-            m.request_finished(key)
+            for gkey in self._gkeys(key):
+                m.request_finished(gkey)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._meta()
@@ -722,6 +843,9 @@ class KvtierConnector(KVConnectorBase_V1):
         if not meta.loads:
             return
         for spec in meta.loads:
+            if spec.group_block_ids is not None:
+                self._prepare_hybrid_load(m, spec)
+                continue
             try:
                 planned = self._prepare_load(m, spec)
             except kvtier.KvtierError as e:
@@ -746,19 +870,59 @@ class KvtierConnector(KVConnectorBase_V1):
         return m.prepare_load(spec.key, spec.block_ids, spec.num_tokens,
                               async_load=spec.is_async)
 
+    def _prepare_hybrid_load(self, m: Any, spec: LoadSpec) -> None:
+        """One load per group, all asynchronous (see get_num_new_matched_tokens). A full-
+        attention group loads every block of the hit; a sliding-window group only the blocks
+        vLLM allocated for it (those inside the window at the end of the hit): its kvtier
+        request is looked up again from the first of them."""
+        assert spec.group_block_ids is not None
+        bs = self._block_size
+        end = spec.num_computed_tokens + spec.num_tokens
+        parts: Dict[str, Tuple[int, int, Optional[int]]] = {}
+        for g in self._groups.groups:
+            gkey = group_key(spec.key, g.index)
+            ids = spec.group_block_ids[g.index]
+            start = spec.num_computed_tokens
+            try:
+                if g.kind == SLIDING:
+                    start = first_held(ids, start // bs, end // bs) * bs
+                    if start >= end:
+                        continue  # nothing of this group to load
+                    if start > spec.num_computed_tokens:
+                        assert spec.query is not None
+                        tokens, salt, lora, extras, load_tiers, store_tiers = spec.query
+                        m.lookup(gkey, tokens, start, cache_salt=salt + g.salt_tag,
+                                 adapter_id=lora, block_extra=extras, load_tiers=load_tiers,
+                                 store_tiers=store_tiers)
+                planned = m.prepare_load(gkey, held_ids(ids, kvtier.NO_G1_BLOCK),
+                                         end - start, async_load=True)
+            except kvtier.KvtierError as e:
+                logger.warning("kvtier: prepare_load(%s) failed: %s", gkey, e)
+                planned = 0
+            parts[gkey] = (end - start, planned, None)
+            self._worker_counts[f"hybrid_{g.kind}_load_blocks"] += planned // bs
+        self._hybrid_loads[spec.key] = parts
+
     def _finish(self, fin: FinishSpec) -> None:
         m = self._manager
         assert m is not None
         self._forget_key(fin.key)
-        kept = m.request_finished(fin.key)
+        if self._groups.hybrid:
+            held = {gkey for gkey in self._gkeys(fin.key) if m.request_finished(gkey)}
+            if held:
+                self._held_groups[fin.key] = held
+            kept = bool(held)
+        else:
+            kept = m.request_finished(fin.key)
         if fin.report == REPORT_RECVING:
-            if fin.key in self._async_loads:
+            if fin.key in self._async_loads or fin.key in self._hybrid_loads:
                 self._recving_on_done.add(fin.key)  # reported when the load ends
             elif fin.key not in self._loads_reported:
                 self._recving_now.add(vllm_id(fin.key))  # the load never started
         elif fin.report == REPORT_SENDING:
             if kept:
-                self._held.add(fin.key)
+                if not self._groups.hybrid:  # hybrid: _held_groups
+                    self._held.add(fin.key)
             else:
                 self._sending_done.add(vllm_id(fin.key))
         self._loads_reported.discard(fin.key)
@@ -823,6 +987,12 @@ class KvtierConnector(KVConnectorBase_V1):
             req.tokens.extend(save.tokens)
             del req.block_ids[save.block_start:]
             req.block_ids.extend(save.block_ids)
+            if save.group_block_ids is not None:
+                while len(req.group_block_ids) < len(save.group_block_ids):
+                    req.group_block_ids.append([])
+                for table, ids in zip(req.group_block_ids, save.group_block_ids):
+                    del table[save.block_start:]
+                    table.extend(ids)
             if self._step_failed:
                 # Rule 2: nothing from a block that failed to load in this step (this step's
                 # forward pass computed what follows it from a wrong KV).
@@ -832,6 +1002,9 @@ class KvtierConnector(KVConnectorBase_V1):
                         self._worker_counts["saves_cut_by_load_errors"] += 1
                         break
             if not req.tokens:
+                continue
+            if save.group_block_ids is not None:
+                self._commit_groups(m, save.key, req)
                 continue
             try:
                 m.commit(save.key, req.tokens, req.block_ids)
@@ -847,6 +1020,58 @@ class KvtierConnector(KVConnectorBase_V1):
         else:
             m.start_save()
 
+    def _commit_groups(self, m: Any, key: str, req: _WorkerReq) -> None:
+        """A hybrid model's save: every group's blocks under its own kvtier request. Blocks a
+        group does not hold (vLLM's null block: a sliding window's blocks left behind by a
+        prefix hit) are neither saved nor reused; the sliding groups' saves end before the next
+        forward pass (_fence_saves)."""
+        for g in self._groups.groups:
+            gkey = group_key(key, g.index)
+            try:
+                m.commit(gkey, req.tokens, held_ids(req.group_block_ids[g.index],
+                                                    kvtier.NO_G1_BLOCK))
+            except kvtier.KvtierError as e:
+                logger.debug("kvtier: commit(%s): %s", gkey, e)
+                continue
+            if g.kind == SLIDING:
+                self._fence.add(gkey)
+
+    def _settle_hybrid_loads(self, m: Any, loads_done: List[str], recving: Set[str]) -> None:
+        """A hybrid request's load ends when every group's has: finished_recving, and
+        failed_recving as well when a group's came short (vLLM recomputes the request)."""
+        for gkey in loads_done:
+            base = gkey.split(GROUP_TAG, 1)[0]
+            parts = self._hybrid_loads.get(base)
+            if parts is not None and gkey in parts:
+                # Read now: LoadedTokens of a load listed by Finished() is kept only so long.
+                want, planned, _ = parts[gkey]
+                parts[gkey] = (want, planned, m.loaded_tokens(gkey))
+        for key in list(self._hybrid_loads):
+            parts = self._hybrid_loads[key]
+            if any(planned > 0 and loaded is None for _, planned, loaded in parts.values()):
+                continue
+            del self._hybrid_loads[key]
+            if key in self._recving_on_done:
+                self._recving_on_done.discard(key)  # finished meanwhile: nothing to report
+                recving.add(vllm_id(key))
+                continue
+            failed = any(planned < want or (planned > 0 and (loaded or 0) < want)
+                         for want, planned, loaded in parts.values())
+            if failed:
+                self._failed_recving.add(vllm_id(key))
+                self._worker_counts["hybrid_failed_loads"] += 1
+            self._loads_reported.add(key)
+            recving.add(vllm_id(key))
+
+    def get_transfer_results(self, finished_req_ids: Set[str]) -> Any:
+        """get_finished, plus the hybrid loads that failed (vLLM's failed_recving)."""
+        sending, recving = self.get_finished(finished_req_ids)
+        failed, self._failed_recving = self._failed_recving, set()
+        assert KVConnectorTransferResults is not None
+        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+                                          finished_recving=set(recving or ()),
+                                          failed_recving=failed)
+
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]],
                                                                  Optional[Set[str]]]:
         m = self._manager
@@ -858,8 +1083,18 @@ class KvtierConnector(KVConnectorBase_V1):
             if key in self._held:
                 self._held.discard(key)
                 self._sending_done.add(vllm_id(key))
+            elif GROUP_TAG in key:
+                base = key.split(GROUP_TAG, 1)[0]
+                held = self._held_groups.get(base)
+                if held is not None:
+                    held.discard(key)
+                    if not held:
+                        del self._held_groups[base]
+                        self._sending_done.add(vllm_id(base))
         recving = self._recving_now
         self._recving_now = set()
+        if self._hybrid_loads:
+            self._settle_hybrid_loads(m, loads_done, recving)
         done = [k for k in loads_done if k in self._async_loads]
         # Async loads that planned nothing never start a transfer: done at once.
         done += [k for k, (_, planned) in self._async_loads.items() if planned == 0]
@@ -914,7 +1149,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if not raw:
             return None
         out = KvtierKVEvents(num_workers=1)
-        out.add_events(vllm_events(raw, self._block_size))
+        out.add_events(vllm_events(raw, self._block_size, self._groups.groups))
         return out
 
     def shutdown(self) -> None:

@@ -5,7 +5,7 @@ KVCacheEvent format."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -24,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
+from kvtier.vllm.groups import GROUP_TAG, KvGroup
 from kvtier.vllm.keys import published_lora_name
 from kvtier.vllm.lookup import COUNTERS as LOOKUP_SERVER_COUNTERS
 
@@ -39,7 +40,12 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
              "saves_cut_by_load_errors",
              # Disaggregated decode (docs/pd.md): requests that waited for a producer's blocks,
              # the time they waited, the tokens producers announced and those that never came.
-             "pd_waits", "pd_waited_microseconds", "pd_expected_tokens", "pd_missing_tokens")
+             "pd_waits", "pd_waited_microseconds", "pd_expected_tokens", "pd_missing_tokens",
+             # Hybrid models (kvtier/vllm/groups.py): blocks planned to load per group kind,
+             # hybrid loads that came short (failed_recving: recomputed), and the time the
+             # forward pass waited for the last step's sliding-window saves.
+             "hybrid_full_load_blocks", "hybrid_sliding_load_blocks", "hybrid_failed_loads",
+             "hybrid_fence_microseconds")
 # Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
 # figures kvtier's own /metrics exports as kvtier_*_total).
 _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
@@ -202,18 +208,31 @@ def worker_stats(s: Dict[str, Any], load_error_blocks: int, extra: Dict[str, int
     return delta
 
 
-def vllm_events(raw: List[Dict[str, Any]], block_size: int) -> List[KVCacheEvent]:
-    """kvtier's events (BlockManager.take_events(details=True)) as vLLM's KVCacheEvents."""
+def vllm_events(raw: List[Dict[str, Any]], block_size: int,
+                groups: Sequence[KvGroup] = ()) -> List[KVCacheEvent]:
+    """kvtier's events (BlockManager.take_events(details=True)) as vLLM's KVCacheEvents. A
+    hybrid model's (`groups`, kvtier/vllm/groups.py) carry vLLM's group_idx and spec kind,
+    read from the group tag of the block's salt, which is not published."""
     events: List[KVCacheEvent] = []
+    by_index = {g.index: g for g in groups}
     for e in raw:
         tier = e["tier"]
         medium, locality = _TIER_MEDIUM.get(tier, (MEDIUM_STORAGE, None))
+        group = None
+        full_salt = e.get("cache_salt") or ""
+        if GROUP_TAG in full_salt:
+            full_salt, _, idx = full_salt.partition(GROUP_TAG)
+            group = by_index.get(int(idx)) if idx.isdigit() else None
+        per_group: Dict[str, Any] = {}
+        if group is not None:
+            per_group = {"group_idx": group.index, "kv_cache_spec_kind": group.spec_kind,
+                         "kv_cache_spec_sliding_window": group.window or None}
         if e["kind"] == "stored":
             # vLLM's fields, so that any consumer (kvtier router, Dynamo, llm-d) can compute its
             # own hashes: the block's token ids, the parent's name (None for a first block), the
             # salt in the first block's extra keys. The reset epoch is kvtier's own business and
             # stays out of the salt published, as the adapter's path stays out of its name.
-            salt = (e["cache_salt"] or "").split("\x00kvtier-epoch-")[0]
+            salt = full_salt.split("\x00kvtier-epoch-")[0]
             lora = published_lora_name(e["lora_name"] or "")
             first = bool(e["parent_is_root"])
             events.append(BlockStored(
@@ -223,8 +242,10 @@ def vllm_events(raw: List[Dict[str, Any]], block_size: int) -> List[KVCacheEvent
                 # vLLM's order: the LoRA name (when lora_name is set), then the salt.
                 extra_keys=([tuple(x for x in (lora, salt) if x)]
                             if first and (salt or lora) else None),
-                locality=locality, ownership=f"kvtier:{tier}"))
+                locality=locality, ownership=f"kvtier:{tier}", **per_group))
         else:
+            removed_group = {"group_idx": per_group["group_idx"]} if per_group else {}
             events.append(BlockRemoved(block_hashes=[e["key"]], medium=medium,
-                                       locality=locality, ownership=f"kvtier:{tier}"))
+                                       locality=locality, ownership=f"kvtier:{tier}",
+                                       **removed_group))
     return events

@@ -1,0 +1,134 @@
+"""kvtier/vllm/groups.py against vLLM's own KV cache specs (no model): which group mixes kvtier
+moves and which it refuses (with the reason), the aliasing check on real tensors, the window
+helpers, and the per-group fields of the events it hands to vLLM.
+
+Run by tests/vllm/run.sh (ctest: vllm_hybrid_test) in the vLLM environment."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import pytest
+import torch
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+import kvtier
+from kvtier.vllm.groups import (
+    FULL,
+    GROUP_TAG,
+    SLIDING,
+    check_aliasing,
+    first_held,
+    group_key,
+    held_ids,
+    plan_groups,
+)
+from kvtier.vllm.observe import vllm_events
+
+BS = 128
+
+
+def full(bs: int = BS) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=bs, num_kv_heads=2, head_size=64, dtype=torch.float32)
+
+
+def sliding(window: int = 128, bs: int = BS) -> SlidingWindowSpec:
+    return SlidingWindowSpec(block_size=bs, num_kv_heads=2, head_size=64, dtype=torch.float32,
+                             sliding_window=window)
+
+
+def config(specs: List[Any], layers: int = 2, hash_bs: Any = None) -> KVCacheConfig:
+    groups = [KVCacheGroupSpec([f"model.layers.{g + k * len(specs)}.attn" for k in range(layers)],
+                               spec) for g, spec in enumerate(specs)]
+    return KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups,
+                         hash_block_size=hash_bs)
+
+
+def test_one_group_is_the_single_table_path() -> None:
+    plan = plan_groups(config([full()]), BS)
+    assert not plan.hybrid and not plan.refused and plan.groups == []
+    assert not plan_groups(None, BS).hybrid
+
+
+def test_sliding_and_full_groups_are_moved() -> None:
+    plan = plan_groups(config([sliding(), sliding(), full()]), BS)
+    assert plan.hybrid, plan.refused
+    assert [g.kind for g in plan.groups] == [SLIDING, SLIDING, FULL]
+    assert [g.window for g in plan.groups] == [128, 128, 0]
+    assert plan.groups[0].layer_names == ("model.layers.0.attn", "model.layers.3.attn")
+    assert plan.groups[2].spec_kind == "full_attention"
+    assert plan.groups[0].spec_kind == "sliding_window"
+
+
+@pytest.mark.parametrize("specs,hash_bs,why", [
+    ([sliding(), MambaSpec(block_size=BS, shapes=((2, 256),), dtypes=(torch.float32,))], None,
+     "KV cache group 1 is a MambaSpec"),
+    ([sliding(bs=64), full()], None, "group 0 has block size 64, the scheduler 128"),
+    ([sliding(), full()], 64, "hash_block_size 64 differs from the block size 128"),
+])
+def test_other_groups_are_refused_with_the_reason(specs: List[Any], hash_bs: Any,
+                                                  why: str) -> None:
+    plan = plan_groups(config(specs, hash_bs=hash_bs), BS)
+    assert not plan.hybrid
+    assert why in plan.refused
+
+
+def test_groups_of_different_layer_counts_are_refused() -> None:
+    c = config([sliding(), full()])
+    c.kv_cache_groups[1].layer_names.append("model.layers.9.attn")
+    assert "different layer counts" in plan_groups(c, BS).refused
+
+
+def test_aliasing_is_checked_layer_by_layer() -> None:
+    plan = plan_groups(config([sliding(), full()]), BS)
+    buf = torch.zeros(2, 4, 2, BS, 128)
+    caches = {}
+    for j in range(2):
+        for g in plan.groups:
+            caches[g.layer_names[j]] = buf[j]  # group g's j-th layer views buffer j
+    check_aliasing(plan.groups, caches)
+    caches[plan.groups[1].layer_names[1]] = torch.zeros(4, 2, BS, 128)  # its own memory
+    with pytest.raises(ValueError, match="does not view the same memory"):
+        check_aliasing(plan.groups, caches)
+
+
+def test_window_helpers() -> None:
+    ids = [0, 0, 0, 7, 9, 0]
+    assert first_held(ids, 0, 5) == 3
+    assert first_held(ids, 4, 5) == 4
+    assert first_held([0, 0], 0, 2) == 2  # nothing held: the end
+    assert held_ids(ids, kvtier.NO_G1_BLOCK) == [kvtier.NO_G1_BLOCK] * 3 + [7, 9,
+                                                                           kvtier.NO_G1_BLOCK]
+    assert kvtier.NO_G1_BLOCK == 0xFFFFFFFF
+    assert group_key("req#0", 3) == f"req#0{GROUP_TAG}3"
+
+
+def test_events_carry_the_group_and_hide_its_tag() -> None:
+    plan = plan_groups(config([sliding(), full()]), BS)
+    raw = [{"kind": "stored", "key": b"k1", "parent": b"p", "tier": "G2", "time_ns": 1,
+            "token_ids": [1, 2], "block_size": BS, "parent_is_root": True, "lora_name": "",
+            "cache_salt": f"tenant\x00kvtier-epoch-2{GROUP_TAG}0", "namespace_known": True},
+           {"kind": "stored", "key": b"k2", "parent": b"p", "tier": "G2", "time_ns": 1,
+            "token_ids": [1, 2], "block_size": BS, "parent_is_root": True, "lora_name": "",
+            "cache_salt": f"{GROUP_TAG}1", "namespace_known": True},
+           {"kind": "removed", "key": b"k1", "parent": b"", "tier": "G2", "time_ns": 2,
+            "token_ids": [], "block_size": BS, "parent_is_root": False, "lora_name": "",
+            "cache_salt": f"tenant{GROUP_TAG}0", "namespace_known": True}]
+    ev = vllm_events(raw, BS, plan.groups)
+    assert isinstance(ev[0], BlockStored) and isinstance(ev[2], BlockRemoved)
+    assert (ev[0].group_idx, ev[0].kv_cache_spec_kind, ev[0].kv_cache_spec_sliding_window) == (
+        0, "sliding_window", 128)
+    assert ev[0].extra_keys == [("tenant",)]  # neither the epoch nor the group tag
+    assert (ev[1].group_idx, ev[1].kv_cache_spec_kind, ev[1].kv_cache_spec_sliding_window) == (
+        1, "full_attention", None)
+    assert ev[1].extra_keys is None
+    assert ev[2].group_idx == 0
+    # A single-group model's events carry no group.
+    assert vllm_events(raw[:1], BS)[0].group_idx is None

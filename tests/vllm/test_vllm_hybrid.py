@@ -1,0 +1,192 @@
+"""KvtierConnector on a hybrid model with vLLM's hybrid memory allocator (HMA) on.
+
+The reference model is a Gemma-3-style mix (10 sliding-window layers with a 128-token window,
+2 global layers) with seeded random weights, made offline by tools/vllm/make_hybrid_model.py
+from Gemma 3's real configuration class (cached next to the SmolLM2 conversion). vLLM gives it
+6 KV cache groups (5 sliding-window, 1 full attention) over one block pool.
+
+Every run is compared with vLLM alone, greedy in fp32: the tokens, and the top-5 logprobs of
+every generated token within 1e-4 (random weights barely use early context, so a wrong block
+could leave the argmax alone; a prefix hit in vLLM itself moves them by < 2e-6). vLLM's KV
+space is capped so that its own prefix cache evicts and kvtier brings the prefixes back.
+
+A state-space hybrid (LFM2: short-conv layers + attention) must start with kvtier, HMA on, and
+give vLLM's own answers (kvtier refuses its mamba state groups, saying so, and stays out).
+
+Run by tests/vllm/run.sh (ctest: vllm_hybrid_test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+DRIVER = ROOT / "tools" / "vllm" / "driver.py"
+MAKER = ROOT / "tools" / "vllm" / "make_hybrid_model.py"
+BLOCK = 128
+WINDOW = 128
+G1_BLOCKS = 100  # vLLM's own pool (all groups share it): below the workload's
+TOLERANCE = 1e-4
+
+
+def _make_model(kind: str) -> Path:
+    cache = Path(os.environ.get("KVTIER_CACHE", str(Path.home() / ".cache" / "kvtier")))
+    out = cache.expanduser() / "models" / f"{kind}-tiny-random-fp32"
+    cmd = [sys.executable, str(MAKER), "--kind", kind, "--out", str(out)]
+    if os.environ.get("KVTIER_TEST_VLLM_MODEL"):  # SmolLM2's tokenizer, converted by run.sh
+        cmd += ["--tokenizer", os.environ["KVTIER_TEST_VLLM_MODEL"]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        pytest.fail(f"make_hybrid_model.py --kind {kind} failed:\n{r.stdout}\n{r.stderr}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def tmp() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kvtier-hybrid-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def gemma3() -> Path:
+    return _make_model("gemma3")
+
+
+def run_vllm(tmp: Path, name: str, model: Path, steps: List[Dict[str, Any]],
+             kvtier: Optional[Dict[str, Any]], timeout: float = 600,
+             **plan_extra: Any) -> Dict[str, Any]:
+    plan = {"model": str(model), "kvtier": kvtier, "num_gpu_blocks": G1_BLOCKS,
+            "max_model_len": 1536, "steps": steps, "in_process": True, "hma": True,
+            "logprobs": 5, **plan_extra}
+    plan_path, out_path = tmp / f"{name}.plan.json", tmp / f"{name}.out.json"
+    plan_path.write_text(json.dumps(plan))
+    log = tmp / f"{name}.log"
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, str(DRIVER), str(plan_path), str(out_path)],
+                                stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"vLLM run {name!r} did not finish in {timeout} s (hang); log: {log}")
+    if rc != 0:
+        pytest.fail(f"vLLM run {name!r} exited {rc}; last lines of {log}:\n"
+                    f"{log.read_text()[-6000:]}")
+    out = json.loads(out_path.read_text())
+    out["log"] = log.read_text()
+    return out
+
+
+def kvtier_config(tmp: Path, **extra: Any) -> Dict[str, Any]:
+    c: Dict[str, Any] = {"g2.capacity_bytes": "512MiB", "g2.lock_memory": False,
+                         "g3.dir": str(tmp / "g3"), "g3.capacity_bytes": "1GiB",
+                         "g3.admit_min_seen": 1}
+    c.update(extra)
+    return c
+
+
+def prompts(lengths: List[int], seed: int = 7) -> List[Dict[str, Any]]:
+    """Seeded random token prompts of the given lengths."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for n in lengths:
+        base = [rng.randrange(100, 40000) for _ in range(n)]
+        out.append({"tokens": base})
+    return out
+
+
+def metric(result: Dict[str, Any], name: str) -> float:
+    return result["metrics"].get(f"vllm:kvtier_{name}", 0.0)
+
+
+def counters(result: Dict[str, Any]) -> str:
+    return ", ".join(f"{k[len('vllm:kvtier_'):]}={v:g}"
+                     for k, v in sorted(result["metrics"].items())
+                     if k.startswith("vllm:kvtier_") and v)
+
+
+def assert_same(got: Dict[str, Any], want: Dict[str, Any], step: int, what: str) -> None:
+    g, w = got["steps"][step], want["steps"][step]
+    assert g["outputs"] == w["outputs"], f"{what}: tokens differ from vLLM alone"
+    worst = 0.0
+    for lp_g, lp_w in zip(g["logprobs"], w["logprobs"]):
+        for pos_g, pos_w in zip(lp_g, lp_w):
+            for tok, v in pos_w.items():
+                assert tok in pos_g, f"{what}: top-5 differs from vLLM alone at a token"
+                worst = max(worst, abs(pos_g[tok] - v))
+    assert worst <= TOLERANCE, f"{what}: a top-5 logprob differs by {worst:.2e} from vLLM alone"
+
+
+def rounds(first: List[Dict[str, Any]], second: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [{"name": "round1", "generate": first, "max_tokens": 6},
+            {"reset_prefix_cache": True},
+            {"name": "round2", "generate": second, "max_tokens": 6}]
+
+
+def test_gemma3_hma_stays_on_and_reuse_from_g2_equals_vllm(tmp: Path, gemma3: Path) -> None:
+    # Prompts 3-8 windows long; round 2 asks for the same prompts and for longer ones that
+    # extend them (a chat's next turn), after vLLM's own cache was reset.
+    first = prompts([430, 700, 1030])
+    second = [{"tokens": p["tokens"] + [1000 + i] * 150} for i, p in enumerate(first)] + first
+    steps = rounds(first, second)
+    alone = run_vllm(tmp, "alone", gemma3, steps, None)
+    r = run_vllm(tmp, "g2", gemma3, steps, kvtier_config(tmp, **{"g3.enabled": False}))
+    # HMA on, from vLLM's own configuration, and the same KV pool as vLLM alone.
+    assert r["engine"]["hma"], r["engine"]
+    assert r["engine"]["groups"].count("SlidingWindowSpec") == 5, r["engine"]
+    assert r["engine"]["groups"].count("FullAttentionSpec") == 1, r["engine"]
+    assert r["engine"]["num_blocks"] == alone["engine"]["num_blocks"]
+    assert "Turning off hybrid kv cache manager" not in r["log"]
+    assert_same(r, alone, 0, "round 1")
+    assert_same(r, alone, 1, "round 2")
+    # Round 2's prefixes came from kvtier: the full-attention group's blocks of round 1's
+    # prompts (3, 5 and 8 blocks), for the extended prompts (vLLM's cache was reset).
+    assert metric(r, "hit_blocks_g2") >= 3 + 5 + 8, counters(r)
+    assert metric(r, "hybrid_full_load_blocks") >= 3 + 5 + 8, counters(r)
+    # The sliding groups loaded only the window's block at the end of each hit.
+    assert 0 < metric(r, "hybrid_sliding_load_blocks") <= 5 * 2 * 6, counters(r)
+    assert metric(r, "hybrid_failed_loads") == 0, counters(r)
+
+
+def test_gemma3_block_size_96_chunked_prefill_g3_after_restart(tmp: Path, gemma3: Path) -> None:
+    # A block size that is not a power of two (every group takes the one the user sets), and
+    # chunked prefill (256 tokens a step): sliding blocks leave the window and are handed to
+    # other groups while the request runs, so the saves must have read them first.
+    first = prompts([900, 1200], seed=11)
+    steps = [{"name": "all", "generate": first, "max_tokens": 6}]
+    extra = {"max_num_batched_tokens": 256, "block_size": 96,
+             "num_gpu_blocks": 140}  # about as many tokens as 100 blocks of 128
+    alone = run_vllm(tmp, "alone-96", gemma3, steps, None, **extra)
+    config = kvtier_config(tmp, **{"g3.dir": str(tmp / "g3-restart")})
+    one = run_vllm(tmp, "g3-first", gemma3, steps, config, **extra)
+    assert one["engine"]["hma"], one["engine"]
+    assert_same(one, alone, 0, "first run")
+    # A new process, an empty G2: the prefixes come back from G3 (9 and 12 blocks of 96).
+    two = run_vllm(tmp, "g3-second", gemma3, steps, config, **extra)
+    assert_same(two, alone, 0, "after a restart")
+    assert metric(two, "hit_blocks_g3") >= 9 + 12, counters(two)
+    assert metric(two, "hybrid_full_load_blocks") >= 9 + 12, counters(two)
+    assert metric(two, "hybrid_failed_loads") == 0, counters(two)
+
+
+def test_lfm2_state_space_hybrid_starts_with_hma_and_kvtier_stays_out(tmp: Path) -> None:
+    model = _make_model("lfm2")
+    steps = rounds(prompts([500]), prompts([500]))
+    alone = run_vllm(tmp, "lfm2-alone", model, steps, None)
+    r = run_vllm(tmp, "lfm2-kvtier", model, steps, kvtier_config(tmp, **{"g3.enabled": False}))
+    assert r["engine"]["hma"] and "MambaSpec" in r["engine"]["groups"], r["engine"]
+    assert "kvtier saves and loads full-attention and sliding-window groups only" in r["log"]
+    assert_same(r, alone, 0, "lfm2 round 1")
+    assert_same(r, alone, 1, "lfm2 round 2")
+    assert metric(r, "hit_blocks_g2") == 0, counters(r)
