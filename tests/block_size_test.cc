@@ -43,17 +43,7 @@ KvLayout LayoutOf(uint32_t tpb) {
 Config ConfigFor(const KvLayout& l, uint64_t g2_blocks, const std::string& g3_dir,
                  uint64_t g3_blocks, const std::string& g4_dir = "") {
   const uint64_t slot = BlockHeaderBytes(l) + (l.BlockBytes() + 4095) / 4096 * 4096;
-  Config c;
-  EXPECT_TRUE(c.Set("g2.capacity_bytes", std::to_string(g2_blocks * slot)).ok());
-  EXPECT_TRUE(c.Set("g2.lock_memory", "false").ok());
-  EXPECT_TRUE(c.Set("g2.prefault_threads", "1").ok());
-  if (g3_dir.empty()) {
-    EXPECT_TRUE(c.Set("g3.enabled", "false").ok());
-  } else {
-    EXPECT_TRUE(c.Set("g3.dir", g3_dir).ok());
-    EXPECT_TRUE(c.Set("g3.capacity_bytes", std::to_string(g3_blocks * slot + (1 << 20))).ok());
-    EXPECT_TRUE(c.Set("g3.admit_min_seen", "1").ok());
-  }
+  Config c = testing::TierConfig(slot, g2_blocks, g3_dir, g3_blocks);
   if (!g4_dir.empty()) {
     EXPECT_TRUE(c.Set("g4.backend", "fs").ok());
     EXPECT_TRUE(c.Set("g4.dir", g4_dir).ok());

@@ -62,9 +62,11 @@ class TempDirectory {
   std::string path_;
 };
 
-inline Config SmallConfig(const std::string& g3_dir, uint64_t g2_blocks, uint64_t g3_blocks) {
+// G2 of `g2_blocks` slots of `slot` bytes, G3 of `g3_blocks` of them in `g3_dir` (none when
+// empty), no G4.
+inline Config TierConfig(uint64_t slot, uint64_t g2_blocks, const std::string& g3_dir,
+                         uint64_t g3_blocks) {
   Config c;
-  const uint64_t slot = 4096 + TestLayout().BlockBytes();
   EXPECT_TRUE(c.Set("g2.capacity_bytes", std::to_string(g2_blocks * slot)).ok());
   EXPECT_TRUE(c.Set("g2.lock_memory", "false").ok());
   EXPECT_TRUE(c.Set("g2.prefault_threads", "1").ok());
@@ -76,6 +78,10 @@ inline Config SmallConfig(const std::string& g3_dir, uint64_t g2_blocks, uint64_
     EXPECT_TRUE(c.Set("g3.admit_min_seen", "1").ok());
   }
   return c;
+}
+
+inline Config SmallConfig(const std::string& g3_dir, uint64_t g2_blocks, uint64_t g3_blocks) {
+  return TierConfig(4096 + TestLayout().BlockBytes(), g2_blocks, g3_dir, g3_blocks);
 }
 
 class MiniEngine {
