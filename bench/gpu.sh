@@ -89,7 +89,7 @@ timeout 60 build/tests/device_copy_plan_test >"$RESULTS/device_copy_plan_test.lo
 timeout 60 build/tests/transfer_engine_test >"$RESULTS/transfer_engine_test.log" 2>&1 ||
   { tail -n 30 "$RESULTS/transfer_engine_test.log"; fail "transfer_engine_test"; }
 say "GPU tests"
-GPU_FILTER='*CudaRoundTrip*:CudaBackendTest.*:*CudaStreamOrderTest.*:CudaStreamOrderCapture.*'
+GPU_FILTER='*CudaRoundTrip*:*CudaLayerOrder*:CudaBackendTest.*:*CudaStreamOrderTest.*:CudaStreamOrderCapture.*'
 set +e
 timeout 120 build/tests/cuda_backend_test --gtest_filter="$GPU_FILTER" \
   --gtest_output=json:"$RESULTS/gpu_tests.json" >"$RESULTS/gpu_tests.log" 2>&1

@@ -154,7 +154,8 @@ struct DeviceRig {
   std::unique_ptr<HostArena> arena;
   std::unique_ptr<TransferEngine> engine;
 
-  DeviceRig(G1Arrangement arrangement, DeviceCopyBackend::Method method, uint32_t max_batches = 32)
+  DeviceRig(G1Arrangement arrangement, DeviceCopyBackend::Method method, uint32_t max_batches = 32,
+            uint64_t min_launch_bytes = kDefaultMinLaunchBytes)
       : layout(SmallLayout(arrangement)) {
     helper = std::move(CreateCudaBackend({})).value();
     dev_bytes = layout.BlockBytes() * blocks;
@@ -178,6 +179,7 @@ struct DeviceRig {
     TransferEngine::Config tc;
     tc.cuda.method = method;
     tc.cuda.max_batches = max_batches;
+    tc.cuda.min_launch_bytes = min_launch_bytes;
     engine = std::move(TransferEngine::Create(tc)).value();
     Status s = engine->RegisterHostArena(arena.get(), layout);
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -242,17 +244,25 @@ BlockTransfer Move(BlockTransfer::Op op, uint32_t g1_block, uint32_t g2_slot) {
   return m;
 }
 
-class CudaRoundTrip
-    : public ::testing::TestWithParam<std::tuple<G1Arrangement, DeviceCopyBackend::Method>> {};
+// Launch groups of the round trip: every layer its own launch, two layers per launch, or the
+// default (the whole small batch in one launch).
+enum class Launches { kPerLayer, kTwoLayers, kDefault };
+
+class CudaRoundTrip : public ::testing::TestWithParam<
+                          std::tuple<G1Arrangement, DeviceCopyBackend::Method, Launches>> {};
 
 TEST_P(CudaRoundTrip, ScatteredBlocksAreByteExact) {
   SKIP_WITHOUT_GPU();
-  const auto [arrangement, method] = GetParam();
+  const auto [arrangement, method, launches] = GetParam();
   if (method == DeviceCopyBackend::Method::kMemcpyBatch) {
     auto probe = CreateCudaBackend({.method = DeviceCopyBackend::Method::kMemcpyBatch});
     if (!probe.ok()) GTEST_SKIP() << probe.status().message();
   }
-  DeviceRig rig(arrangement, method);
+  const uint64_t batch_layer_bytes = 7 * SmallLayout(arrangement).LayerBytes();  // 7 copies
+  const uint64_t min_launch = launches == Launches::kPerLayer    ? 0
+                              : launches == Launches::kTwoLayers ? 2 * batch_layer_bytes
+                                                                 : kDefaultMinLaunchBytes;
+  DeviceRig rig(arrangement, method, 32, min_launch);
   ASSERT_NE(rig.engine->device_backend(), nullptr);
   const std::vector<uint32_t> src = {17, 3, 22, 8, 0, 13, 5};
   const std::vector<uint32_t> dst = {1, 20, 9, 14, 23, 6, 11};
@@ -292,21 +302,34 @@ TEST_P(CudaRoundTrip, ScatteredBlocksAreByteExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     ArrangementsAndMethods, CudaRoundTrip,
-    ::testing::Combine(::testing::Values(G1Arrangement::kLayerSeparate,
-                                         G1Arrangement::kBlockContiguous),
-                       ::testing::Values(DeviceCopyBackend::Method::kKernel,
-                                         DeviceCopyBackend::Method::kMemcpyBatch,
-                                         DeviceCopyBackend::Method::kMemcpyPerChunk)),
+    ::testing::Combine(
+        ::testing::Values(G1Arrangement::kLayerSeparate, G1Arrangement::kBlockContiguous),
+        ::testing::Values(DeviceCopyBackend::Method::kKernel,
+                          DeviceCopyBackend::Method::kMemcpyBatch,
+                          DeviceCopyBackend::Method::kMemcpyPerChunk),
+        ::testing::Values(Launches::kPerLayer, Launches::kTwoLayers, Launches::kDefault)),
     [](const auto& info) {
       std::string name = G1ArrangementName(std::get<0>(info.param));
       name += std::string("_") + DeviceCopyMethodName(std::get<1>(info.param));
+      const Launches launches = std::get<2>(info.param);
+      name += launches == Launches::kPerLayer    ? "_per_layer"
+              : launches == Launches::kTwoLayers ? "_two_layers"
+                                                 : "";
       for (char& c : name) c = c == '-' ? '_' : c;
       return name;
     });
 
-TEST(CudaBackendTest, LayersCompleteInOrder) {
+// Every layer reported once, in order, whether each layer is its own launch, layers share a
+// launch (three per group: 3, 3, 2), or the whole batch is one launch.
+class CudaLayerOrder : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(CudaLayerOrder, LayersCompleteInOrder) {
   SKIP_WITHOUT_GPU();
-  DeviceRig rig(G1Arrangement::kLayerSeparate, DeviceCopyBackend::Method::kKernel);
+  const uint64_t layers_per_launch = GetParam();  // 0: the default minimum
+  const uint64_t batch_layer_bytes = 16 * SmallLayout(G1Arrangement::kLayerSeparate).LayerBytes();
+  DeviceRig rig(
+      G1Arrangement::kLayerSeparate, DeviceCopyBackend::Method::kKernel, 32,
+      layers_per_launch == 0 ? kDefaultMinLaunchBytes : layers_per_launch * batch_layer_bytes);
   DeviceCopyBackend* backend = rig.engine->device_backend();
   ASSERT_NE(backend, nullptr);
   std::vector<DeviceBlockCopy> copies;
@@ -338,6 +361,12 @@ TEST(CudaBackendTest, LayersCompleteInOrder) {
   ASSERT_EQ(order.size(), rig.layout.num_layers);
   for (uint32_t l = 0; l < order.size(); ++l) EXPECT_EQ(order[l], l);
 }
+
+INSTANTIATE_TEST_SUITE_P(LaunchGroups, CudaLayerOrder, ::testing::Values(1, 3, 0),
+                         [](const auto& info) {
+                           return info.param == 0 ? std::string("default")
+                                                  : std::to_string(info.param) + "_per_launch";
+                         });
 
 TEST(CudaBackendTest, WaitLayerReturnsBeforeLaterLayersLand) {
   SKIP_WITHOUT_GPU();

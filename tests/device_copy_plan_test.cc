@@ -327,13 +327,47 @@ TEST(DeviceCopyPlanTest, TooManyUnitsIsRefusedBeforeAnyAllocation) {
   EXPECT_TRUE(plan.units.empty());
 }
 
+// Launch groups: consecutive layers, closed once min_launch_bytes is reached, always after the
+// break layer, the last ending at num_layers.
+TEST(DeviceCopyPlanTest, LaunchGroupsCoverTheLayersInOrder) {
+  const KvLayout l = SmallLayout(G1Arrangement::kLayerSeparate);  // 4 layers, 4 KiB per layer
+  FakeG1 dev(l, 8);
+  std::vector<uint8_t> host(l.BlockBytes() * 2);
+  const std::vector<DeviceBlockCopy> copies = {{3, host.data()}, {5, host.data() + l.BlockBytes()}};
+  DeviceCopyPlan plan;
+  ASSERT_TRUE(BuildDeviceCopyPlan(dev.g1, WindowOf(host), CopyDirection::kHostToDevice, copies,
+                                  1 << 20, &plan)
+                  .ok());
+  const uint64_t layer_bytes = 2 * l.LayerBytes();  // 8 KiB: both copies' share of a layer
+  std::vector<uint32_t> ends;
+  PlanLaunchGroups(plan, 0, -1, &ends);
+  EXPECT_EQ(ends, (std::vector<uint32_t>{1, 2, 3, 4}));
+  PlanLaunchGroups(plan, layer_bytes, -1, &ends);
+  EXPECT_EQ(ends, (std::vector<uint32_t>{1, 2, 3, 4}));
+  PlanLaunchGroups(plan, layer_bytes + 1, -1, &ends);
+  EXPECT_EQ(ends, (std::vector<uint32_t>{2, 4}));
+  PlanLaunchGroups(plan, 3 * layer_bytes, -1, &ends);
+  EXPECT_EQ(ends, (std::vector<uint32_t>{3, 4}));  // the last group is whatever is left
+  PlanLaunchGroups(plan, uint64_t{1} << 40, -1, &ends);
+  EXPECT_EQ(ends, (std::vector<uint32_t>{4}));
+  PlanLaunchGroups(plan, uint64_t{1} << 40, 1, &ends);  // a break after layer 1
+  EXPECT_EQ(ends, (std::vector<uint32_t>{2, 4}));
+  PlanLaunchGroups(plan, 3 * layer_bytes, 0, &ends);
+  EXPECT_EQ(ends, (std::vector<uint32_t>{1, 4}));
+  PlanLaunchGroups(plan, 0, 3, &ends);  // a break on the last layer changes nothing
+  EXPECT_EQ(ends, (std::vector<uint32_t>{1, 2, 3, 4}));
+  DeviceCopyPlan empty;
+  PlanLaunchGroups(empty, 0, -1, &ends);
+  EXPECT_TRUE(ends.empty());
+}
+
 // The kernel body alone: every byte of a unit copied exactly once, none outside it, for
 // aligned (vector path, with and without the unrolled remainder) and unaligned units, and
 // thread counts from 1 to more threads than vectors.
 TEST(CopyUnitSliceTest, CoversEveryByteOnceAndNothingElse) {
   constexpr uint64_t kGuard = 64;
-  for (uint64_t bytes :
-       {0ull, 1ull, 15ull, 16ull, 48ull, 64ull, 80ull, 1000ull, 4096ull, 4112ull, 65536ull + 48}) {
+  for (uint64_t bytes : {0ull, 1ull, 15ull, 16ull, 48ull, 64ull, 80ull, 112ull, 1000ull, 4096ull,
+                         4112ull, 8192ull, 12288ull + 16, 65536ull + 48}) {
     for (uint64_t misalign : {0ull, 1ull, 8ull}) {
       for (uint32_t threads : {1u, 3u, 32u, 256u, 1024u}) {
         // Source: distinct bytes; destination: guard-filled. Both 16-aligned + misalign.
@@ -364,7 +398,7 @@ TEST(CopyUnitSliceTest, CoversEveryByteOnceAndNothingElse) {
 // test resets to a marker; the bytes each thread changed are counted, and every byte must be
 // claimed by exactly one thread.
 TEST(CopyUnitSliceTest, ThreadsShareNoByte) {
-  for (uint64_t bytes : {4096ull + 48, 999ull}) {
+  for (uint64_t bytes : {4096ull + 48, 8192ull + 32, 999ull}) {
     for (uint32_t threads : {3u, 32u, 256u}) {
       std::vector<uint8_t> src(bytes + 16, 0), dst(bytes + 16, 1);
       uint8_t* s = src.data() + (16 - reinterpret_cast<uintptr_t>(src.data()) % 16) % 16;

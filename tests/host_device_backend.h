@@ -140,7 +140,8 @@ class HostDeviceBackend final : public DeviceCopyBackend {
     std::memcpy(host, dev, bytes);
     return Status::Ok();
   }
-  Result<double> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t, uint32_t) override {
+  Result<PlainCopyTime> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t,
+                                      uint32_t) override {
     return Status::Unavailable("not on a host stand-in");
   }
   // The worker stops after layer `layer` of the next batch until ReleaseStallForTest().

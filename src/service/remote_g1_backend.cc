@@ -255,8 +255,9 @@ Status RemoteG1Backend::CopyToDevice(uint8_t*, const uint8_t*, uint64_t) {
 Status RemoteG1Backend::CopyFromDevice(uint8_t*, const uint8_t*, uint64_t) {
   return Status::Unavailable("kvtier serve has no device memory of its own");
 }
-Result<double> RemoteG1Backend::TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t,
-                                              uint32_t) {
+Result<DeviceCopyBackend::PlainCopyTime> RemoteG1Backend::TimePlainCopy(CopyDirection, uint8_t*,
+                                                                        uint8_t*, uint64_t,
+                                                                        uint32_t) {
   return Status::Unavailable("kvtier serve has no device memory of its own");
 }
 

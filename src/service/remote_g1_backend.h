@@ -56,7 +56,8 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   void FreeDevice(uint8_t*) override {}
   Status CopyToDevice(uint8_t*, const uint8_t*, uint64_t) override;
   Status CopyFromDevice(uint8_t*, const uint8_t*, uint64_t) override;
-  Result<double> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t, uint32_t) override;
+  Result<PlainCopyTime> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t,
+                                      uint32_t) override;
   void StallNextLoadAfterLayerForTest(uint32_t) override {}
   void ReleaseStallForTest() override {}
 

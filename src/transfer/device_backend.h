@@ -38,12 +38,17 @@ class DeviceCopyBackend {
     uint64_t max_unit_bytes = kDefaultCopyUnitBytes;  // see BuildDeviceCopyPlan
     uint32_t kernel_threads = 256;                    // threads per kernel block: 32..1024, x32
     uint32_t kernel_max_blocks = 1024;                // kernel grid size cap per launch, >= 1
+    // A batch's layers are moved in launch groups of at least this many bytes (one launch and
+    // one event per group; 0: one per layer). See PlanLaunchGroups (device_copy_plan.h).
+    uint64_t min_launch_bytes = kDefaultMinLaunchBytes;
     // Ok, or InvalidArgument naming the field, its value and the allowed range.
     Status Validate() const;
   };
 
-  // Called once per layer, in layer order, as soon as that layer of every copy of the batch has
-  // landed (both directions). On the backend's completion thread; must be quick.
+  // Called once per layer, in layer order, once that layer of every copy of the batch has
+  // landed (both directions): when the launch group holding it landed (Config::min_launch_bytes;
+  // a batch smaller than that reports all its layers together, when it ends). On the backend's
+  // completion thread; must be quick.
   using LayerCallback = std::function<void(uint32_t layer)>;
   // Called once when the batch ended, after its last LayerCallback: Ok when every layer landed,
   // else the error (then the layers not reported landed did not land, or not verifiably).
@@ -95,11 +100,18 @@ class DeviceCopyBackend {
   // Synchronous; ordered with the legacy default stream only, not with the backend's streams:
   // call it after the batches whose bytes it reads ended.
   virtual Status CopyFromDevice(uint8_t* host, const uint8_t* dev, uint64_t bytes) = 0;
-  // Seconds of the fastest of `reps` plain cudaMemcpyAsync calls of `bytes` bytes between
-  // device memory `dev` and registered host memory `host` on a fresh stream (event-timed): the
-  // raw limit the backend is compared with.
-  virtual Result<double> TimePlainCopy(CopyDirection dir, uint8_t* dev, uint8_t* host,
-                                       uint64_t bytes, uint32_t reps) = 0;
+  // The fastest of `reps` plain cudaMemcpyAsync calls of `bytes` bytes between device memory
+  // `dev` and registered host memory `host` on a fresh stream: the raw limit the backend is
+  // compared with. device_s: between two events around the copy (the copy alone); wall_s: on
+  // the host, from before the first event's record until cudaEventSynchronize on the second
+  // returned (what a caller waiting for the copy sees, the footing of a backend batch timed
+  // from Submit to its done callback).
+  struct PlainCopyTime {
+    double device_s = 0;
+    double wall_s = 0;
+  };
+  virtual Result<PlainCopyTime> TimePlainCopy(CopyDirection dir, uint8_t* dev, uint8_t* host,
+                                              uint64_t bytes, uint32_t reps) = 0;
   // Test hook: the next host-to-device batch stops on the device after layer `layer` landed
   // (its later layers wait) until ReleaseStallForTest() or 30 s pass.
   virtual void StallNextLoadAfterLayerForTest(uint32_t layer) = 0;

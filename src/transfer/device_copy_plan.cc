@@ -116,4 +116,19 @@ void RunPlanLayerOnHost(const DeviceCopyPlan& plan, uint32_t layer, uint32_t thr
   }
 }
 
+void PlanLaunchGroups(const DeviceCopyPlan& plan, uint64_t min_launch_bytes, int64_t break_after,
+                      std::vector<uint32_t>* ends) {
+  ends->clear();
+  const uint32_t layers = plan.num_layers();
+  uint64_t group_bytes = 0;
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (const CopyUnit& u : plan.Layer(l)) group_bytes += u.bytes;
+    if (group_bytes >= min_launch_bytes || static_cast<int64_t>(l) == break_after ||
+        l + 1 == layers) {
+      ends->push_back(l + 1);
+      group_bytes = 0;
+    }
+  }
+}
+
 }  // namespace kvtier

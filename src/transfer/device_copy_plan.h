@@ -79,4 +79,21 @@ Status BuildDeviceCopyPlan(const G1Memory& g1, const HostWindow& host, CopyDirec
 // (G1Memory::on_device set on host buffers). REQUIRES: layer < plan.num_layers(), threads >= 1.
 void RunPlanLayerOnHost(const DeviceCopyPlan& plan, uint32_t layer, uint32_t threads);
 
+// Default DeviceCopyBackend::Config::min_launch_bytes: one launch and one event per 8 MiB of a
+// batch at least. Each launch and event cost the host ~5 us and the device a drain between
+// kernels; per-layer launches of a small batch (4 blocks of Llama-3-8B: 256 KiB per layer) ran
+// at 0.38-0.46x of one cudaMemcpy on an H200, see docs/cuda.md.
+inline constexpr uint64_t kDefaultMinLaunchBytes = 8ull << 20;
+
+// Cuts the plan's layers into launch groups: runs of consecutive layers, in order, that the
+// backend moves with one launch (kernel method) and reports landed with one event. A group is
+// closed after a layer once the group holds at least min_launch_bytes (0: every layer is a group
+// of its own, the per-layer behaviour), and always after layer `break_after` when it is >= 0 (a
+// test hook that must stall between that layer and the next). Fills `ends` with each group's
+// exclusive end layer: strictly increasing, the last == plan.num_layers(); empty for a plan
+// with no layers. Layers are reported landed only when their whole group landed, so a larger
+// minimum delays the first layer's landing by at most min_launch_bytes of copying.
+void PlanLaunchGroups(const DeviceCopyPlan& plan, uint64_t min_launch_bytes, int64_t break_after,
+                      std::vector<uint32_t>* ends);
+
 }  // namespace kvtier

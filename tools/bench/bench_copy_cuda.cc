@@ -23,6 +23,7 @@
 #include "tier/host_arena.h"
 #include "transfer/block_copy.h"
 #include "transfer/device_backend.h"
+#include "transfer/device_copy_plan.h"
 #include "transfer/transfer_engine.h"
 
 namespace kvtier::cli {
@@ -32,12 +33,18 @@ struct MethodResult {
   std::string method;
   std::string device;
   double d2h_s = 1e30, h2d_s = 1e30;
+  double d2h_submit_s = 1e30, h2d_submit_s = 1e30;  // host time in Submit (plan + enqueue)
   uint64_t mismatched_bytes = 0;
 };
 
+struct BatchTime {
+  double total_s = 0;   // from Submit until the done callback
+  double submit_s = 0;  // until Submit returned
+};
+
 // One batch through the backend, timed from Submit until its done callback.
-Result<double> TimedBatch(DeviceCopyBackend* backend, CopyDirection dir,
-                          const std::vector<DeviceBlockCopy>& copies) {
+Result<BatchTime> TimedBatch(DeviceCopyBackend* backend, CopyDirection dir,
+                             const std::vector<DeviceBlockCopy>& copies) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -52,6 +59,7 @@ Result<double> TimedBatch(DeviceCopyBackend* backend, CopyDirection dir,
         cv.notify_all();
       },
       /*wait_for_room=*/true);
+  const double submit_s = w.Seconds();
   if (!s.ok()) return s;
   std::unique_lock<std::mutex> lock(mu);
   if (!cv.wait_for(lock, std::chrono::seconds(120), [&] { return done; })) {
@@ -60,21 +68,23 @@ Result<double> TimedBatch(DeviceCopyBackend* backend, CopyDirection dir,
   }
   const double seconds = w.Seconds();
   if (!result.ok()) return result;
-  return seconds;
+  return BatchTime{seconds, submit_s};
 }
 
 void PrintUsage() {
   std::printf(
       "usage: kvtier bench copy --device cuda [--blocks N] [--reps R] [--method M] [--json]\n"
-      "                         [--unit-bytes B] [--kernel-threads T] [--kernel-blocks K] "
-      "[layout]\n"
+      "                         [--unit-bytes B] [--kernel-threads T] [--kernel-blocks K]\n"
+      "                         [--launch-bytes L] [layout]\n"
       "  Saves (device -> host) and loads (host -> device) N blocks scattered over a device G1\n"
       "  of 2N blocks and a pinned G2 arena, through the CUDA backend; and, in the same run, a\n"
       "  plain cudaMemcpyAsync of the same bytes as one pinned buffer. Best of R. Every copied\n"
       "  byte is checked. Exit 3 when no CUDA backend or usable GPU is available.\n"
       "  --blocks N (512)  --reps R (5)  --method all|kernel|batch|memcpy (all: kernel, and\n"
       "  batch where CUDA >= 12.8; the top-level figures are the kernel's, the default)\n"
-      "  --unit-bytes (65536)  --kernel-threads (256)  --kernel-blocks (1024)\n%s",
+      "  --unit-bytes (65536)  --kernel-threads (256)  --kernel-blocks (1024)\n"
+      "  --launch-bytes (8388608: one launch and event per 8 MiB of layers at least; 0: one\n"
+      "  per layer)\n%s",
       LayoutFlagsHelp());
 }
 
@@ -96,7 +106,8 @@ Status RunMethod(DeviceCopyBackend::Config cfg, const G1Memory& g1, HostArena* a
     for (const auto& c : copies) std::memset(c.host, 0, l.BlockBytes());
     auto d2h = TimedBatch(b, CopyDirection::kDeviceToHost, copies);
     if (!d2h.ok()) return d2h.status();
-    out->d2h_s = std::min(out->d2h_s, *d2h);
+    out->d2h_s = std::min(out->d2h_s, d2h->total_s);
+    out->d2h_submit_s = std::min(out->d2h_submit_s, d2h->submit_s);
     for (const auto& c : copies) {
       GatherBlock(mirror_g1, c.g1_block, expect.data());
       if (std::memcmp(c.host, expect.data(), expect.size()) == 0) continue;
@@ -105,7 +116,8 @@ Status RunMethod(DeviceCopyBackend::Config cfg, const G1Memory& g1, HostArena* a
     // Loads of the same bytes into the same blocks; checked once, after the last rep.
     auto h2d = TimedBatch(b, CopyDirection::kHostToDevice, copies);
     if (!h2d.ok()) return h2d.status();
-    out->h2d_s = std::min(out->h2d_s, *h2d);
+    out->h2d_s = std::min(out->h2d_s, h2d->total_s);
+    out->h2d_submit_s = std::min(out->h2d_submit_s, h2d->submit_s);
   }
   std::vector<uint8_t> back(mirror.size());
   KVTIER_RETURN_IF_ERROR(b->CopyFromDevice(back.data(), g1.regions[0].base, back.size()));
@@ -122,9 +134,9 @@ int RunBenchCopyCuda(const CliArgs& args) {
     PrintUsage();
     return 0;
   }
-  std::vector<std::string> known = {"json",       "help",           "device",
-                                    "blocks",     "reps",           "method",
-                                    "unit-bytes", "kernel-threads", "kernel-blocks"};
+  std::vector<std::string> known = {"json",          "help",        "device",     "blocks",
+                                    "reps",          "method",      "unit-bytes", "kernel-threads",
+                                    "kernel-blocks", "launch-bytes"};
   known.insert(known.end(), LayoutFlagNames().begin(), LayoutFlagNames().end());
   if (Status s = args.CheckKnown(known); !s.ok()) return UsageError(s);
   auto layout = LayoutFromFlags(args);
@@ -134,7 +146,8 @@ int RunBenchCopyCuda(const CliArgs& args) {
   auto unit = args.GetUint("unit-bytes", kDefaultCopyUnitBytes);
   auto threads = args.GetUint("kernel-threads", 256);
   auto grid = args.GetUint("kernel-blocks", 1024);
-  for (const auto* r : {&blocks, &reps, &unit, &threads, &grid}) {
+  auto launch = args.GetUint("launch-bytes", kDefaultMinLaunchBytes);
+  for (const auto* r : {&blocks, &reps, &unit, &threads, &grid, &launch}) {
     if (!r->ok()) return UsageError(r->status());
   }
   if (*blocks < 1 || *blocks > (1u << 20)) {
@@ -158,6 +171,7 @@ int RunBenchCopyCuda(const CliArgs& args) {
   cfg.max_unit_bytes = *unit;
   cfg.kernel_threads = static_cast<uint32_t>(std::min<uint64_t>(*threads, 1u << 20));
   cfg.kernel_max_blocks = static_cast<uint32_t>(std::min<uint64_t>(*grid, 1u << 30));
+  cfg.min_launch_bytes = *launch;
   if (Status s = cfg.Validate(); !s.ok()) return UsageError(s);
   const bool json = args.Has("json");
 
@@ -259,8 +273,29 @@ int RunBenchCopyCuda(const CliArgs& args) {
   if (!plain_h2d.ok()) return Failure(plain_h2d.status());
   reg->reset();
 
+  // The host's share of a batch: planning alone (the CPU work of Submit before any CUDA call).
+  double plan_s = 1e30;
+  uint64_t plan_units = 0;
+  {
+    const HostWindow window{(*arena)->base(), (*arena)->mapped_bytes(),
+                            reinterpret_cast<uint64_t>((*arena)->base())};
+    DeviceCopyPlan plan;
+    for (uint64_t r = 0; r < *reps; ++r) {
+      Stopwatch w;
+      if (Status s = BuildDeviceCopyPlan(g1, window, CopyDirection::kHostToDevice, copies,
+                                         cfg.max_unit_bytes, &plan);
+          !s.ok()) {
+        return Failure(s);
+      }
+      plan_s = std::min(plan_s, w.Seconds());
+    }
+    plan_units = plan.units.size();
+  }
+
   auto gbps = [total](double s) { return static_cast<double>(total) / s / 1e9; };
-  const double memcpy_d2h = gbps(*plain_d2h), memcpy_h2d = gbps(*plain_h2d);
+  const double memcpy_d2h = gbps(plain_d2h->device_s), memcpy_h2d = gbps(plain_h2d->device_s);
+  // The same copies timed as the backend's batches are (host wall time until the wait ends).
+  const double memcpy_wall_d2h = gbps(plain_d2h->wall_s), memcpy_wall_h2d = gbps(plain_h2d->wall_s);
   const double memcpy_best = std::max(memcpy_d2h, memcpy_h2d);  // the stricter reference
   uint64_t mismatches = 0;
   for (const auto& r : results) mismatches += r.mismatched_bytes;
@@ -274,6 +309,12 @@ int RunBenchCopyCuda(const CliArgs& args) {
           .Add("h2d_gbps", gbps(r.h2d_s))
           .Add("d2h_ratio", gbps(r.d2h_s) / memcpy_best)
           .Add("h2d_ratio", gbps(r.h2d_s) / memcpy_best)
+          .Add("d2h_vs_memcpy_wall", gbps(r.d2h_s) / memcpy_wall_d2h)
+          .Add("h2d_vs_memcpy_wall", gbps(r.h2d_s) / memcpy_wall_h2d)
+          .Add("d2h_us", r.d2h_s * 1e6)
+          .Add("h2d_us", r.h2d_s * 1e6)
+          .Add("d2h_submit_us", r.d2h_submit_s * 1e6)
+          .Add("h2d_submit_us", r.h2d_submit_s * 1e6)
           .Add("mismatched_bytes", r.mismatched_bytes);
       per.Raw(r.method, o.Str());
     }
@@ -291,6 +332,12 @@ int RunBenchCopyCuda(const CliArgs& args) {
         .Add("cuda_memcpy_gbps", memcpy_best)
         .Add("cuda_memcpy_d2h_gbps", memcpy_d2h)
         .Add("cuda_memcpy_h2d_gbps", memcpy_h2d)
+        .Add("cuda_memcpy_wall_d2h_gbps", memcpy_wall_d2h)
+        .Add("cuda_memcpy_wall_h2d_gbps", memcpy_wall_h2d)
+        .Add("cuda_memcpy_d2h_us", plain_d2h->device_s * 1e6)
+        .Add("cuda_memcpy_wall_d2h_us", plain_d2h->wall_s * 1e6)
+        .Add("plan_us", plan_s * 1e6)
+        .Add("units", plan_units)
         .Add("d2h_ratio", gbps(top.d2h_s) / memcpy_best)
         .Add("h2d_ratio", gbps(top.h2d_s) / memcpy_best)
         .Add("d2h_vs_memcpy_d2h", gbps(top.d2h_s) / memcpy_d2h)
@@ -302,6 +349,7 @@ int RunBenchCopyCuda(const CliArgs& args) {
         .Add("unit_bytes", cfg.max_unit_bytes)
         .Add("kernel_threads", cfg.kernel_threads)
         .Add("kernel_blocks", cfg.kernel_max_blocks)
+        .Add("launch_bytes", cfg.min_launch_bytes)
         .Add("reps", *reps)
         .Add("layout", layout->ToString())
         .Raw("methods", per.Str())
@@ -311,13 +359,19 @@ int RunBenchCopyCuda(const CliArgs& args) {
     std::printf("bench copy --device cuda: %s\n", top.device.c_str());
     std::printf("  %u blocks of %s scattered over %u G1 blocks, best of %llu\n", n,
                 layout->ToString().c_str(), g1_blocks, static_cast<unsigned long long>(*reps));
-    std::printf("  plain cudaMemcpyAsync of %.0f MiB pinned: d2h %.2f GB/s, h2d %.2f GB/s\n",
-                static_cast<double>(total) / (1 << 20), memcpy_d2h, memcpy_h2d);
-    std::printf("  %-8s %10s %10s %9s %9s %12s\n", "method", "d2h GB/s", "h2d GB/s", "d2h/mcp",
-                "h2d/mcp", "bad bytes");
+    std::printf(
+        "  plain cudaMemcpyAsync of %.0f MiB pinned: d2h %.2f GB/s, h2d %.2f GB/s "
+        "(host wall time until synchronized: %.2f, %.2f)\n",
+        static_cast<double>(total) / (1 << 20), memcpy_d2h, memcpy_h2d, memcpy_wall_d2h,
+        memcpy_wall_h2d);
+    std::printf("  planning %llu copy units on the host: %.1f us\n",
+                static_cast<unsigned long long>(plan_units), plan_s * 1e6);
+    std::printf("  %-8s %10s %10s %9s %9s %12s %12s %12s\n", "method", "d2h GB/s", "h2d GB/s",
+                "d2h/mcp", "h2d/mcp", "submit d2h", "submit h2d", "bad bytes");
     for (const auto& r : results) {
-      std::printf("  %-8s %10.2f %10.2f %9.3f %9.3f %12llu\n", r.method.c_str(), gbps(r.d2h_s),
-                  gbps(r.h2d_s), gbps(r.d2h_s) / memcpy_best, gbps(r.h2d_s) / memcpy_best,
+      std::printf("  %-8s %10.2f %10.2f %9.3f %9.3f %9.1f us %9.1f us %12llu\n", r.method.c_str(),
+                  gbps(r.d2h_s), gbps(r.h2d_s), gbps(r.d2h_s) / memcpy_best,
+                  gbps(r.h2d_s) / memcpy_best, r.d2h_submit_s * 1e6, r.h2d_submit_s * 1e6,
                   static_cast<unsigned long long>(r.mismatched_bytes));
     }
     for (const auto& s : skipped) std::printf("  skipped %s\n", s.c_str());
