@@ -4,13 +4,19 @@ against vLLM + kvtier.
 
 Run by `kvtier bench vllm --hybrid` (tools/vllm/run_bench.sh). The model is the seeded
 random-weight Gemma-3-style model of tools/vllm/make_hybrid_model.py (12 layers: 10 sliding
-with a 128-token window, 2 global; fp32); vLLM gives it 6 KV cache groups over one block pool.
+with a 128-token window, 2 global; fp32; `--size small`, 240 M parameters, by default, so that a
+prefill costs what it does on a real model; `--quick` takes the 28 M tiny one); vLLM gives it 6
+KV cache groups over one block pool. The default chat: 4 users x 6 rounds, a 300-word system
+prompt, 60-word answers (prompts up to ~850 tokens, 6 windows).
 Each configuration is a fresh vLLM process (tools/vllm/driver.py, in-process engine) running
 the same requests in the same order, one at a time:
 
 - vllm_alone: vLLM with its own prefix cache, HMA on, its KV pool capped (--g1-blocks) below
   the working set, so it evicts;
 - kvtier_g2: the same vLLM with KvtierConnector (G2 large enough for the working set);
+- vllm_unbounded: vLLM alone whose own KV pool holds the whole working set (the whole KV space,
+  1 GiB), so every reuse is a G1 hit with nothing to load: the floor any cache below G1 can
+  approach, measured in the same run (its TTFT / vLLM alone's bounds the achievable ratio);
 - vllm_alone_hma_off: vLLM alone with HMA turned off, for the KV memory per request only
   (what a connector that is not a SupportsHMA costs: vLLM then turns HMA off).
 
@@ -45,17 +51,18 @@ def log(msg: str) -> None:
     print(f"bench vllm --hybrid: {msg}", file=sys.stderr, flush=True)
 
 
-def make_model(tokenizer: str) -> Path:
+def make_model(tokenizer: str, size: str) -> Path:
     r = subprocess.run([sys.executable, str(HERE / "make_hybrid_model.py"), "--kind", "gemma3",
-                        "--tokenizer", tokenizer], capture_output=True, text=True, timeout=900)
+                        "--size", size, "--tokenizer", tokenizer], capture_output=True,
+                       text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(f"make_hybrid_model.py failed:\n{r.stdout}\n{r.stderr}")
-    m = re.search(r"(/\S+gemma3-tiny-random-fp32)", r.stdout + r.stderr)
+    m = re.search(rf"(/\S+gemma3-{size}-random-fp32)", r.stdout + r.stderr)
     if m:
         return Path(m.group(1))
     import os
     cache = Path(os.environ.get("KVTIER_CACHE", str(Path.home() / ".cache" / "kvtier")))
-    return cache.expanduser() / "models" / "gemma3-tiny-random-fp32"
+    return cache.expanduser() / "models" / f"gemma3-{size}-random-fp32"
 
 
 def memory_figures(log_text: str) -> Dict[str, Any]:
@@ -75,11 +82,16 @@ def main() -> int:
     ap.add_argument("--model", required=True, help="the converted SmolLM2 folder (tokenizer)")
     ap.add_argument("--hybrid", action="store_true", help="(selects this benchmark)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="3 users x 3 rounds")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: the tiny model, 3 users x 3 rounds")
+    ap.add_argument("--model-size", default=None, choices=("tiny", "small"),
+                    help="the Gemma-3-style model: small (default; hidden 1024, 240 M parameters, "
+                         "a prefill costs what it costs on a real model) or tiny (hidden 256, "
+                         "28 M; vLLM's fixed per-step costs dominate its TTFT)")
     ap.add_argument("--users", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--system-words", type=int, default=300)
-    ap.add_argument("--answer-words", type=int, default=120)
+    ap.add_argument("--answer-words", type=int, default=60)
     ap.add_argument("--g1-blocks", type=int, default=40,
                     help="vLLM's KV pool in blocks (every group's blocks come from it)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
@@ -87,7 +99,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.users, args.rounds = 3, 3
-    model = make_model(args.model)
+        args.model_size = args.model_size or "tiny"
+    args.model_size = args.model_size or "small"
+    model = make_model(args.model, args.model_size)
     requests = chat_workload(args.users, args.rounds, args.system_words, args.answer_words, 20)
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-bench-hybrid-"))
     base = {"model": str(model), "max_model_len": 2048, "in_process": True, "hma": True,
@@ -99,6 +113,7 @@ def main() -> int:
     configs = {
         "vllm_alone": dict(base, kvtier=None),
         "kvtier_g2": dict(base, kvtier=kvtier),
+        "vllm_unbounded": dict(base, kvtier=None, num_gpu_blocks=None),
     }
     # KV memory per request: vLLM's own figures with the whole KV space (VLLM_CPU_KVCACHE_SPACE,
     # 1 GiB; no block-count override, which would make pools of different block bytes look
@@ -135,15 +150,25 @@ def main() -> int:
         }
         outs[name] = s["outputs"]
         prompt_tokens = s["prompt_tokens"]
-    a, k = results["vllm_alone"], results["kvtier_g2"]
+    a, k, u = results["vllm_alone"], results["kvtier_g2"], results["vllm_unbounded"]
     summary = {
         "cpu": cpu_info(), "dtype": "float32", "model": str(model),
         "requests": len(requests), "users": args.users, "rounds": args.rounds,
         "prompt_tokens_max": max(prompt_tokens),
         "outputs_equal": outs["kvtier_g2"] == outs["vllm_alone"],
+        "unbounded_outputs_equal": outs["vllm_unbounded"] == outs["vllm_alone"],
+        # Different prompts give different outputs (the equality above means something).
+        "distinct_outputs": len({tuple(o) for o in outs["vllm_alone"]}),
+        "model_size": args.model_size, "answer_words": args.answer_words,
+        "system_words": args.system_words,
         "ttft_mean_ratio": k["ttft_ms"]["mean"] / a["ttft_ms"]["mean"],
         "ttft_mean_ratio_after_round0": (k["ttft_after_round0_ms"]["mean"]
                                          / a["ttft_after_round0_ms"]["mean"]),
+        # The floor: vLLM whose own pool holds everything, every reuse a G1 hit.
+        "ttft_floor_ratio": u["ttft_ms"]["mean"] / a["ttft_ms"]["mean"],
+        "ttft_floor_ratio_after_round0": (u["ttft_after_round0_ms"]["mean"]
+                                          / a["ttft_after_round0_ms"]["mean"]),
+        "kvtier_vs_unbounded": k["ttft_ms"]["mean"] / u["ttft_ms"]["mean"],
         "hma_on_with_kvtier": bool(k["engine"].get("hma")),
         "kv_memory_per_request_equal": memory["kvtier_g2"] == memory["vllm_alone"],
         "memory": memory,
@@ -153,8 +178,9 @@ def main() -> int:
         print(json.dumps(summary, indent=1))
     else:
         c = summary["cpu"]
-        print(f"cpu: {c['model']} ({c['isa']}, {c['cores']} cores), dtype fp32; "
-              f"{len(requests)} requests ({args.users} users x {args.rounds} rounds)")
+        print(f"cpu: {c['model']} ({c['isa']}, {c['cores']} cores), dtype fp32, model "
+              f"{args.model_size}; {len(requests)} requests ({args.users} users x {args.rounds} "
+              f"rounds), {summary['distinct_outputs']} distinct outputs")
         for name, r in results.items():
             t, t1 = r["ttft_ms"], r["ttft_after_round0_ms"]
             print(f"{name:20s} TTFT mean {t['mean']:7.1f} ms  p50 {t['p50']:7.1f}  "
@@ -166,7 +192,10 @@ def main() -> int:
                   f"{mem['max_concurrency']}x (HMA {mem['hma']})")
         print(f"outputs equal: {summary['outputs_equal']}; kvtier / vLLM alone TTFT mean: "
               f"{summary['ttft_mean_ratio']:.2f} (after round 0: "
-              f"{summary['ttft_mean_ratio_after_round0']:.2f}; bar 0.5); HMA on with kvtier: "
+              f"{summary['ttft_mean_ratio_after_round0']:.2f}; bar 0.5); the floor, vLLM whose "
+              f"pool holds everything / vLLM alone: {summary['ttft_floor_ratio']:.2f} (after "
+              f"round 0: {summary['ttft_floor_ratio_after_round0']:.2f}); kvtier / that floor: "
+              f"{summary['kvtier_vs_unbounded']:.2f}; HMA on with kvtier: "
               f"{summary['hma_on_with_kvtier']}; KV memory per request equal: "
               f"{summary['kv_memory_per_request_equal']}")
     if not args.keep:

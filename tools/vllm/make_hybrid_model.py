@@ -30,13 +30,16 @@ docs/wip/hma-plan.md records what each one does in vLLM, with and without kvtier
 Every model takes the SmolLM2-135M-Instruct tokenizer (vocabulary 49,152, its chat template and
 special tokens) from the converted SmolLM2 folder, so prompts tokenize as in the other tests.
 The sizes are small (hidden 256, fp32) so that vLLM on two CPU cores prefills 1-2k tokens in
-well under a second to a few seconds.
+well under a second to a few seconds. `--size small` (gemma3 only; for the benchmark): hidden
+1024, 8 heads of 128, MLP 4096, the same 12 layers (~240 M parameters, ~1 GB in fp32), so
+that a prefill costs what it does on a real model and not vLLM's fixed per-step costs.
 
 Usage:
-    make_hybrid_model.py --kind gemma3 [--out DIR] [--seed 0] [--sliding-window 128]
-                         [--tokenizer DIR] [--dtype float32] [--init-std 0.02] [--force]
+    make_hybrid_model.py --kind gemma3 [--size tiny|small] [--out DIR] [--seed 0]
+                         [--sliding-window 128] [--tokenizer DIR] [--dtype float32]
+                         [--init-std 0.02] [--force]
 
-DIR defaults to ${KVTIER_CACHE:-~/.cache/kvtier}/models/<kind>-tiny-random-fp32 (next to the
+DIR defaults to ${KVTIER_CACHE:-~/.cache/kvtier}/models/<kind>-<size>-random-fp32 (next to the
 SmolLM2 conversion). The folder is written to DIR.tmp and renamed, with a marker file
 (.kvtier-make-complete) holding the recipe's parameters; an existing complete folder with the
 same parameters is kept unless --force. Exit status: 0 on success, 1 on failure (one line on
@@ -73,9 +76,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("KVTIER_CACHE", str(Path.home() / ".cache" / "kvtier"))).expanduser()
 
 
-def default_out(kind: str, dtype: str) -> Path:
+def default_out(kind: str, dtype: str, size: str = "tiny") -> Path:
     suffix = "fp32" if dtype == "float32" else "bf16"
-    return cache_root() / "models" / f"{kind}-tiny-random-{suffix}"
+    return cache_root() / "models" / f"{kind}-{size}-random-{suffix}"
 
 
 def default_tokenizer() -> Path:
@@ -94,11 +97,15 @@ def gemma3_config(args: argparse.Namespace) -> Any:
     n = 12
     layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
                    for i in range(n)]
+    if args.size == "small":
+        dims = dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=8,
+                    num_key_value_heads=4, head_dim=128, query_pre_attn_scalar=128)
+    else:
+        dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64)
     return Gemma3TextConfig(
-        **_common(args), hidden_size=256, intermediate_size=512, num_hidden_layers=n,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64,
-        sliding_window=args.sliding_window, layer_types=layer_types,
-        architectures=["Gemma3ForCausalLM"])
+        **_common(args), **dims, num_hidden_layers=n, sliding_window=args.sliding_window,
+        layer_types=layer_types, architectures=["Gemma3ForCausalLM"])
 
 
 def gemma2_config(args: argparse.Namespace) -> Any:
@@ -209,8 +216,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Make a small hybrid model with seeded random "
                                             "weights for kvtier's vLLM tests.")
     p.add_argument("--kind", required=True, choices=KINDS)
+    p.add_argument("--size", default="tiny", choices=("tiny", "small"),
+                   help="tiny (tests; hidden 256) or small (gemma3 only, the benchmark's; "
+                        "hidden 1024, ~240 M parameters)")
     p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default: <cache>/models/<kind>-tiny-random-fp32)")
+                   help="output folder (default: <cache>/models/<kind>-<size>-random-fp32)")
     p.add_argument("--seed", type=int, default=0, help="torch seed for the weights")
     p.add_argument("--sliding-window", type=int, default=128,
                    help="sliding window of the sliding layers (gemma2/gemma3), in tokens")
@@ -228,7 +238,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.init_std = INIT_STD.get(args.kind, 0.02)
     if args.init_std <= 0:
         p.error("--init-std must be positive")
-    args.out = args.out or default_out(args.kind, args.dtype)
+    if args.size != "tiny" and args.kind != "gemma3":
+        p.error(f"--size {args.size} is made for --kind gemma3 only")
+    args.out = args.out or default_out(args.kind, args.dtype, args.size)
     args.tokenizer = args.tokenizer or default_tokenizer()
     return args
 
@@ -238,9 +250,12 @@ def progress(message: str) -> None:
 
 
 def marker_text(args: argparse.Namespace) -> str:
-    return json.dumps({"make_version": MAKE_VERSION, "kind": args.kind, "seed": args.seed,
-                       "sliding_window": args.sliding_window, "init_std": args.init_std,
-                       "dtype": args.dtype}, sort_keys=True)
+    fields = {"make_version": MAKE_VERSION, "kind": args.kind, "seed": args.seed,
+              "sliding_window": args.sliding_window, "init_std": args.init_std,
+              "dtype": args.dtype}
+    if args.size != "tiny":  # tiny folders made before --size keep their marker
+        fields["size"] = args.size
+    return json.dumps(fields, sort_keys=True)
 
 
 def make(args: argparse.Namespace) -> Path:
