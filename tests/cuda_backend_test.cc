@@ -155,7 +155,7 @@ struct DeviceRig {
   std::unique_ptr<TransferEngine> engine;
 
   DeviceRig(G1Arrangement arrangement, DeviceCopyBackend::Method method, uint32_t max_batches = 32,
-            uint64_t min_launch_bytes = kDefaultMinLaunchBytes)
+            uint64_t min_launch_bytes = kDefaultMinLaunchBytes, uint32_t completion_spin_us = 0)
       : layout(SmallLayout(arrangement)) {
     helper = std::move(CreateCudaBackend({})).value();
     dev_bytes = layout.BlockBytes() * blocks;
@@ -180,6 +180,7 @@ struct DeviceRig {
     tc.cuda.method = method;
     tc.cuda.max_batches = max_batches;
     tc.cuda.min_launch_bytes = min_launch_bytes;
+    tc.cuda.completion_spin_us = completion_spin_us;
     engine = std::move(TransferEngine::Create(tc)).value();
     Status s = engine->RegisterHostArena(arena.get(), layout);
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -245,8 +246,9 @@ BlockTransfer Move(BlockTransfer::Op op, uint32_t g1_block, uint32_t g2_slot) {
 }
 
 // Launch groups of the round trip: every layer its own launch, two layers per launch, or the
-// default (the whole small batch in one launch).
-enum class Launches { kPerLayer, kTwoLayers, kDefault };
+// default (the whole small batch in one launch); and the default with completion threads that
+// poll the events for 500 us before they sleep on them.
+enum class Launches { kPerLayer, kTwoLayers, kDefault, kDefaultPolling };
 
 class CudaRoundTrip : public ::testing::TestWithParam<
                           std::tuple<G1Arrangement, DeviceCopyBackend::Method, Launches>> {};
@@ -262,7 +264,8 @@ TEST_P(CudaRoundTrip, ScatteredBlocksAreByteExact) {
   const uint64_t min_launch = launches == Launches::kPerLayer    ? 0
                               : launches == Launches::kTwoLayers ? 2 * batch_layer_bytes
                                                                  : kDefaultMinLaunchBytes;
-  DeviceRig rig(arrangement, method, 32, min_launch);
+  DeviceRig rig(arrangement, method, 32, min_launch,
+                launches == Launches::kDefaultPolling ? 500 : 0);
   ASSERT_NE(rig.engine->device_backend(), nullptr);
   const std::vector<uint32_t> src = {17, 3, 22, 8, 0, 13, 5};
   const std::vector<uint32_t> dst = {1, 20, 9, 14, 23, 6, 11};
@@ -302,19 +305,21 @@ TEST_P(CudaRoundTrip, ScatteredBlocksAreByteExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     ArrangementsAndMethods, CudaRoundTrip,
-    ::testing::Combine(
-        ::testing::Values(G1Arrangement::kLayerSeparate, G1Arrangement::kBlockContiguous),
-        ::testing::Values(DeviceCopyBackend::Method::kKernel,
-                          DeviceCopyBackend::Method::kMemcpyBatch,
-                          DeviceCopyBackend::Method::kMemcpyPerChunk),
-        ::testing::Values(Launches::kPerLayer, Launches::kTwoLayers, Launches::kDefault)),
+    ::testing::Combine(::testing::Values(G1Arrangement::kLayerSeparate,
+                                         G1Arrangement::kBlockContiguous),
+                       ::testing::Values(DeviceCopyBackend::Method::kKernel,
+                                         DeviceCopyBackend::Method::kMemcpyBatch,
+                                         DeviceCopyBackend::Method::kMemcpyPerChunk),
+                       ::testing::Values(Launches::kPerLayer, Launches::kTwoLayers,
+                                         Launches::kDefault, Launches::kDefaultPolling)),
     [](const auto& info) {
       std::string name = G1ArrangementName(std::get<0>(info.param));
       name += std::string("_") + DeviceCopyMethodName(std::get<1>(info.param));
       const Launches launches = std::get<2>(info.param);
-      name += launches == Launches::kPerLayer    ? "_per_layer"
-              : launches == Launches::kTwoLayers ? "_two_layers"
-                                                 : "";
+      name += launches == Launches::kPerLayer         ? "_per_layer"
+              : launches == Launches::kTwoLayers      ? "_two_layers"
+              : launches == Launches::kDefaultPolling ? "_polling"
+                                                      : "";
       for (char& c : name) c = c == '-' ? '_' : c;
       return name;
     });

@@ -643,7 +643,15 @@ void CudaBackend::CompletionLoop(int dir) {
     Status status;
     uint32_t first = 0;
     for (uint32_t g = 0; g < b->groups_enqueued; ++g) {
-      const cudaError_t e = cudaEventSynchronize(b->layer_events[g]);
+      cudaError_t e = cudaErrorNotReady;
+      if (config_.completion_spin_us > 0) {
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::microseconds(config_.completion_spin_us);
+        while ((e = cudaEventQuery(b->layer_events[g])) == cudaErrorNotReady &&
+               std::chrono::steady_clock::now() < until) {
+        }
+      }
+      if (e == cudaErrorNotReady) e = cudaEventSynchronize(b->layer_events[g]);
       if (e != cudaSuccess) {
         status = Status::IOError(std::string("CUDA ") + CopyDirectionName(b->dir) +
                                  " copy failed on the device before layer " +

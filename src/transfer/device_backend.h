@@ -41,6 +41,10 @@ class DeviceCopyBackend {
     // A batch's layers are moved in launch groups of at least this many bytes (one launch and
     // one event per group; 0: one per layer). See PlanLaunchGroups (device_copy_plan.h).
     uint64_t min_launch_bytes = kDefaultMinLaunchBytes;
+    // The completion threads poll a group's event for up to this long before they sleep on it
+    // (cudaEventBlockingSync): 0 = sleep at once. Polling trades a core's time while a batch
+    // is in flight for the wake-up latency of a small batch.
+    uint32_t completion_spin_us = 0;
     // Ok, or InvalidArgument naming the field, its value and the allowed range.
     Status Validate() const;
   };

@@ -84,7 +84,8 @@ void PrintUsage() {
       "  batch where CUDA >= 12.8; the top-level figures are the kernel's, the default)\n"
       "  --unit-bytes (65536)  --kernel-threads (256)  --kernel-blocks (1024)\n"
       "  --launch-bytes (8388608: one launch and event per 8 MiB of layers at least; 0: one\n"
-      "  per layer)\n%s",
+      "  per layer)  --spin-us (0: completion threads poll a batch's event this long before\n"
+      "  sleeping on it)\n%s",
       LayoutFlagsHelp());
 }
 
@@ -134,9 +135,9 @@ int RunBenchCopyCuda(const CliArgs& args) {
     PrintUsage();
     return 0;
   }
-  std::vector<std::string> known = {"json",          "help",        "device",     "blocks",
-                                    "reps",          "method",      "unit-bytes", "kernel-threads",
-                                    "kernel-blocks", "launch-bytes"};
+  std::vector<std::string> known = {"json",          "help",         "device",     "blocks",
+                                    "reps",          "method",       "unit-bytes", "kernel-threads",
+                                    "kernel-blocks", "launch-bytes", "spin-us"};
   known.insert(known.end(), LayoutFlagNames().begin(), LayoutFlagNames().end());
   if (Status s = args.CheckKnown(known); !s.ok()) return UsageError(s);
   auto layout = LayoutFromFlags(args);
@@ -172,6 +173,10 @@ int RunBenchCopyCuda(const CliArgs& args) {
   cfg.kernel_threads = static_cast<uint32_t>(std::min<uint64_t>(*threads, 1u << 20));
   cfg.kernel_max_blocks = static_cast<uint32_t>(std::min<uint64_t>(*grid, 1u << 30));
   cfg.min_launch_bytes = *launch;
+  auto spin = args.GetUint("spin-us", 0);
+  if (!spin.ok()) return UsageError(spin.status());
+  if (*spin > 1000000) return UsageError(Status::InvalidArgument("--spin-us must be <= 1000000"));
+  cfg.completion_spin_us = static_cast<uint32_t>(*spin);
   if (Status s = cfg.Validate(); !s.ok()) return UsageError(s);
   const bool json = args.Has("json");
 
@@ -350,6 +355,7 @@ int RunBenchCopyCuda(const CliArgs& args) {
         .Add("kernel_threads", cfg.kernel_threads)
         .Add("kernel_blocks", cfg.kernel_max_blocks)
         .Add("launch_bytes", cfg.min_launch_bytes)
+        .Add("spin_us", uint64_t{cfg.completion_spin_us})
         .Add("reps", *reps)
         .Add("layout", layout->ToString())
         .Raw("methods", per.Str())
