@@ -318,6 +318,36 @@ TEST(ProtocolFuzzTest, EventsOutOfRangeAreRefusedByName) {
   refuse(bad, "event.block_size");
 }
 
+// A model id may be long (a deep local path, a hybrid model's group tag): up to
+// kMaxModelIdBytes it is taken whole, beyond it refused by name. The instance name keeps its
+// own, shorter limit.
+TEST(ProtocolFuzzTest, LongModelIdsAreTakenAndTooLongOnesRefusedByName) {
+  auto decode = [](const Hello& h, Hello* out) {
+    WireWriter w;
+    EncodeHello(&w, h);
+    WireReader r(w.data());
+    return DecodeHello(&r, out);
+  };
+  Hello h;
+  h.role = Role::kLookup;
+  h.instance_name = "engine";
+  h.model_id = std::string(600, 'm');  // over the old 256-byte limit
+  Hello got;
+  Status s = decode(h, &got);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(got.model_id, h.model_id);
+  h.model_id = std::string(kMaxModelIdBytes, 'm');
+  ASSERT_TRUE(decode(h, &got).ok());
+  h.model_id = std::string(kMaxModelIdBytes + 1, 'm');
+  s = decode(h, &got);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("hello.model_id"), std::string::npos) << s.ToString();
+  h.model_id = "m";
+  h.instance_name = std::string(kMaxNameBytes + 1, 'i');
+  s = decode(h, &got);
+  EXPECT_NE(s.message().find("hello.instance_name"), std::string::npos) << s.ToString();
+}
+
 // The daemon cuts a batch of events into frames that each fit kMaxPayloadBytes: by count for
 // small blocks, by bytes for large ones (4096-token blocks: ~16 KiB per event, so the 65,536
 // events a count allows would be a 1 GiB frame the engine could never receive).

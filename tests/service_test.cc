@@ -119,6 +119,69 @@ TEST(Service, SecondEngineLoadsWhatTheFirstSaved) {
   EXPECT_EQ(s.pinned_blocks, 0u);
 }
 
+// kNoG1Block through the daemon (a sliding-window group's blocks before its window): a commit
+// with such blocks saves the others, and a load into a table with one stops there; neither is
+// refused as a G1 id past the engine's blocks (as every hybrid model's were before).
+TEST(Service, BlocksTheEngineDoesNotHoldPassThroughTheDaemon) {
+  const std::string dir = TempDir("holes");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start());
+  Engine e = MakeEngine(socket, "engine-holes");
+  const KvLayout& l = e.g1.layout;
+  const uint32_t tpb = l.tokens_per_block;
+  const std::vector<TokenId> prompt = Prompt(31, 6 * tpb + 1);
+  RequestSpec spec;
+  spec.request_id = "holes";
+  spec.prompt = prompt;
+  ASSERT_TRUE(e.manager->Lookup(spec, 0).ok());
+  for (uint32_t b = 0; b < 6; ++b) {
+    FillBlock(e.g1_bytes.data() + uint64_t{b} * l.BlockBytes(), l.BlockBytes(), 31, b);
+  }
+  const std::vector<uint32_t> held = {kNoG1Block, kNoG1Block, 2, 3, 4, 5, 6};
+  Status s = e.manager->Commit("holes", prompt, held);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(e.manager->StartSave().ok());
+  ASSERT_TRUE(e.manager->RequestFinished("holes"));
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (e.manager->Stats().saved_blocks < 4 && Clock::now() < deadline) {
+    (void)e.manager->Finished();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(e.manager->Stats().saved_blocks, 4u) << "blocks 2-5 only";
+  // The same prompt with every block held saves blocks 0 and 1 as well.
+  spec.request_id = "whole";
+  ASSERT_TRUE(e.manager->Lookup(spec, 0).ok());
+  const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(e.manager->Commit("whole", prompt, all).ok());
+  ASSERT_TRUE(e.manager->StartSave().ok());
+  (void)e.manager->RequestFinished("whole");
+  while (e.manager->Stats().saved_blocks < 6 && Clock::now() < deadline) {
+    (void)e.manager->Finished();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(e.manager->Stats().saved_blocks, 6u) << "blocks 0 and 1 saved now";
+  // Looked up from block 2 (a window's start: blocks 0-1 are the engine's own), the rest is a
+  // hit; the load's table has a hole after two blocks: two blocks land, intact, and the load
+  // is not refused.
+  spec.request_id = "window";
+  Result<LookupResult> found = e.manager->Lookup(spec, 2 * tpb);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  ASSERT_EQ(found->num_tokens, 4 * tpb);
+  std::fill(e.g1_bytes.begin() + uint64_t{20} * l.BlockBytes(),
+            e.g1_bytes.begin() + uint64_t{24} * l.BlockBytes(), 0);
+  const std::vector<uint32_t> table = {kNoG1Block, kNoG1Block, 20, 21, kNoG1Block, 23};
+  Result<uint32_t> planned = e.manager->PrepareLoad("window", table, found->num_tokens);
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  EXPECT_EQ(*planned, 2 * tpb);
+  ASSERT_TRUE(e.manager->StartLoad().ok());
+  for (uint32_t layer = 0; layer < l.num_layers; ++layer) (void)e.manager->WaitLayer(layer);
+  EXPECT_EQ(e.manager->LoadedTokens("window"), 2 * tpb);
+  EXPECT_TRUE(BlockIs(e.g1_bytes.data() + uint64_t{20} * l.BlockBytes(), l.BlockBytes(), 31, 2));
+  EXPECT_TRUE(BlockIs(e.g1_bytes.data() + uint64_t{21} * l.BlockBytes(), l.BlockBytes(), 31, 3));
+  (void)e.manager->RequestFinished("window");
+}
+
 // An engine killed with -9 while its saves are in flight: the daemon stays up, the dead
 // engine's unfinished saves are dropped (never served), its requests and slots come back, and
 // the other engine is unaffected.

@@ -410,9 +410,9 @@ Status AttachedManager::RegisterDeviceMemory(const G1Memory& g1) {
     return Status::InvalidArgument("G1 layout " + g1.layout.ToString() +
                                    " differs from the manager's " + options_.layout.ToString());
   }
-  if (g1.num_blocks > kMaxG1Blocks) {
+  if (g1.num_blocks >= kMaxG1Blocks) {  // ids below kMaxG1Blocks - 1: never kNoG1Block mapped
     return Status::InvalidArgument("an attached engine's G1 holds at most " +
-                                   std::to_string(kMaxG1Blocks) + " blocks, not " +
+                                   std::to_string(kMaxG1Blocks - 1) + " blocks, not " +
                                    std::to_string(g1.num_blocks));
   }
   if (g1.on_device && !device_factory_) {

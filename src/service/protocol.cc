@@ -204,7 +204,7 @@ Status DecodeHello(WireReader* r, Hello* m) {
   }
   m->role = static_cast<Role>(role);
   KVTIER_RETURN_IF_ERROR(r->String("hello.instance_name", kMaxNameBytes, &m->instance_name));
-  KVTIER_RETURN_IF_ERROR(r->String("hello.model_id", kMaxNameBytes, &m->model_id));
+  KVTIER_RETURN_IF_ERROR(r->String("hello.model_id", kMaxModelIdBytes, &m->model_id));
   if (m->role != Role::kLookup) KVTIER_RETURN_IF_ERROR(DecodeLayout(r, &m->layout));
   KVTIER_RETURN_IF_ERROR(r->U32("hello.pid", &m->pid));
   return r->Done();

@@ -50,7 +50,10 @@ enum class MsgType : uint16_t {
 const char* MsgTypeName(uint16_t type);
 
 // Limits every decoder enforces (a frame is at most kMaxPayloadBytes in all).
-inline constexpr uint32_t kMaxNameBytes = 256;          // instance name, model id
+inline constexpr uint32_t kMaxNameBytes = 256;  // instance name
+// A model id carries the model's path, its weights fingerprint, layout tag and parallel rank
+// (a hybrid model's groups as a hash): a long local path alone can pass 256 bytes.
+inline constexpr uint32_t kMaxModelIdBytes = 4096;
 inline constexpr uint32_t kMaxIdBytes = 4096;           // request id, salt, adapter, extra entry
 inline constexpr uint32_t kMaxPromptTokens = 4u << 20;  // 4 Mi tokens
 inline constexpr uint32_t kMaxBlockIds = 1u << 20;

@@ -10,14 +10,19 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
                                  WireWriter* out) {
   BlockManager::Impl& impl = *pool->impl;
   WireReader r(frame.payload);
-  uint32_t g1_limit = kMaxG1Blocks;
+  uint32_t g1_limit = kMaxG1Blocks - 1;
   {
     std::lock_guard lock(mu);
     auto it = instances.find(instance);
     if (it != instances.end()) g1_limit = it->second->g1_blocks;
   }
+  // An engine's G1 ids become the pool's: the instance in the top bits. kNoG1Block (a block the
+  // engine does not hold: a sliding-window group's blocks before its window) passes unchanged,
+  // so the manager skips it in a commit and stops a load at it; no mapped id equals it
+  // (an engine holds fewer than kMaxG1Blocks - 1 blocks, so the id bits are never all ones).
   auto map_blocks = [&](std::vector<uint32_t>* ids) -> Status {
     for (uint32_t& id : *ids) {
+      if (id == kNoG1Block) continue;
       if (id >= g1_limit) {
         return Status::InvalidArgument("G1 block id " + std::to_string(id) +
                                        " is past the engine's " + std::to_string(g1_limit) +
@@ -77,10 +82,10 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       uint32_t blocks = 0;
       KVTIER_RETURN_IF_ERROR(r.U32("register_g1.num_blocks", &blocks));
       KVTIER_RETURN_IF_ERROR(r.Done());
-      if (blocks == 0 || blocks > kMaxG1Blocks) {
+      if (blocks == 0 || blocks >= kMaxG1Blocks) {
         EncodeStatus(out, Status::InvalidArgument("an attached engine's G1 holds 1 to " +
-                                                  std::to_string(kMaxG1Blocks) + " blocks, not " +
-                                                  std::to_string(blocks)));
+                                                  std::to_string(kMaxG1Blocks - 1) +
+                                                  " blocks, not " + std::to_string(blocks)));
         return Status::Ok();
       }
       {

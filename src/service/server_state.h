@@ -73,7 +73,7 @@ struct Instance {
   Pool* pool = nullptr;
   int connections = 0;
   std::shared_ptr<Conn> data;
-  uint32_t g1_blocks = kMaxG1Blocks;  // RegisterG1's count bounds the block ids it may name
+  uint32_t g1_blocks = kMaxG1Blocks - 1;  // RegisterG1's count bounds the block ids it may name
 };
 
 inline std::string PoolKey(const std::string& model_id, const KvLayout& layout) {

@@ -10,6 +10,8 @@ every generated token within 1e-4 (random weights barely use early context, so a
 could leave the argmax alone; a prefix hit in vLLM itself moves them by < 2e-6). vLLM's KV
 space is capped so that its own prefix cache evicts and kvtier brings the prefixes back.
 
+The same rounds also run attached to a `kvtier serve` daemon (every group through its G2).
+
 A state-space hybrid (LFM2: short-conv layers + attention) must start with kvtier, HMA on, and
 give vLLM's own answers (kvtier refuses its mamba state groups, saying so, and stays out).
 
@@ -21,9 +23,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -134,13 +138,24 @@ def rounds(first: List[Dict[str, Any]], second: List[Dict[str, Any]]) -> List[Di
             {"name": "round2", "generate": second, "max_tokens": 6}]
 
 
-def test_gemma3_hma_stays_on_and_reuse_from_g2_equals_vllm(tmp: Path, gemma3: Path) -> None:
+def two_rounds() -> List[Dict[str, Any]]:
     # Prompts 3-8 windows long; round 2 asks for the same prompts and for longer ones that
     # extend them (a chat's next turn), after vLLM's own cache was reset.
     first = prompts([430, 700, 1030])
     second = [{"tokens": p["tokens"] + [1000 + i] * 150} for i, p in enumerate(first)] + first
-    steps = rounds(first, second)
-    alone = run_vllm(tmp, "alone", gemma3, steps, None)
+    return rounds(first, second)
+
+
+@pytest.fixture(scope="module")
+def gemma3_alone(tmp: Path, gemma3: Path) -> Dict[str, Any]:
+    """vLLM alone on two_rounds(): the reference of the embedded and the attached runs."""
+    return run_vllm(tmp, "alone", gemma3, two_rounds(), None)
+
+
+def test_gemma3_hma_stays_on_and_reuse_from_g2_equals_vllm(
+        tmp: Path, gemma3: Path, gemma3_alone: Dict[str, Any]) -> None:
+    steps = two_rounds()
+    alone = gemma3_alone
     r = run_vllm(tmp, "g2", gemma3, steps, kvtier_config(tmp, **{"g3.enabled": False}))
     # HMA on, from vLLM's own configuration, and the same KV pool as vLLM alone.
     assert r["engine"]["hma"], r["engine"]
@@ -157,6 +172,52 @@ def test_gemma3_hma_stays_on_and_reuse_from_g2_equals_vllm(tmp: Path, gemma3: Pa
     # The sliding groups loaded only the window's block at the end of each hit.
     assert 0 < metric(r, "hybrid_sliding_load_blocks") <= 5 * 2 * 6, counters(r)
     assert metric(r, "hybrid_failed_loads") == 0, counters(r)
+
+
+def test_gemma3_attached_to_kvtier_serve_equals_vllm(
+        tmp: Path, gemma3: Path, gemma3_alone: Dict[str, Any]) -> None:
+    # The same two rounds with the engine attached to a `kvtier serve` daemon (docs/service.md):
+    # every group's blocks go through the daemon's G2, the sliding groups' relookups and the
+    # null blocks of the windows included.
+    cli = os.environ.get("KVTIER_TEST_CLI", "")
+    if not cli or not Path(cli).exists():
+        pytest.fail(f"KVTIER_TEST_CLI ({cli!r}) is not the kvtier binary; run tests/vllm/run.sh")
+    sock = tmp / "serve.sock"
+    env = dict(os.environ, KVTIER_G2_CAPACITY_BYTES="512MiB", KVTIER_G3_ENABLED="false",
+               KVTIER_G2_LOCK_MEMORY="false", KVTIER_LOG_LEVEL="info")
+    with open(tmp / "serve.log", "w") as serve_log:
+        daemon = subprocess.Popen([cli, "serve", "--socket", str(sock)], env=env,
+                                  stdout=serve_log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    with socket.socket(socket.AF_UNIX) as s:
+                        s.connect(str(sock))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or daemon.poll() is not None:
+                        pytest.fail(f"kvtier serve did not listen on {sock} within 20 s:\n"
+                                    f"{(tmp / 'serve.log').read_text()[-3000:]}")
+                    time.sleep(0.05)
+            r = run_vllm(tmp, "attached", gemma3, two_rounds(),
+                         {"service.socket": str(sock), "service.instance": "hybrid"})
+            assert daemon.poll() is None, "kvtier serve died with a hybrid engine attached"
+        finally:
+            daemon.kill()
+            daemon.wait()
+    assert r["engine"]["hma"], r["engine"]
+    assert "kvtier: attached to kvtier serve at" in r["log"], "the engine did not attach"
+    assert "kvtier serve: pool " in (tmp / "serve.log").read_text(), "the daemon made no pool"
+    assert_same(r, gemma3_alone, 0, "attached, round 1")
+    assert_same(r, gemma3_alone, 1, "attached, round 2")
+    why = counters(r) + "\n" + "\n".join(
+        line for line in r["log"].splitlines() if "kvtier" in line.lower()
+        and ("WARNING" in line or "ERROR" in line))[-4000:] + "\nkvtier serve:\n" + \
+        (tmp / "serve.log").read_text()[-3000:]
+    assert metric(r, "hybrid_full_load_blocks") >= 3 + 5 + 8, why
+    assert 0 < metric(r, "hybrid_sliding_load_blocks") <= 5 * 2 * 6, why
+    assert metric(r, "hybrid_failed_loads") == 0, why
 
 
 def test_gemma3_block_size_96_chunked_prefill_g3_after_restart(tmp: Path, gemma3: Path) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import os
 import threading
 import time
@@ -718,8 +719,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             # Group 0's layers stand for every group's: they view the same memory.
             check_aliasing(self._groups.groups, kv_caches)
             kv_caches = {n: kv_caches[n] for n in self._groups.groups[0].layer_names}
+            # Kinds and windows in clear, the layer lists as a hash: a model whose grouping
+            # changes gets new keys, and the id stays short (every layer of every group
+            # spelled out passed the daemon's model-id limit with 12 layers).
+            layers = hashlib.sha256("|".join(
+                "+".join(g.layer_names) for g in self._groups.groups).encode()).hexdigest()[:16]
             groups_tag = "|hma:" + ",".join(
-                f"{g.kind}{g.window or ''}:{'+'.join(g.layer_names)}" for g in self._groups.groups)
+                f"{g.kind}{g.window or ''}" for g in self._groups.groups) + ":" + layers
         layout = describe_kv_caches(
             kv_caches, block_size=self._block_size,
             num_kv_heads=model_config.get_num_kv_heads(self._vllm_config.parallel_config),
