@@ -144,10 +144,13 @@ TEST(Service, BlocksTheEngineDoesNotHoldPassThroughTheDaemon) {
   ASSERT_TRUE(e.manager->StartSave().ok());
   ASSERT_TRUE(e.manager->RequestFinished("holes"));
   const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (e.manager->Stats().saved_blocks < 4 && Clock::now() < deadline) {
-    (void)e.manager->Finished();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  auto wait_saved = [&](uint64_t n) {
+    while (e.manager->Stats().saved_blocks < n && Clock::now() < deadline) {
+      (void)e.manager->Finished();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
+  wait_saved(4);
   EXPECT_EQ(e.manager->Stats().saved_blocks, 4u) << "blocks 2-5 only";
   // The same prompt with every block held saves blocks 0 and 1 as well.
   spec.request_id = "whole";
@@ -156,10 +159,7 @@ TEST(Service, BlocksTheEngineDoesNotHoldPassThroughTheDaemon) {
   ASSERT_TRUE(e.manager->Commit("whole", prompt, all).ok());
   ASSERT_TRUE(e.manager->StartSave().ok());
   (void)e.manager->RequestFinished("whole");
-  while (e.manager->Stats().saved_blocks < 6 && Clock::now() < deadline) {
-    (void)e.manager->Finished();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  wait_saved(6);
   EXPECT_EQ(e.manager->Stats().saved_blocks, 6u) << "blocks 0 and 1 saved now";
   // Looked up from block 2 (a window's start: blocks 0-1 are the engine's own), the rest is a
   // hit; the load's table has a hole after two blocks: two blocks land, intact, and the load

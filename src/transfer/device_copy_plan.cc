@@ -120,9 +120,12 @@ void PlanLaunchGroups(const DeviceCopyPlan& plan, uint64_t min_launch_bytes, int
                       std::vector<uint32_t>* ends) {
   ends->clear();
   const uint32_t layers = plan.num_layers();
+  if (layers == 0) return;
+  // Every layer moves the same bytes (each copy's LayerBytes()): no pass over the units.
+  const uint64_t layer_bytes = plan.bytes / layers;
   uint64_t group_bytes = 0;
   for (uint32_t l = 0; l < layers; ++l) {
-    for (const CopyUnit& u : plan.Layer(l)) group_bytes += u.bytes;
+    group_bytes += layer_bytes;
     if (group_bytes >= min_launch_bytes || static_cast<int64_t>(l) == break_after ||
         l + 1 == layers) {
       ends->push_back(l + 1);

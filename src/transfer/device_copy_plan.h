@@ -92,7 +92,8 @@ inline constexpr uint64_t kDefaultMinLaunchBytes = 8ull << 20;
 // test hook that must stall between that layer and the next). Fills `ends` with each group's
 // exclusive end layer: strictly increasing, the last == plan.num_layers(); empty for a plan
 // with no layers. Layers are reported landed only when their whole group landed, so a larger
-// minimum delays the first layer's landing by at most min_launch_bytes of copying.
+// minimum delays the first layer's landing by at most min_launch_bytes of copying. REQUIRES:
+// a plan from BuildDeviceCopyPlan (every layer moves the same bytes, plan.bytes / layers).
 void PlanLaunchGroups(const DeviceCopyPlan& plan, uint64_t min_launch_bytes, int64_t break_after,
                       std::vector<uint32_t>* ends);
 

@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
+
+from serve_util import ServeDaemon
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -179,33 +179,14 @@ def test_gemma3_attached_to_kvtier_serve_equals_vllm(
     # The same two rounds with the engine attached to a `kvtier serve` daemon (docs/service.md):
     # every group's blocks go through the daemon's G2, the sliding groups' relookups and the
     # null blocks of the windows included.
-    cli = os.environ.get("KVTIER_TEST_CLI", "")
-    if not cli or not Path(cli).exists():
-        pytest.fail(f"KVTIER_TEST_CLI ({cli!r}) is not the kvtier binary; run tests/vllm/run.sh")
     sock = tmp / "serve.sock"
-    env = dict(os.environ, KVTIER_G2_CAPACITY_BYTES="512MiB", KVTIER_G3_ENABLED="false",
-               KVTIER_G2_LOCK_MEMORY="false", KVTIER_LOG_LEVEL="info")
-    with open(tmp / "serve.log", "w") as serve_log:
-        daemon = subprocess.Popen([cli, "serve", "--socket", str(sock)], env=env,
-                                  stdout=serve_log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    with socket.socket(socket.AF_UNIX) as s:
-                        s.connect(str(sock))
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or daemon.poll() is not None:
-                        pytest.fail(f"kvtier serve did not listen on {sock} within 20 s:\n"
-                                    f"{(tmp / 'serve.log').read_text()[-3000:]}")
-                    time.sleep(0.05)
-            r = run_vllm(tmp, "attached", gemma3, two_rounds(),
-                         {"service.socket": str(sock), "service.instance": "hybrid"})
-            assert daemon.poll() is None, "kvtier serve died with a hybrid engine attached"
-        finally:
-            daemon.kill()
-            daemon.wait()
+    daemon = ServeDaemon(tmp / "serve.log", sock, g2_bytes="512MiB")
+    try:
+        r = run_vllm(tmp, "attached", gemma3, two_rounds(),
+                     {"service.socket": str(sock), "service.instance": "hybrid"})
+        assert daemon.proc.poll() is None, "kvtier serve died with a hybrid engine attached"
+    finally:
+        daemon.stop()
     assert r["engine"]["hma"], r["engine"]
     assert "kvtier: attached to kvtier serve at" in r["log"], "the engine did not attach"
     assert "kvtier serve: pool " in (tmp / "serve.log").read_text(), "the daemon made no pool"

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
 import sys
@@ -34,8 +32,8 @@ from test_vllm_connector import (  # noqa: F401  (fixtures are found by name)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tools" / "vllm"))
 from bench_instances import Instance  # noqa: E402  (tools/vllm: the serve-mode driver's client)
+from serve_util import ServeDaemon  # noqa: E402
 
-CLI = os.environ.get("KVTIER_TEST_CLI", "")
 LEASE_MS = 2000  # the daemon's service.lease_ms here
 
 
@@ -46,35 +44,11 @@ def tmp() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-class Daemon:
-    """A `kvtier serve` process on `sock`, G2 only."""
+class Daemon(ServeDaemon):
+    """A `kvtier serve` process on `sock`, G2 only, its lease LEASE_MS."""
 
     def __init__(self, tmp: Path, sock: Path) -> None:
-        if not CLI or not Path(CLI).exists():
-            pytest.fail(f"KVTIER_TEST_CLI ({CLI!r}) is not the kvtier binary; run tests/vllm/run.sh")
-        env = dict(os.environ, KVTIER_G2_CAPACITY_BYTES="256MiB", KVTIER_G3_ENABLED="false",
-                   KVTIER_G2_LOCK_MEMORY="false", KVTIER_SERVICE_LEASE_MS=str(LEASE_MS),
-                   KVTIER_LOG_LEVEL="info")
-        self.log_path = tmp / "serve.log"
-        self.log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([CLI, "serve", "--socket", str(sock)], env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(sock))
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.proc.kill()
-        pytest.fail(f"kvtier serve did not listen on {sock} within 20 s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.log.close()
+        super().__init__(tmp / "serve.log", sock, KVTIER_SERVICE_LEASE_MS=str(LEASE_MS))
 
 
 def attached(sock: Path, instance: str) -> Dict[str, Any]:
