@@ -116,8 +116,10 @@ TEST(G4Deadline, AFifoSwappedInUnderAnObjectNameDoesNotHoldTheEngine) {
 
   // A FIFO is no object (the load ended Corruption): the manager deletes it from the store,
   // off the engine's path, and closing leaves nothing behind (ASan checks the rest).
-  EXPECT_TRUE(WaitFor([&] { return !std::filesystem::exists(fifo); }))
+  // The remover counts a deletion after the store's call returns: wait for the counter.
+  EXPECT_TRUE(WaitFor([&] { return b->Stats().g4_removed_corrupt == 1u; }))
       << "the bad object is deleted";
+  EXPECT_FALSE(std::filesystem::exists(fifo));
   b->WaitForSaves();
   const ManagerStats s = b->Stats();
   EXPECT_GE(s.g4_load_failures, 1u);
