@@ -132,6 +132,19 @@ TEST(BlockManagerTest, BlocksTheEngineDoesNotHoldAreNeitherSavedNorLoaded) {
   EXPECT_EQ(commit("holes", {0, kNoG1Block, 2, kNoG1Block, 4, 5}), 0u);
   EXPECT_EQ(mgr->Stats().saved_blocks, 3u) << "blocks 0, 2 and 4 only";
   EXPECT_EQ(mgr->Stats().dedup_blocks, 0u);
+  // A lookup counts from the block at num_computed_tokens (the engine holds those before it, as
+  // a state group's boundary states are held only here and there): from block 2 one block
+  // (2; 3 is nowhere), from block 4 one (4), from block 3 none.
+  auto from = [&](const std::string& id, uint32_t block) -> uint32_t {
+    RequestSpec spec{id, prompt, "", "", {}};
+    Result<LookupResult> r = mgr->Lookup(spec, block * 16);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    mgr->RequestFinished(id);
+    return r.ok() ? r->num_tokens : 0;
+  };
+  EXPECT_EQ(from("from-2", 2), 16u);
+  EXPECT_EQ(from("from-4", 4), 16u) << "block 4, the last before the prompt's last token";
+  EXPECT_EQ(from("from-3", 3), 0u);
   // Block 1 is nowhere: a lookup finds block 0 alone.
   EXPECT_EQ(commit("after-holes", {0, 1, 2, 3, 4, 5}), 16u);
   EXPECT_EQ(mgr->Stats().saved_blocks, 5u) << "blocks 1 and 3 saved now";

@@ -142,7 +142,8 @@ TEST(Service, BlocksTheEngineDoesNotHoldPassThroughTheDaemon) {
   Status s = e.manager->Commit("holes", prompt, held);
   ASSERT_TRUE(s.ok()) << s.ToString();
   ASSERT_TRUE(e.manager->StartSave().ok());
-  ASSERT_TRUE(e.manager->RequestFinished("holes"));
+  // True only while a save still reads G1: the daemon may have finished them already.
+  (void)e.manager->RequestFinished("holes");
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   auto wait_saved = [&](uint64_t n) {
     while (e.manager->Stats().saved_blocks < n && Clock::now() < deadline) {

@@ -199,6 +199,8 @@ class BlockManager {
 
   // vLLM get_num_new_matched_tokens. How many prompt tokens past `num_computed_tokens` (what
   // the engine's own G1 prefix cache supplies; a multiple of the block size) kvtier can load.
+  // The run counts from the block at `num_computed_tokens`: kvtier need not hold the blocks
+  // before it (the engine does; a hybrid model's state group holds only some boundaries).
   // No I/O, no pins: may be asked again for a request that cannot be scheduled yet.
   // InvalidArgument for an empty request id or a misaligned num_computed_tokens.
   Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens);

@@ -57,13 +57,13 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   uint32_t local = 0, in_g4 = 0;
   bool g4_reused = false;
   if (start < max_blocks) {
-    MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(0, max_blocks),
+    // From the first block the engine lacks: the blocks before it are the engine's own (a state
+    // group of a hybrid model holds only some boundaries, so kvtier may lack earlier ones).
+    MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(start, max_blocks - start),
                                   LocalTiersToOffer() & spec.load_tiers);
-    local = static_cast<uint32_t>(m.num_blocks());
-    if (m.num_blocks() > start) {
-      loadable = static_cast<uint32_t>(m.num_blocks()) - start;
-      for (size_t i = start; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
-    }
+    loadable = static_cast<uint32_t>(m.num_blocks());
+    local = start + loadable;
+    for (size_t i = 0; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
     const bool g4_allowed = g4_ && ((spec.load_tiers >> kTierG4) & 1u);
     if (g4_allowed && local < max_blocks && g4_slower_than_recompute_) {
       c_.g4_skipped_lookups.fetch_add(1, std::memory_order_relaxed);

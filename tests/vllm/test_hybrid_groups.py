@@ -24,11 +24,13 @@ from kvtier.vllm.groups import (
     FULL,
     GROUP_TAG,
     SLIDING,
+    STATE,
     check_aliasing,
     first_held,
     group_key,
     held_ids,
     plan_groups,
+    state_table,
 )
 from kvtier.vllm.observe import vllm_events
 
@@ -67,9 +69,25 @@ def test_sliding_and_full_groups_are_moved() -> None:
     assert plan.groups[0].spec_kind == "sliding_window"
 
 
+def mamba(mode: str = "align", **kw: Any) -> MambaSpec:
+    return MambaSpec(block_size=BS, shapes=((2, 256),), dtypes=(torch.float32,),
+                     mamba_cache_mode=mode, **kw)
+
+
+def test_mamba_align_groups_are_moved_through_the_full_attention_group() -> None:
+    plan = plan_groups(config([mamba(), mamba(), full()]), BS)
+    assert plan.hybrid, plan.refused
+    assert [g.kind for g in plan.groups] == [STATE, STATE, FULL]
+    assert plan.primary == 2, "the full-attention group's table stands for the request"
+    assert [g.index for g in plan.state_groups] == [0, 1]
+    assert plan.groups[0].spec_kind == "mamba"
+
+
 @pytest.mark.parametrize("specs,hash_bs,why", [
-    ([sliding(), MambaSpec(block_size=BS, shapes=((2, 256),), dtypes=(torch.float32,))], None,
-     "KV cache group 1 is a MambaSpec"),
+    ([full(), mamba("none")], None, "KV cache group 1 is a MambaSpec in mamba_cache_mode 'none'"),
+    ([full(), mamba(num_speculative_blocks=1)], None, "with speculative state blocks"),
+    ([full(), mamba(num_prefill_checkpoint_blocks=1)], None, "in-pass prefill checkpoints"),
+    ([sliding(), mamba()], None, "no full-attention KV cache group"),
     ([sliding(bs=64), full()], None, "group 0 has block size 64, the scheduler 128"),
     ([sliding(), full()], 64, "hash_block_size 64 differs from the block size 128"),
 ])
@@ -97,6 +115,33 @@ def test_aliasing_is_checked_layer_by_layer() -> None:
     caches[plan.groups[1].layer_names[1]] = torch.zeros(4, 2, BS, 128)  # its own memory
     with pytest.raises(ValueError, match="does not view the same memory"):
         check_aliasing(plan.groups, caches)
+
+
+def test_a_state_group_must_view_the_attention_pages() -> None:
+    # vLLM's layout: one int8 buffer; an attention layer views it as [blocks, heads, bs, 2D]
+    # floats, a mamba layer as [blocks, 1, 1, state bytes] with one block every page.
+    plan = plan_groups(config([mamba(), full()]), BS)
+    blocks, page = 4, 2 * BS * 128 * 4
+    buf = torch.zeros(2, blocks * page, dtype=torch.int8)
+    caches = {}
+    for j in range(2):
+        caches[plan.groups[1].layer_names[j]] = buf[j].view(torch.float32).view(blocks, 2, BS, 128)
+        caches[plan.groups[0].layer_names[j]] = torch.as_strided(
+            buf[j], (blocks, 1, 1, 2048), (page, 2048, 2048, 1))
+    check_aliasing(plan.groups, caches, plan.primary)
+    # A state larger than the page cannot be a padded page of this buffer.
+    caches[plan.groups[0].layer_names[1]] = torch.as_strided(
+        buf[1], (blocks - 1, 1, 1, page + 1), (page, page + 1, page + 1, 1))
+    with pytest.raises(ValueError, match="does not view the same memory"):
+        check_aliasing(plan.groups, caches, plan.primary)
+
+
+def test_state_table_names_only_the_handed_over_states() -> None:
+    no = kvtier.NO_G1_BLOCK
+    assert state_table(5, [(2, 17)], no) == [no, no, 17, no, no]
+    assert state_table(2, [(3, 9)], no) == [no, no, no, 9], "a state past the table extends it"
+    assert state_table(3, [(1, 0)], no) == [no] * 3, "vLLM's null block is never a state"
+    assert state_table(3, [], no) == [no] * 3
 
 
 def test_window_helpers() -> None:

@@ -47,7 +47,8 @@ import hashlib
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import (TYPE_CHECKING, Any, Deque, Dict, Iterable, List, Optional, Sequence, Set,
+                    Tuple)
 
 import torch
 from vllm.distributed.kv_events import KVCacheEvent
@@ -79,13 +80,16 @@ from kvtier.vllm.keys import UnkeyableRequest, adapter_id, block_extras, model_f
 from kvtier.vllm.layouts import KvCacheLayout, describe_kv_caches
 from kvtier.vllm.daemon_lookup import DaemonLookupClient, instance_name
 from kvtier.vllm.groups import (
+    FULL,
     GROUP_TAG,
     SLIDING,
+    STATE,
     check_aliasing,
     first_held,
     group_key,
     held_ids,
     plan_groups,
+    state_table,
 )
 from kvtier.vllm.lookup import LookupClient, LookupServer
 from kvtier.vllm.observe import (
@@ -117,6 +121,9 @@ _TIER_HIT_SOURCE = {
 }
 _NO_HIT: Tuple[int, int, int, int] = (0, 0, 0, 0)
 _FINISHED_KEYS_KEPT = 65536  # late lookups for these keys are answered 0 without the manager
+# A state-space hybrid's lookup probes at most this many block boundaries per state group (the
+# prompt's last ones): a state further back is not offered (docs/hybrid.md).
+_MAX_STATE_PROBES = 32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,6 +153,9 @@ class SaveSpec:
     block_start: int  # the absolute index of block_ids[0] in the request's block table
     block_ids: List[int]
     group_block_ids: Optional[List[List[int]]] = None  # hybrid: every group's, from block_start
+    # hybrid with state (mamba) groups: (group, block index, G1 block id) of each state vLLM
+    # handed over at a boundary this save keys (SchedulerOutput.kv_connector_block_state).
+    state_blocks: List[Tuple[int, int, int]] = dataclasses.field(default_factory=list)
 
 
 # How a finished request is reported back (rule 3 of the module docstring).
@@ -236,6 +246,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
         self._check_deployment(vllm_config)
         self._groups = plan_groups(kv_cache_config, self._block_size)
+        self._state_group_ids = {g.index for g in self._groups.state_groups}
         if self._groups.refused and role == KVConnectorRole.SCHEDULER:
             logger.warning("kvtier: %s. kvtier neither loads nor saves for this model; vLLM "
                            "runs it with its hybrid KV cache manager as without kvtier.",
@@ -395,10 +406,15 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._forget_lookup(state)
             if self._groups.hybrid:
                 # Every group is a kvtier request of its own (kvtier/vllm/groups.py): all
-                # looked up from num_computed_tokens, the hit being the shortest answer.
-                queries = [(group_key(state.key, g.index), tokens, num_computed_tokens,
-                            salt + g.salt_tag, lora, extras, load_tiers, c.store_tiers)
-                           for g in self._groups.groups]
+                # looked up from num_computed_tokens, the hit being the shortest answer. A
+                # state group holds states only at the boundaries where a step ended: each
+                # candidate boundary is probed on its own (its block alone), first, so that the
+                # group's last lookup, with the whole prompt, is the one its saves follow.
+                queries = self._state_probes(state.key, tokens, num_computed_tokens, salt,
+                                             lora, extras, load_tiers, c.store_tiers)
+                queries += [(group_key(state.key, g.index), tokens, num_computed_tokens,
+                             salt + g.salt_tag, lora, extras, load_tiers, c.store_tiers)
+                            for g in self._groups.groups]
                 state.query = (tokens, salt, lora, extras, load_tiers, c.store_tiers)
             else:
                 queries = [(state.key, tokens, num_computed_tokens, salt, lora, extras,
@@ -426,11 +442,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             state.lookup_tokens, state.lookup_by_tier, state.lookup_async = 0, _NO_HIT, False
             return 0, False
         answers = [r[1] for r in results]
-        num = min(a[0] for a in answers)
+        cap = None
         if c.max_load_tokens is not None:
-            num = min(num, c.max_load_tokens - c.max_load_tokens % self._block_size)
-        # Tiers as rank 0 reports them (ranks hold the same blocks unless one lost some).
-        by_tier = answers[0][1]
+            cap = c.max_load_tokens - c.max_load_tokens % self._block_size
+        if self._groups.hybrid:
+            num, by_tier = self._hybrid_hit(answers, len(pending[1]) // len(self._clients),
+                                            len(tokens), num_computed_tokens, cap)
+        else:
+            num = min(a[0] for a in answers)
+            if cap is not None:
+                num = min(num, cap)
+            # Tiers as rank 0 reports them (ranks hold the same blocks unless one lost some).
+            by_tier = answers[0][1]
         slow = by_tier[2] + by_tier[3] > 0
         is_async = num > 0 and slow and self._settings.async_load == "auto"
         if self._groups.hybrid:
@@ -444,6 +467,59 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 return None, False  # asked again at the next step
         state.lookup_tokens, state.lookup_by_tier, state.lookup_async = num, by_tier, is_async
         return num, is_async
+
+    def _state_probes(self, key: str, tokens: List[int], num_computed: int, salt: str,
+                      lora: str, extras: List[bytes], load_tiers: str,
+                      store_tiers: str) -> List[Tuple[Any, ...]]:
+        """One lookup per state group and candidate boundary n (the prompt's last boundary
+        before its last token down to num_computed + one block, at most _MAX_STATE_PROBES):
+        the prompt cut after n + 1 tokens, looked up from n - block, answers one block iff
+        kvtier holds the state at n."""
+        bs = self._block_size
+        ends = self._state_ends(len(tokens), num_computed)
+        return [(group_key(key, g.index), tokens[:n + 1], n - bs, salt + g.salt_tag, lora,
+                 extras, load_tiers, store_tiers)
+                for g in self._groups.state_groups for n in ends]
+
+    def _state_ends(self, num_tokens: int, num_computed: int) -> List[int]:
+        bs = self._block_size
+        top = (num_tokens - 1) // bs * bs
+        return list(range(top, num_computed, -bs))[:_MAX_STATE_PROBES]
+
+    def _hybrid_hit(self, answers: List[Any], per_client: int, num_tokens: int,
+                    num_computed: int,
+                    cap: Optional[int]) -> Tuple[int, Tuple[int, int, int, int]]:
+        """The hit of a hybrid model from every rank's answers, in the order _state_probes and
+        the group queries were submitted: the attention groups' shortest answer (capped), then
+        the longest boundary within it at which every state group, on every rank, holds its
+        state. By tier: the primary group's on rank 0."""
+        bs = self._block_size
+        groups = self._groups.groups
+        states = self._groups.state_groups
+        ends = self._state_ends(num_tokens, num_computed) if states else []
+        n_probe = len(ends) * len(states)
+        assert per_client == n_probe + len(groups), (per_client, n_probe, len(groups))
+        ranks = len(answers) // per_client
+        num = None
+        for r in range(ranks):
+            mine = answers[r * per_client:(r + 1) * per_client]
+            for g, a in zip(groups, mine[n_probe:]):
+                if g.kind != STATE:
+                    num = a[0] if num is None else min(num, a[0])
+        num = num or 0
+        if cap is not None:
+            num = min(num, cap)
+        by_tier = answers[n_probe + self._groups.primary][1]
+        if not states or num <= 0:
+            return num, by_tier
+        # Probe k of state group s is answers[s * len(ends) + k] (_state_probes), ends falling.
+        for k, end in enumerate(ends):
+            if end - num_computed > num:
+                continue
+            if all(answers[r * per_client + s * len(ends) + k][0] >= bs
+                   for r in range(ranks) for s in range(len(states))):
+                return end - num_computed, by_tier
+        return 0, by_tier
 
     def _pd_wait(self, state: _SchedReq, found_end: int) -> bool:
         """A consumer's request whose producer announced `expect_tokens`: True while fewer
@@ -509,7 +585,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return
         self._sync_generation(state)
         all_ids = blocks.get_block_ids()
-        block_ids = list(all_ids[0])
+        block_ids = list(all_ids[self._groups.primary] if self._groups.hybrid else all_ids[0])
         # request.num_computed_tokens can be 0 here: keep what the lookup was given.
         first = state.lookup_computed // self._block_size
         state.pending_load = LoadSpec(state.key, block_ids, num_external_tokens,
@@ -541,16 +617,21 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             resumed = rid in cached.resumed_req_ids
             updates.append((rid, cached.new_block_ids[i], resumed))
         hybrid = self._groups.hybrid
+        p = self._groups.primary if hybrid else 0
+        # vLLM hands the mamba ("align") states of the boundaries it keeps over with their exact
+        # blocks: a state group's table cannot be read positionally (groups.py).
+        block_state = getattr(scheduler_output, "kv_connector_block_state", None)
+        offers = getattr(block_state, "boundary_state_offloads", None) or {}
         for rid, new_ids, replace in updates:
             state = self._reqs.get(rid)
             if state is None:
                 continue
             if replace:
-                state.block_ids, state.block_ids_sent = list(new_ids[0] if new_ids else []), 0
+                state.block_ids, state.block_ids_sent = list(new_ids[p] if new_ids else []), 0
                 if hybrid:
                     state.group_block_ids = [list(ids) for ids in new_ids or ()]
             elif new_ids:
-                state.block_ids.extend(new_ids[0])
+                state.block_ids.extend(new_ids[p])
                 if hybrid:
                     while len(state.group_block_ids) < len(new_ids):
                         state.group_block_ids.append([])
@@ -558,12 +639,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                         state.group_block_ids[g].extend(ids)
             if state.refused or not state.controls.save or state.extras is None:
                 continue
-            save = self._next_save(state, scheduler_output.num_scheduled_tokens.get(rid, 0))
+            save = self._next_save(state, scheduler_output.num_scheduled_tokens.get(rid, 0),
+                                   offers.get(rid, ()))
             if save is not None:
                 meta.saves.append(save)
         return meta
 
-    def _next_save(self, state: _SchedReq, num_scheduled: int) -> Optional[SaveSpec]:
+    def _next_save(self, state: _SchedReq, num_scheduled: int,
+                   offers: Sequence[Tuple[int, int, int]] = ()) -> Optional[SaveSpec]:
         req = state.request
         all_ids = req.all_token_ids
         # num_computed_tokens counts output placeholders (async scheduling) and this step's
@@ -585,6 +668,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                         state.block_ids_sent, state.block_ids[state.block_ids_sent:])
         if self._groups.hybrid:
             save.group_block_ids = [ids[state.block_ids_sent:] for ids in state.group_block_ids]
+            # The states vLLM handed over at boundaries this save keys (a boundary already sent
+            # is committed past: kvtier keeps only states whose block it has not passed).
+            bs = self._block_size
+            save.state_blocks = [(g, end // bs - 1, b) for g, b, end in offers
+                                 if g in self._state_group_ids and end % bs == 0
+                                 and state.tokens_sent < end <= full]
         state.tokens_sent = full
         state.block_ids_sent = len(state.block_ids)
         return save
@@ -656,7 +745,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                     ) -> Tuple[bool, Optional[Dict[str, Any]]]:
         """SupportsHMA: request_finished for every group at once (vLLM calls this one, not
         request_finished, on a SupportsHMA connector, whatever the number of groups)."""
-        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+        p = self._groups.primary if self._groups.hybrid else 0
+        return self.request_finished(request, list(block_ids[p]) if len(block_ids) > p else [])
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         if self._events is None:
@@ -716,9 +806,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         kv_cache_config = getattr(self, "_kv_cache_config", None)
         groups_tag = ""
         if self._groups.hybrid:
-            # Group 0's layers stand for every group's: they view the same memory.
-            check_aliasing(self._groups.groups, kv_caches)
-            kv_caches = {n: kv_caches[n] for n in self._groups.groups[0].layer_names}
+            # The primary (first full-attention) group's layers stand for every group's: they
+            # view the same memory (a state group's padded page is an attention page).
+            primary = self._groups.groups[self._groups.primary]
+            check_aliasing(self._groups.groups, kv_caches, primary.index)
+            kv_caches = {n: kv_caches[n] for n in primary.layer_names}
             # Kinds and windows in clear, the layer lists as a hash: a model whose grouping
             # changes gets new keys, and the id stays short (every layer of every group
             # spelled out passed the daemon's model-id limit with 12 layers).
@@ -805,8 +897,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _fence_saves(self) -> None:
         """Before the forward pass: vLLM frees a sliding-window group's blocks once they leave
-        the window, even while the request runs, and may hand them to another request (or
-        group) in this very step. The saves that read such blocks last step end first (their
+        the window (a state group's once the state moved two blocks on), even while the
+        request runs, and may hand them to another request (or group) in this very step. The saves that read such blocks last step end first (their
         unstarted ones are dropped: counted, a later miss). Full-attention blocks stay the
         request's until finished_sending."""
         m = self._manager
@@ -880,7 +972,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         """One load per group, all asynchronous (see get_num_new_matched_tokens). A full-
         attention group loads every block of the hit; a sliding-window group only the blocks
         vLLM allocated for it (those inside the window at the end of the hit): its kvtier
-        request is looked up again from the first of them."""
+        request is looked up again from the first of them; a state group only the block of the
+        state at the end of the hit (looked up again from that block)."""
         assert spec.group_block_ids is not None
         bs = self._block_size
         end = spec.num_computed_tokens + spec.num_tokens
@@ -890,16 +983,24 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             ids = spec.group_block_ids[g.index]
             start = spec.num_computed_tokens
             try:
+                if g.kind == STATE:
+                    start = end - bs
+                    if not 0 <= end // bs - 1 < len(ids) or ids[end // bs - 1] == 0:
+                        # vLLM gave no block for the state: the load cannot be whole.
+                        logger.warning("kvtier: %s: no block for the state at %d tokens",
+                                       gkey, end)
+                        parts[gkey] = (bs, 0, None)
+                        continue
                 if g.kind == SLIDING:
                     start = first_held(ids, start // bs, end // bs) * bs
                     if start >= end:
                         continue  # nothing of this group to load
-                    if start > spec.num_computed_tokens:
-                        assert spec.query is not None
-                        tokens, salt, lora, extras, load_tiers, store_tiers = spec.query
-                        m.lookup(gkey, tokens, start, cache_salt=salt + g.salt_tag,
-                                 adapter_id=lora, block_extra=extras, load_tiers=load_tiers,
-                                 store_tiers=store_tiers)
+                if start > spec.num_computed_tokens:
+                    assert spec.query is not None
+                    tokens, salt, lora, extras, load_tiers, store_tiers = spec.query
+                    m.lookup(gkey, tokens, start, cache_salt=salt + g.salt_tag,
+                             adapter_id=lora, block_extra=extras, load_tiers=load_tiers,
+                             store_tiers=store_tiers)
                 planned = m.prepare_load(gkey, held_ids(ids, kvtier.NO_G1_BLOCK),
                                          end - start, async_load=True)
             except kvtier.KvtierError as e:
@@ -1010,7 +1111,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             if not req.tokens:
                 continue
             if save.group_block_ids is not None:
-                self._commit_groups(m, save.key, req)
+                self._commit_groups(m, save.key, req, save.state_blocks)
                 continue
             try:
                 m.commit(save.key, req.tokens, req.block_ids)
@@ -1026,20 +1127,27 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             m.start_save()
 
-    def _commit_groups(self, m: Any, key: str, req: _WorkerReq) -> None:
+    def _commit_groups(self, m: Any, key: str, req: _WorkerReq,
+                       state_blocks: Sequence[Tuple[int, int, int]]) -> None:
         """A hybrid model's save: every group's blocks under its own kvtier request. Blocks a
         group does not hold (vLLM's null block: a sliding window's blocks left behind by a
-        prefix hit) are neither saved nor reused; the sliding groups' saves end before the next
+        prefix hit) are neither saved nor reused; a state group's only the states vLLM handed
+        over (groups.state_table); the sliding and state groups' saves end before the next
         forward pass (_fence_saves)."""
         for g in self._groups.groups:
             gkey = group_key(key, g.index)
+            table = req.group_block_ids[g.index]
+            if g.kind == STATE:
+                ids = state_table(len(table), [(i, b) for gg, i, b in state_blocks
+                                               if gg == g.index], kvtier.NO_G1_BLOCK)
+            else:
+                ids = held_ids(table, kvtier.NO_G1_BLOCK)
             try:
-                m.commit(gkey, req.tokens, held_ids(req.group_block_ids[g.index],
-                                                    kvtier.NO_G1_BLOCK))
+                m.commit(gkey, req.tokens, ids)
             except kvtier.KvtierError as e:
                 logger.debug("kvtier: commit(%s): %s", gkey, e)
                 continue
-            if g.kind == SLIDING:
+            if g.kind != FULL:
                 self._fence.add(gkey)
 
     def _settle_hybrid_loads(self, m: Any, loads_done: List[str], recving: Set[str]) -> None:

@@ -43,9 +43,9 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
              "pd_waits", "pd_waited_microseconds", "pd_expected_tokens", "pd_missing_tokens",
              # Hybrid models (kvtier/vllm/groups.py): blocks planned to load per group kind,
              # hybrid loads that came short (failed_recving: recomputed), and the time the
-             # forward pass waited for the last step's sliding-window saves.
-             "hybrid_full_load_blocks", "hybrid_sliding_load_blocks", "hybrid_failed_loads",
-             "hybrid_fence_microseconds")
+             # forward pass waited for the last step's sliding-window and state saves.
+             "hybrid_full_load_blocks", "hybrid_sliding_load_blocks",
+             "hybrid_state_load_blocks", "hybrid_failed_loads", "hybrid_fence_microseconds")
 # Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
 # figures kvtier's own /metrics exports as kvtier_*_total).
 _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
