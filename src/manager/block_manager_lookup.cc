@@ -59,8 +59,9 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   if (start < max_blocks) {
     // From the first block the engine lacks: the blocks before it are the engine's own (a state
     // group of a hybrid model holds only some boundaries, so kvtier may lack earlier ones).
-    MatchResult m = index_->Match(std::span<const BlockKey>(keys).subspan(start, max_blocks - start),
-                                  LocalTiersToOffer() & spec.load_tiers);
+    MatchResult m =
+        index_->Match(std::span<const BlockKey>(keys).subspan(start, max_blocks - start),
+                      LocalTiersToOffer() & spec.load_tiers);
     loadable = static_cast<uint32_t>(m.num_blocks());
     local = start + loadable;
     for (size_t i = 0; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
