@@ -231,25 +231,42 @@ def test_gemma3_block_size_96_chunked_prefill_g3_after_restart(tmp: Path, gemma3
     assert metric(two, "hybrid_failed_loads") == 0, counters(two)
 
 
-def test_lfm2_state_groups_reuse_from_g2_and_g3_after_restart_equal_vllm(tmp: Path) -> None:
+LFM2_EXTRA = {"max_num_batched_tokens": 256}
+
+
+def lfm2_rounds() -> List[Dict[str, Any]]:
+    first = prompts([500, 900], seed=5)
+    second = [{"tokens": p["tokens"] + [1000 + i] * 150} for i, p in enumerate(first)] + first
+    return rounds(first, second)
+
+
+@pytest.fixture(scope="module")
+def lfm2() -> Path:
+    return _make_model("lfm2")
+
+
+@pytest.fixture(scope="module")
+def lfm2_own(tmp: Path, lfm2: Path) -> Dict[str, Any]:
+    """vLLM alone on lfm2_rounds() with its own prefix cache serving round 2 (not reset).
+
+    vLLM itself gives other logprobs (up to ~0.1 nats here) when it resumes from a cached
+    mamba state than when it computes the prompt cold, so the reference for a state-space
+    hybrid is vLLM's own cache: kvtier must give exactly what it gives."""
+    return run_vllm(tmp, "lfm2-alone", lfm2,
+                    [s for s in lfm2_rounds() if "reset_prefix_cache" not in s], None,
+                    **LFM2_EXTRA)
+
+
+def test_lfm2_state_groups_reuse_from_g2_and_g3_after_restart_equal_vllm(
+        tmp: Path, lfm2: Path, lfm2_own: Dict[str, Any]) -> None:
     # A state-space hybrid (LFM2: 4 short-conv layers in 2 mamba groups, 2 attention layers),
     # chunked prefill (256 tokens a step). vLLM keeps a mamba state only at some block
     # boundaries (a prompt's last one, decode's) and hands them to the connector; a hit needs
-    # the attention blocks and, in every state group, the state at the hit's end.
-    #
-    # The reference is vLLM alone with its own prefix cache serving round 2 (not reset): vLLM
-    # itself gives other logprobs (up to ~0.1 nats here) when it resumes from a cached state
-    # than when it computes the prompt cold, so kvtier must give exactly what vLLM's own cache
-    # gives. kvtier's run resets vLLM's cache between the rounds: round 2 comes from kvtier.
-    model = _make_model("lfm2")
-    first = prompts([500, 900], seed=5)
-    second = [{"tokens": p["tokens"] + [1000 + i] * 150} for i, p in enumerate(first)] + first
-    steps = rounds(first, second)
-    extra = {"max_num_batched_tokens": 256}
-    own = run_vllm(tmp, "lfm2-alone", model,
-                   [s for s in steps if "reset_prefix_cache" not in s], None, **extra)
+    # the attention blocks and, in every state group, the state at the hit's end. kvtier's
+    # runs reset vLLM's cache between the rounds: round 2 comes from kvtier.
+    steps, own = lfm2_rounds(), lfm2_own
     config = kvtier_config(tmp, **{"g3.dir": str(tmp / "g3-lfm2")})
-    one = run_vllm(tmp, "lfm2-kvtier", model, steps, config, **extra)
+    one = run_vllm(tmp, "lfm2-kvtier", lfm2, steps, config, **LFM2_EXTRA)
     assert one["engine"]["hma"], one["engine"]
     assert one["engine"]["groups"].count("MambaSpec") == 2, one["engine"]
     assert one["engine"]["groups"].count("FullAttentionSpec") == 1, one["engine"]
@@ -266,9 +283,29 @@ def test_lfm2_state_groups_reuse_from_g2_and_g3_after_restart_equal_vllm(tmp: Pa
     assert metric(one, "hybrid_failed_loads") == 0, counters(one)
     # A new process: round 1's prompts come from G3 (as round 2's repeats came from vLLM's own
     # cache in the reference), round 2's from G2 and G3.
-    two = run_vllm(tmp, "lfm2-restart", model, steps, config, **extra)
+    two = run_vllm(tmp, "lfm2-restart", lfm2, steps, config, **LFM2_EXTRA)
     assert_same(two, own, 0, "lfm2 after a restart, round 1", want_step=1, want_from=2)
     assert_same(two, own, 1, "lfm2 after a restart, round 2")
     assert metric(two, "hit_blocks_g3") >= 3 + 7, counters(two)
     assert metric(two, "hybrid_state_load_blocks") >= 2 * 2 * 2, counters(two)
     assert metric(two, "hybrid_failed_loads") == 0, counters(two)
+
+
+def test_lfm2_attached_to_kvtier_serve_equals_vllm(tmp: Path, lfm2: Path,
+                                                   lfm2_own: Dict[str, Any]) -> None:
+    # The same rounds attached to a `kvtier serve` daemon: the scheduler's state probes go to
+    # the daemon, the states through its G2.
+    sock = tmp / "serve-lfm2.sock"
+    daemon = ServeDaemon(tmp / "serve-lfm2.log", sock, g2_bytes="512MiB")
+    try:
+        r = run_vllm(tmp, "lfm2-attached", lfm2, lfm2_rounds(),
+                     {"service.socket": str(sock), "service.instance": "lfm2"}, **LFM2_EXTRA)
+        assert daemon.proc.poll() is None, "kvtier serve died with a state-space hybrid attached"
+    finally:
+        daemon.stop()
+    assert "kvtier: attached to kvtier serve at" in r["log"], "the engine did not attach"
+    assert_same(r, lfm2_own, 0, "lfm2 attached, round 1")
+    assert_same(r, lfm2_own, 1, "lfm2 attached, round 2")
+    assert metric(r, "hybrid_full_load_blocks") >= 3 + 7, counters(r)
+    assert metric(r, "hybrid_state_load_blocks") >= 2 * 2, counters(r)
+    assert metric(r, "hybrid_failed_loads") == 0, counters(r)
