@@ -177,3 +177,41 @@ def test_events_carry_the_group_and_hide_its_tag() -> None:
     assert ev[2].group_idx == 0
     # A single-group model's events carry no group.
     assert vllm_events(raw[:1], BS)[0].group_idx is None
+
+
+def test_hybrid_hit_takes_the_longest_boundary_every_state_group_holds_on_every_rank() -> None:
+    # The scheduler's reading of its lookups (KvtierConnector._hybrid_hit), without a vLLM:
+    # per rank, each state group's probes (the prompt's boundaries, longest first), then every
+    # group's whole-prompt answer. Groups: state 0, state 1, full 2; prompt 1000 tokens, 128 a
+    # block, nothing local: boundaries 896, 768, ..., 128.
+    from kvtier.vllm.connector import KvtierConnector
+
+    c = object.__new__(KvtierConnector)
+    c._groups = plan_groups(config([mamba(), mamba(), full()]), BS)
+    c._block_size = BS
+    ends = c._state_ends(1000, 0)
+    assert ends == [896, 768, 640, 512, 384, 256, 128]
+
+    def rank(states: List[List[int]], full_tokens: int) -> List[Any]:
+        probes = [(BS if e in held else 0, (0, 0, 0, 0)) for held in states for e in ends]
+        return probes + [(0, (0, 0, 0, 0)), (0, (0, 0, 0, 0)), (full_tokens, (0, 5, 0, 0))]
+
+    per = len(ends) * 2 + 3
+    # Both groups hold 384 and 896; the full group all 7 blocks: 896.
+    one = rank([[384, 896], [384, 896]], 896)
+    assert c._hybrid_hit(one, per, 1000, 0, None) == (896, (0, 5, 0, 0))
+    # The full group holds 5 blocks: the longest state within them is 384.
+    assert c._hybrid_hit(rank([[384, 896], [384, 896]], 640), per, 1000, 0, None)[0] == 384
+    # One group lacks 896: 384. A cap (max_load_tokens) below 384: nothing.
+    assert c._hybrid_hit(rank([[384, 896], [384]], 896), per, 1000, 0, None)[0] == 384
+    assert c._hybrid_hit(rank([[384, 896], [384, 896]], 896), per, 1000, 0, 256)[0] == 0
+    # Two ranks: rank 1 lost 896 in group 0: 384 for both.
+    two = one + rank([[384], [384, 896]], 896)
+    assert c._hybrid_hit(two, per, 1000, 0, None)[0] == 384
+    # A local hit of 384: the boundaries above it only, the answer past it.
+    ends_after = c._state_ends(1000, 384)
+    assert ends_after == [896, 768, 640, 512]
+    per_after = len(ends_after) * 2 + 3
+    probes = [(BS if e == 896 else 0, (0, 0, 0, 0)) for _ in range(2) for e in ends_after]
+    after = probes + [(0, (0, 0, 0, 0))] * 2 + [(512, (0, 4, 0, 0))]
+    assert c._hybrid_hit(after, per_after, 1000, 384, None)[0] == 896 - 384

@@ -407,9 +407,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             if self._groups.hybrid:
                 # Every group is a kvtier request of its own (kvtier/vllm/groups.py): all
                 # looked up from num_computed_tokens, the hit being the shortest answer. A
-                # state group holds states only at the boundaries where a step ended: each
-                # candidate boundary is probed on its own (its block alone), first, so that the
-                # group's last lookup, with the whole prompt, is the one its saves follow.
+                # state group holds states only at the boundaries vLLM kept one: each candidate
+                # boundary is probed on its own (its block alone), first, so that the group's
+                # last lookup, with the whole prompt, is the one its saves follow.
                 queries = self._state_probes(state.key, tokens, num_computed_tokens, salt,
                                              lora, extras, load_tiers, c.store_tiers)
                 queries += [(group_key(state.key, g.index), tokens, num_computed_tokens,
