@@ -28,8 +28,6 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from driver_pool import DriverTimeout, run_driver
-
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE.parent.parent / "tools" / "vllm" / "driver.py"
 MODEL = os.environ.get("KVTIER_TEST_VLLM_MODEL", "")
@@ -78,10 +76,13 @@ def run_vllm(tmp: Path, name: str, steps: List[Dict[str, Any]],
     log = tmp / f"{name}.log"
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    try:
-        rc = run_driver([plan_path, out_path], log, env, timeout)
-    except DriverTimeout:
-        pytest.fail(f"vLLM run {name!r} did not finish in {timeout} s (hang); log: {log}")
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, str(DRIVER), str(plan_path),
+                                 str(out_path)], stdout=f, stderr=subprocess.STDOUT, env=env,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"vLLM run {name!r} did not finish in {timeout} s (hang); log: {log}")
     if rc != 0:
         tail = log.read_text()[-6000:]
         pytest.fail(f"vLLM run {name!r} exited {rc}; last lines of {log}:\n{tail}")

@@ -32,11 +32,11 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from driver_pool import DriverTimeout, run_driver
 from serve_util import ServeDaemon
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+DRIVER = ROOT / "tools" / "vllm" / "driver.py"
 MAKER = ROOT / "tools" / "vllm" / "make_hybrid_model.py"
 BLOCK = 128
 WINDOW = 128
@@ -78,10 +78,12 @@ def run_vllm(tmp: Path, name: str, model: Path, steps: List[Dict[str, Any]],
     plan_path, out_path = tmp / f"{name}.plan.json", tmp / f"{name}.out.json"
     plan_path.write_text(json.dumps(plan))
     log = tmp / f"{name}.log"
-    try:
-        rc = run_driver([plan_path, out_path], log, timeout=timeout)
-    except DriverTimeout:
-        pytest.fail(f"vLLM run {name!r} did not finish in {timeout} s (hang); log: {log}")
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, str(DRIVER), str(plan_path), str(out_path)],
+                                stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"vLLM run {name!r} did not finish in {timeout} s (hang); log: {log}")
     if rc != 0:
         pytest.fail(f"vLLM run {name!r} exited {rc}; last lines of {log}:\n"
                     f"{log.read_text()[-6000:]}")
