@@ -17,7 +17,10 @@ mkdir -p "$work/src"
    | xargs -0 cp --parents -t "$work/src") || { echo "cannot copy the sources" >&2; exit 1; }
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 start=$(date +%s)
+# -O1 instead of the package's -O3: this test checks that pip builds and installs the package
+# and that the binding works, not its speed, and -O1 compiles in well under half the time.
 if ! "$KVTIER_VLLM_PYTHON" -m pip install --no-build-isolation --no-deps --no-index \
+     --config-settings=cmake.define.CMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
      --target "$work/site" "$work/src" > "$work/pip.log" 2>&1; then
   echo "python_pip_install_test: pip install failed:" >&2
   tail -40 "$work/pip.log" >&2
