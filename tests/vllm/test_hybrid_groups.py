@@ -189,7 +189,7 @@ def test_hybrid_hit_takes_the_longest_boundary_every_state_group_holds_on_every_
     c = object.__new__(KvtierConnector)
     c._groups = plan_groups(config([mamba(), mamba(), full()]), BS)
     c._block_size = BS
-    ends = c._state_ends(1000, 0)
+    ends = c._probe_ends(1000, 0)
     assert ends == [896, 768, 640, 512, 384, 256, 128]
 
     def rank(states: List[List[int]], full_tokens: int) -> List[Any]:
@@ -209,9 +209,40 @@ def test_hybrid_hit_takes_the_longest_boundary_every_state_group_holds_on_every_
     two = one + rank([[384], [384, 896]], 896)
     assert c._hybrid_hit(two, per, 1000, 0, None)[0] == 384
     # A local hit of 384: the boundaries above it only, the answer past it.
-    ends_after = c._state_ends(1000, 384)
+    ends_after = c._probe_ends(1000, 384)
     assert ends_after == [896, 768, 640, 512]
     per_after = len(ends_after) * 2 + 3
     probes = [(BS if e == 896 else 0, (0, 0, 0, 0)) for _ in range(2) for e in ends_after]
     after = probes + [(0, (0, 0, 0, 0))] * 2 + [(512, (0, 4, 0, 0))]
     assert c._hybrid_hit(after, per_after, 1000, 384, None)[0] == 896 - 384
+
+
+def test_a_sliding_group_needs_only_the_window_at_the_prompts_last_boundaries() -> None:
+    # Groups: sliding 0 (window 128: one block before the hit's end, as vLLM's own rule), full
+    # 1. The full group holds 7 blocks (896 tokens); the sliding group lost block 3, so it holds
+    # blocks 0-2 contiguously (384 tokens) and blocks 4-6. Its window probes (the prompt's last
+    # 4 boundaries: 896, 768, 640, 512) ask for the one block before each.
+    from kvtier.vllm.connector import KvtierConnector
+
+    c = object.__new__(KvtierConnector)
+    c._groups = plan_groups(config([sliding(), full()]), BS)
+    c._block_size = BS
+    plan = c._probe_plan(1000, 0)
+    assert plan == [(0, 896, 768), (0, 768, 640), (0, 640, 512), (0, 512, 384)]
+    per = len(plan) + 2
+
+    def answers(window_held: List[int], sliding_tokens: int) -> List[Any]:
+        probes = [(BS if e in window_held else 0, (0, 0, 0, 0)) for _, e, _ in plan]
+        return probes + [(sliding_tokens, (0, 0, 0, 0)), (896, (0, 7, 0, 0))]
+
+    assert c._hybrid_hit(answers([896, 768, 640], 384), per, 1000, 0, None) == (896, (0, 7, 0, 0))
+    assert c._hybrid_hit(answers([768, 640], 384), per, 1000, 0, None)[0] == 768
+    # No window at the probed boundaries: every block from 0 is needed, as far as they go.
+    assert c._hybrid_hit(answers([], 384), per, 1000, 0, None)[0] == 384
+    # Everything held: the full group's answer.
+    assert c._hybrid_hit(answers([], 896), per, 1000, 0, None)[0] == 896
+    # A window of 200 tokens at block 128 needs 2 blocks before the hit's end.
+    c._groups = plan_groups(config([sliding(window=200), full()]), BS)
+    assert c._probe_plan(1000, 0)[0] == (0, 896, 640)
+    # With a local hit of 768 the probe starts there (vLLM holds the blocks before it).
+    assert c._probe_plan(1000, 768) == [(0, 896, 768)]

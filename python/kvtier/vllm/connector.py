@@ -124,6 +124,9 @@ _FINISHED_KEYS_KEPT = 65536  # late lookups for these keys are answered 0 withou
 # A state-space hybrid's lookup probes at most this many block boundaries per state group (the
 # prompt's last ones): a state further back is not offered (docs/hybrid.md).
 _MAX_STATE_PROBES = 32
+# A sliding-window group is probed for the window's blocks alone at the prompt's last this many
+# boundaries (below them it must hold every block from the engine's own hit).
+_MAX_WINDOW_PROBES = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,16 +408,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if pending is None or pending[0] != signature:
             self._forget_lookup(state)
             if self._groups.hybrid:
-                # Every group is a kvtier request of its own (kvtier/vllm/groups.py): all
-                # looked up from num_computed_tokens, the hit being the shortest answer. A
-                # state group holds states only at the boundaries vLLM kept one: each candidate
-                # boundary is probed on its own (its block alone), first, so that the group's
-                # last lookup, with the whole prompt, is the one its saves follow.
-                queries = self._state_probes(state.key, tokens, num_computed_tokens, salt,
-                                             lora, extras, load_tiers, c.store_tiers)
-                queries += [(group_key(state.key, g.index), tokens, num_computed_tokens,
-                             salt + g.salt_tag, lora, extras, load_tiers, c.store_tiers)
-                            for g in self._groups.groups]
+                # Every group is a kvtier request of its own (kvtier/vllm/groups.py), looked
+                # up from num_computed_tokens; state groups (states only at the boundaries
+                # vLLM kept one) and sliding groups (only the window's blocks needed) are also
+                # probed at the prompt's last boundaries (_probe_plan, _hybrid_hit).
+                queries = self._hybrid_queries(state.key, tokens, num_computed_tokens, salt,
+                                               lora, extras, load_tiers, c.store_tiers)
                 state.query = (tokens, salt, lora, extras, load_tiers, c.store_tiers)
             else:
                 queries = [(state.key, tokens, num_computed_tokens, salt, lora, extras,
@@ -468,57 +467,73 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         state.lookup_tokens, state.lookup_by_tier, state.lookup_async = num, by_tier, is_async
         return num, is_async
 
-    def _state_probes(self, key: str, tokens: List[int], num_computed: int, salt: str,
-                      lora: str, extras: List[bytes], load_tiers: str,
-                      store_tiers: str) -> List[Tuple[Any, ...]]:
-        """One lookup per state group and candidate boundary n (the prompt's last boundary
-        before its last token down to num_computed + one block, at most _MAX_STATE_PROBES):
-        the prompt cut after n + 1 tokens, looked up from n - block, answers one block iff
-        kvtier holds the state at n."""
+    def _probe_plan(self, num_tokens: int, num_computed: int) -> List[Tuple[int, int, int]]:
+        """The hybrid lookup's probes, in submission order: (group index, end, start). Each is
+        the prompt cut after `end` + 1 tokens looked up from `start`, and says whether kvtier
+        holds every block of [start, end) of that group:
+        - a state group, at the prompt's last _MAX_STATE_PROBES boundaries past num_computed:
+          the block before the boundary (the state at `end`);
+        - a sliding-window group, at the last _MAX_WINDOW_PROBES: the blocks vLLM's own prefix
+          cache needs for a hit at `end` (cdiv(window - 1, block) of them, its
+          _contiguous_blocks_for_hit), so that a group that lost earlier blocks still hits
+          there. Below those, a sliding group must hold every block from num_computed."""
         bs = self._block_size
-        ends = self._state_ends(len(tokens), num_computed)
-        return [(group_key(key, g.index), tokens[:n + 1], n - bs, salt + g.salt_tag, lora,
-                 extras, load_tiers, store_tiers)
-                for g in self._groups.state_groups for n in ends]
+        ends = self._probe_ends(num_tokens, num_computed)
+        out = [(g.index, e, e - bs) for g in self._groups.state_groups for e in ends]
+        for g in self._groups.groups:
+            if g.kind == SLIDING:
+                need = -(-(g.window - 1) // bs) * bs
+                out += [(g.index, e, max(num_computed, e - need))
+                        for e in ends[:_MAX_WINDOW_PROBES]]
+        return out
 
-    def _state_ends(self, num_tokens: int, num_computed: int) -> List[int]:
+    def _probe_ends(self, num_tokens: int, num_computed: int) -> List[int]:
         bs = self._block_size
         top = (num_tokens - 1) // bs * bs
         return list(range(top, num_computed, -bs))[:_MAX_STATE_PROBES]
 
+    def _hybrid_queries(self, key: str, tokens: List[int], num_computed: int, salt: str,
+                        lora: str, extras: List[bytes], load_tiers: str,
+                        store_tiers: str) -> List[Tuple[Any, ...]]:
+        """The probes (_probe_plan) first, then every group's whole-prompt lookup: a group's
+        last lookup is the one its saves follow."""
+        probes = [(group_key(key, g), tokens[:e + 1], start,
+                   salt + self._groups.groups[g].salt_tag, lora, extras, load_tiers,
+                   store_tiers)
+                  for g, e, start in self._probe_plan(len(tokens), num_computed)]
+        return probes + [(group_key(key, g.index), tokens, num_computed, salt + g.salt_tag,
+                          lora, extras, load_tiers, store_tiers) for g in self._groups.groups]
+
     def _hybrid_hit(self, answers: List[Any], per_client: int, num_tokens: int,
                     num_computed: int,
                     cap: Optional[int]) -> Tuple[int, Tuple[int, int, int, int]]:
-        """The hit of a hybrid model from every rank's answers, in the order _state_probes and
-        the group queries were submitted: the attention groups' shortest answer (capped), then
-        the longest boundary within it at which every state group, on every rank, holds its
-        state. By tier: the primary group's on rank 0."""
+        """The hit of a hybrid model from every rank's answers to _hybrid_queries: the longest
+        boundary n within the full-attention groups' shortest answer (capped) at which, on
+        every rank, every state group holds its state and every sliding group holds either
+        every block from num_computed or (a probed n) the window's blocks. By tier: the
+        primary group's on rank 0."""
         bs = self._block_size
         groups = self._groups.groups
-        states = self._groups.state_groups
-        ends = self._state_ends(num_tokens, num_computed) if states else []
-        n_probe = len(ends) * len(states)
-        assert per_client == n_probe + len(groups), (per_client, n_probe, len(groups))
+        plan = self._probe_plan(num_tokens, num_computed)
+        assert per_client == len(plan) + len(groups), (per_client, len(plan), len(groups))
         ranks = len(answers) // per_client
-        num = None
-        for r in range(ranks):
-            mine = answers[r * per_client:(r + 1) * per_client]
-            for g, a in zip(groups, mine[n_probe:]):
-                if g.kind != STATE:
-                    num = a[0] if num is None else min(num, a[0])
-        num = num or 0
+        whole = [answers[r * per_client + len(plan):(r + 1) * per_client] for r in range(ranks)]
+        bound = min(a[g.index][0] for a in whole for g in groups if g.kind == FULL)
         if cap is not None:
-            num = min(num, cap)
-        by_tier = answers[n_probe + self._groups.primary][1]
-        if not states or num <= 0:
-            return num, by_tier
-        # Probe k of state group s is answers[s * len(ends) + k] (_state_probes), ends falling.
-        for k, end in enumerate(ends):
-            if end - num_computed > num:
+            bound = min(bound, cap)
+        by_tier = whole[0][self._groups.primary][1]
+        held: Dict[Tuple[int, int], bool] = {}
+        for i, (g, e, start) in enumerate(plan):
+            held[(g, e)] = all(answers[r * per_client + i][0] >= e - start for r in range(ranks))
+        sliding = [g for g in groups if g.kind == SLIDING]
+        states = self._groups.state_groups
+        contiguous = {g.index: min(a[g.index][0] for a in whole) for g in sliding}
+        for n in range(num_computed + bound - bound % bs, num_computed, -bs):
+            if not all(held.get((g.index, n), False) for g in states):
                 continue
-            if all(answers[r * per_client + s * len(ends) + k][0] >= bs
-                   for r in range(ranks) for s in range(len(states))):
-                return end - num_computed, by_tier
+            if all(n - num_computed <= contiguous[g.index] or held.get((g.index, n), False)
+                   for g in sliding):
+                return n - num_computed, by_tier
         return 0, by_tier
 
     def _pd_wait(self, state: _SchedReq, found_end: int) -> bool:
