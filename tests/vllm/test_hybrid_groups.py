@@ -246,3 +246,29 @@ def test_a_sliding_group_needs_only_the_window_at_the_prompts_last_boundaries() 
     assert c._probe_plan(1000, 0)[0] == (0, 896, 640)
     # With a local hit of 768 the probe starts there (vLLM holds the blocks before it).
     assert c._probe_plan(1000, 768) == [(0, 896, 768)]
+
+
+def test_saves_stop_at_the_blocks_vllm_calls_publishable() -> None:
+    # vLLM's num_publishable_block_hashes (newer vLLMs; absent in 0.32): no block past it is
+    # saved, whatever was computed. Without the field the save covers every computed block.
+    import types
+
+    from kvtier.vllm.connector import KvtierConnector, _SchedReq
+    from kvtier.vllm.params import RequestControls
+
+    c = object.__new__(KvtierConnector)
+    c._groups = plan_groups(None, BS)
+    c._block_size = BS
+    c._settings = types.SimpleNamespace(save_decode_tokens=True, consumer_saves_prompt=False)
+    c._state_group_ids = set()
+
+    def save(**fields: Any) -> int:
+        req = types.SimpleNamespace(all_token_ids=list(range(5 * BS + 3)), num_computed_tokens=0,
+                                    num_prompt_tokens=5 * BS + 3, request_id="r", **fields)
+        state = _SchedReq(req, RequestControls(), block_ids=list(range(6)))
+        spec = c._next_save(state, 5 * BS + 3)
+        return 0 if spec is None else len(spec.tokens)
+
+    assert save() == 5 * BS
+    assert save(num_publishable_block_hashes=3) == 3 * BS
+    assert save(num_publishable_block_hashes=0) == 0

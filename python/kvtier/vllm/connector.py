@@ -670,6 +670,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                        len(state.block_ids) * self._block_size)
         if not self._settings.save_decode_tokens:
             frontier = min(frontier, req.num_prompt_tokens)
+        # Newer vLLMs (not 0.32) say how many of a request's blocks hold published KV (with
+        # EAGLE, the draft's KV too): no block past them is saved (docs/wip/hma-plan.md 3.5).
+        publishable = getattr(req, "num_publishable_block_hashes", None)
+        if isinstance(publishable, int) and publishable >= 0:
+            frontier = min(frontier, publishable * self._block_size)
         full = frontier - frontier % self._block_size
         if full <= state.tokens_sent:
             return None
