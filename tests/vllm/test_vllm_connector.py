@@ -122,7 +122,8 @@ def free_port() -> int:
 def tmp() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="kvtier-vllm-"))
     yield d
-    shutil.rmtree(d, ignore_errors=True)
+    if not os.environ.get("KEEP_VLLM_TMP"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
