@@ -123,14 +123,10 @@ def counters(result: Dict[str, Any]) -> str:
 
 
 def assert_same(got: Dict[str, Any], want: Dict[str, Any], step: int, what: str,
-                want_step: Optional[int] = None, want_from: int = 0) -> None:
-    """Step `step` of `got` against step `want_step` (default the same) of `want`, from its
-    output `want_from` on (a step of `want` may hold more requests)."""
+                want_step: Optional[int] = None) -> None:
+    """Step `step` of `got` against step `want_step` (default the same) of `want`."""
     g = got["steps"][step]
     w = want["steps"][step if want_step is None else want_step]
-    n = len(g["outputs"])
-    w = {"outputs": w["outputs"][want_from:want_from + n],
-         "logprobs": w["logprobs"][want_from:want_from + n]}
     assert g["outputs"] == w["outputs"], f"{what}: tokens differ from vLLM alone"
     worst = 0.0
     for lp_g, lp_w in zip(g["logprobs"], w["logprobs"]):

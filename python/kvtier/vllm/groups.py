@@ -161,9 +161,7 @@ def check_aliasing(groups: Sequence[KvGroup], kv_caches: Any, primary: int = 0) 
             a, b = kv_caches[first.layer_names[j]], kv_caches[name]
             if g.kind == STATE:
                 page = a.stride(0) * a.element_size()
-                state = b.element_size()
-                for n in b.shape[1:]:
-                    state *= int(n)
+                state = b[0].numel() * b.element_size()
                 ok = (a.data_ptr() == b.data_ptr() and b.shape[0] == a.shape[0]
                       and b.stride(0) * b.element_size() == page and state <= page)
             else:
