@@ -20,17 +20,26 @@ prompt, u's r earlier turns (a question and a fixed answer each, so every config
 the same prompts whatever it generates) and a new question. Requests go round-robin over the
 users, so between two turns of one user the other users' prompts pass through vLLM's cache.
 
-Also measured: the floor (one long prompt cold, as a vLLM prefix-cache hit, and as a kvtier G2
-hit after vLLM's cache is reset; medians of --reps repetitions), quiet and again with a
-CPU-bound neighbour process running beside vLLM (a busy loop, not pinned: the load a shared
-machine puts beside an engine); and overhead_no_reuse (unique prompts, kvtier on vs vLLM alone,
-the medians over two alternating processes of each: the cost of lookups and saves when nothing
-hits).
+Also measured: the floor (one long prompt cold, then as a vLLM prefix-cache hit and as a
+kvtier G2 hit after vLLM's cache is reset; medians of --reps repetitions), quiet and again with
+a CPU-bound neighbour process running beside vLLM (a busy loop, not pinned: the load a shared
+machine puts beside an engine), in one vLLM process; and overhead_no_reuse (unique prompts,
+kvtier on vs vLLM alone, the medians over two alternating processes of each: the cost of
+lookups and saves when nothing hits).
+
+Sizing (issue 25): the floor runs first and measures this machine (prefill tokens/s, a vLLM
+process's start, a hit's cost). Users, rounds and no-reuse requests that were not given are then
+sized (tools/vllm/bench_sizing.py) so that the whole run takes about --budget-min minutes (10):
+the largest shape up to 10 users x 6 rounds (12 no-reuse requests) that is predicted to fit,
+with every configuration; else vllm_alone, kvtier_g2 and vllm_unbounded only; else with every
+text and vLLM's KV space shortened to 0.75, then 0.5. The working set stays >= 3x vLLM's KV
+space, so vLLM alone keeps evicting and kvtier keeps reloading. --budget-min 0 runs the
+largest shape (about 18 minutes on a 2-core AVX-512 machine). The JSON's "sizing" says what was
+measured, chosen and predicted.
 
 --quick is a smoke run (4 users x 3 rounds, vllm_alone, kvtier_g2 and vllm_unbounded, 2 floor
-repetitions, no neighbour floor, one no-reuse pair of 4 requests): about 5 minutes on an
-AVX-512 machine of 2 cores, mostly vLLM start-ups, and its ratios are noisier than the full
-run's.
+repetitions, no neighbour floor, one no-reuse pair of 4 requests), not sized; its ratios are
+noisier than the full run's.
 """
 
 from __future__ import annotations
@@ -44,7 +53,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+import bench_sizing  # tools/vllm, beside this file
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "driver.py"
@@ -142,8 +153,11 @@ def run_driver(tmp: Path, name: str, plan: Dict[str, Any], timeout: float,
     if rc != 0:
         raise RuntimeError(f"{name}: vLLM exited {rc}; see {log_path}:\n"
                            + log_path.read_text()[-3000:])
-    log(f"{name}: {time.perf_counter() - t0:.0f} s")
-    return json.loads(out_path.read_text())
+    wall = time.perf_counter() - t0
+    log(f"{name}: {wall:.0f} s")
+    out = json.loads(out_path.read_text())
+    out["process_wall_s"] = wall
+    return out
 
 
 def pct(values: List[float], p: float) -> float:
@@ -210,50 +224,68 @@ DEFAULT_CONFIGS = "vllm_alone,example_connector,kvtier_g2,kvtier_g2_g3,vllm_unbo
 QUICK_CONFIGS = "vllm_alone,kvtier_g2,vllm_unbounded"
 
 
-class Neighbour:
-    """A CPU-bound process beside the benchmark (one busy thread, not pinned), for the floor
-    under load; ended with the `with` block."""
-
-    def __enter__(self) -> "Neighbour":
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
 def measure_floor(tmp: Path, name: str, base: Dict[str, Any], reps: int, floor_tokens: int,
-                  timeout: float) -> Dict[str, Any]:
-    """One long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset, `reps` times: the
-    medians and every repetition (ms)."""
-    floor_steps: List[Dict[str, Any]] = []
-    for i in range(reps):
-        text = f"Document {i}. " + words(9000 + i, int(floor_tokens * 0.8))
-        p = [{"text": text}]
-        floor_steps += [{"name": f"cold{i}", "generate": p, "max_tokens": 1},
-                        {"name": f"g1hit{i}", "generate": p, "max_tokens": 1},
-                        {"reset_prefix_cache": True},
-                        {"name": f"g2hit{i}", "generate": p, "max_tokens": 1},
-                        {"reset_prefix_cache": True}]
+                  timeout: float, neighbour: bool
+                  ) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+    """One long prompt computed cold once, then `reps` times a vLLM G1 hit and, after vLLM's
+    cache is reset, a kvtier G2 hit (which puts the prefix back in vLLM's cache for the next
+    G1 hit); with `neighbour`, the same repetitions again in the same process beside a
+    CPU-bound process. The medians and every repetition (ms), quiet and beside the neighbour.
+    One process and one cold prefill, not one per repetition: on an AVX2 machine a cold
+    1,900-token prefill takes ~25 s and a vLLM start ~20 s."""
+    text = "Document 0. " + words(9000, int(floor_tokens * 0.8))
+    p = [{"text": text}]
+    floor_steps: List[Dict[str, Any]] = [{"name": "cold", "generate": p, "max_tokens": 1}]
+    phases = [""] + (["busy-"] if neighbour else [])
+    for phase in phases:
+        if phase:
+            floor_steps.append({"neighbour": "start"})
+        for i in range(reps):
+            floor_steps += [{"name": f"{phase}g1hit{i}", "generate": p, "max_tokens": 1},
+                            {"reset_prefix_cache": True},
+                            {"name": f"{phase}g2hit{i}", "generate": p, "max_tokens": 1}]
+    if neighbour:
+        floor_steps.append({"neighbour": "stop"})
     floor = run_driver(tmp, name, dict(base, steps=floor_steps, kvtier={
         "g2.capacity_bytes": "2GiB", "g3.enabled": False, "g2.lock_memory": False}), timeout)
     ttft = {s["name"]: 1000.0 * (s["ttft_s"][0] or 0.0) for s in floor["steps"]}
-    out: Dict[str, Any] = {"prompt_tokens": floor["steps"][0]["prompt_tokens"][0], "reps": reps}
-    for key, step in (("cold", "cold"), ("g1_hit", "g1hit"), ("kvtier_g2_hit", "g2hit")):
-        out[f"{key}_ms"] = [ttft[f"{step}{i}"] for i in range(reps)]
-        out[f"{key}_median_ms"] = statistics.median(out[f"{key}_ms"])
-    out["kvtier_g2_hit_vs_g1_hit"] = out["kvtier_g2_hit_median_ms"] / out["g1_hit_median_ms"]
-    return out
+    wall = {s["name"]: s["wall_s"] for s in floor["steps"]}
+    results = []
+    for phase in phases:
+        out: Dict[str, Any] = {"prompt_tokens": floor["steps"][0]["prompt_tokens"][0],
+                               "reps": reps, "prompt_words": int(floor_tokens * 0.8) + 2,
+                               "process_wall_s": floor["process_wall_s"],
+                               "steps_wall_s": floor.get("steps_s", sum(wall.values())),
+                               "phase_wall_s": sum(v for k, v in wall.items()
+                                                   if k.startswith(phase + "g"))}
+        # The cold prefill ran once, quiet; the neighbour phase has none.
+        out["cold_ms"] = [] if phase else [ttft["cold"]]
+        out["cold_median_ms"] = None if phase else ttft["cold"]
+        for key, step in (("g1_hit", "g1hit"), ("kvtier_g2_hit", "g2hit")):
+            out[f"{key}_ms"] = [ttft[f"{phase}{step}{i}"] for i in range(reps)]
+            out[f"{key}_median_ms"] = statistics.median(out[f"{key}_ms"])
+        out["kvtier_g2_hit_vs_g1_hit"] = out["kvtier_g2_hit_median_ms"] / out["g1_hit_median_ms"]
+        results.append(out)
+    return results[0], (results[1] if neighbour else None)
+
+
+def machine_of(floor: Dict[str, Any]) -> "bench_sizing.Machine":
+    """What the quiet floor run measured about this machine, for sizing the rest."""
+    return bench_sizing.Machine(
+        rate_tps=floor["prompt_tokens"] / max(1e-3, floor["cold_median_ms"] / 1000.0),
+        hit_s=floor["g1_hit_median_ms"] / 1000.0,
+        start_s=max(0.0, floor["process_wall_s"] - floor["steps_wall_s"]),
+        tokens_per_word=floor["prompt_tokens"] / max(1, floor["prompt_words"]))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the converted model folder (fp32)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    ap.add_argument("--users", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--users", type=int, default=None,
+                    help="users (default: up to 10, sized to --budget-min)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds per user (default: up to 6, sized to --budget-min)")
     ap.add_argument("--system-words", type=int, default=420)
     ap.add_argument("--answer-words", type=int, default=170)
     ap.add_argument("--question-words", type=int, default=30)
@@ -262,8 +294,13 @@ def main() -> int:
                     help="vLLM's own KV space in 128-token blocks (one is vLLM's null block; "
                          "17 serves max_model_len 2048)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions of each floor timing")
-    ap.add_argument("--no-reuse-requests", type=int, default=12,
-                    help="unique prompts per no-reuse process (4 processes)")
+    ap.add_argument("--no-reuse-requests", type=int, default=None,
+                    help="unique prompts per no-reuse process (4 processes; default: up to 12, "
+                         "sized to --budget-min)")
+    ap.add_argument("--budget-min", type=float, default=10.0,
+                    help="size the workload (users, rounds, no-reuse requests not given) from "
+                         "this machine's measured prefill speed so that the run takes about "
+                         "this long; 0: the largest shape (10 users x 6 rounds, 12)")
     ap.add_argument("--plot", default="bench-vllm-ttft.png", help="TTFT per round (PNG)")
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -279,27 +316,75 @@ def main() -> int:
     ap.add_argument("--cli", default="", help="the kvtier binary (kvtier serve), for "
                                               "--instances 2 (default: $BENCH_KVTIER_CLI)")
     args = ap.parse_args()
+    given = {k: getattr(args, k) for k in ("users", "rounds", "no_reuse_requests")}
     if args.quick:
         args.users, args.rounds, args.reps, args.no_reuse_requests = 4, 3, 2, 4
         if args.configs == DEFAULT_CONFIGS:
             args.configs = QUICK_CONFIGS
+    most = bench_sizing.Shape(args.users or 10, args.rounds or 6, args.no_reuse_requests or 12)
+    args.users, args.rounds, args.no_reuse_requests = (most.users, most.rounds,
+                                                       most.no_reuse_requests)
     started = time.perf_counter()
 
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-bench-vllm-"))
-    requests = chat_workload(args.users, args.rounds, args.system_words, args.answer_words,
-                             args.question_words)
-    gen = [{"chat": r["chat"]} for r in requests]
     base: Dict[str, Any] = {"model": args.model, "num_gpu_blocks": args.g1_blocks,
                             "max_model_len": (args.g1_blocks - 1) * BLOCK}
     if args.instances != 1:
+        requests = chat_workload(args.users, args.rounds, args.system_words,
+                                 args.answer_words, args.question_words)
         return bench_instances(args, tmp, requests, base)
-    step = {"name": "chat", "generate": gen, "max_tokens": args.max_tokens}
     timeout = 3600.0
+
+    # The floor first: one long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset. It
+    # also measures this machine (prefill speed, a process's start), which sizes the rest.
+    floor_tokens = (args.g1_blocks - 2) * BLOCK - 8
+    neighbour = not args.no_neighbour and not args.quick
+    floor, floor_busy = measure_floor(tmp, "floor", base, args.reps, floor_tokens, timeout,
+                                      neighbour)
+    machine = machine_of(floor)
+    config_names = args.configs.split(",")
+    sizing: Dict[str, Any] = {"machine": vars(machine), "budget_s": 60.0 * args.budget_min,
+                              "sized": False}
+    no_reuse_words = bench_sizing.NO_REUSE_WORDS
+    free = [k for k, v in given.items() if v is None]
+    if args.budget_min > 0 and not args.quick and free:
+        w = {"system": args.system_words, "answer": args.answer_words,
+             "question": args.question_words}
+        # 90% of what is left: a margin for the estimate
+        left = 0.9 * (60.0 * args.budget_min - (time.perf_counter() - started))
+        least = bench_sizing.Shape(
+            *(given[k] if given[k] is not None else m for k, m in (
+                ("users", bench_sizing.MIN_USERS), ("rounds", bench_sizing.MIN_ROUNDS),
+                ("no_reuse_requests", bench_sizing.MIN_NO_REUSE))))
+        pick = bench_sizing.choose(machine, left, config_names, w, args.g1_blocks, False, 0.0,
+                                   most, least,
+                                   drop_configs=args.configs == DEFAULT_CONFIGS)
+        shape = pick["shape"]
+        for k in free:
+            setattr(args, k, shape[k])
+        config_names = shape["configs"] or config_names
+        scaled = bench_sizing.scaled_words(w, shape["scale"])
+        args.system_words, args.answer_words, args.question_words = (
+            scaled["system"], scaled["answer"], scaled["question"])
+        args.g1_blocks = bench_sizing.scaled_g1_blocks(args.g1_blocks, shape["scale"])
+        base = dict(base, num_gpu_blocks=args.g1_blocks,
+                    max_model_len=(args.g1_blocks - 1) * BLOCK)
+        no_reuse_words = int(round(no_reuse_words * shape["scale"]))
+        sizing.update(pick, sized=True, sized_keys=free, left_after_floor_s=left)
+        log(f"sized to {args.users} users x {args.rounds} rounds, {args.no_reuse_requests} "
+            f"no-reuse requests, text x{shape['scale']}, {','.join(config_names)}: predicted "
+            f"{pick['predicted_s']:.0f} s of {left:.0f} s left (prefill "
+            f"{machine.rate_tps:.0f} tokens/s, vLLM start {machine.start_s:.0f} s)"
+            + ("" if pick["fits"] else "; the smallest meaningful shape does not fit"))
+    requests = chat_workload(args.users, args.rounds, args.system_words, args.answer_words,
+                             args.question_words)
+    gen = [{"chat": r["chat"]} for r in requests]
+    step = {"name": "chat", "generate": gen, "max_tokens": args.max_tokens}
 
     configs: Dict[str, Dict[str, Any]] = {}
     results: Dict[str, Dict[str, Any]] = {}
     working_blocks: Optional[int] = None
-    for name in args.configs.split(","):
+    for name in config_names:
         plan = dict(base, steps=[step])
         env: Dict[str, str] = {}
         configs_extra: Dict[str, Any] = {}
@@ -341,24 +426,16 @@ def main() -> int:
     outs = [results[n]["steps"][0]["outputs"] for n in results]
     outputs_equal = all(o == outs[0] for o in outs)
 
-    # The floor: one long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset; quiet, and
-    # beside a CPU-bound neighbour.
-    floor_tokens = (args.g1_blocks - 2) * BLOCK - 8
-    floor = measure_floor(tmp, "floor", base, args.reps, floor_tokens, timeout)
     cold, g1, g2 = (floor["cold_median_ms"], floor["g1_hit_median_ms"],
                     floor["kvtier_g2_hit_median_ms"])
     floor_prompt = floor["prompt_tokens"]
-    floor_busy: Optional[Dict[str, Any]] = None
-    if not args.no_neighbour and not args.quick:
-        with Neighbour():
-            floor_busy = measure_floor(tmp, "floor_neighbour", base, args.reps, floor_tokens,
-                                       timeout)
 
     # No reuse: unique prompts (distinct from the first token), kvtier on vs vLLM alone. Two
     # processes of each, alternating (alone, kvtier, alone, kvtier), each with two unmeasured
     # warm-up requests, so that drift in a shared machine's speed hits both sides alike.
     def unique(base_seed: int, n: int) -> List[Dict[str, Any]]:
-        return [{"text": f"Unrelated request {base_seed + i}: " + words(base_seed + i, 700)}
+        return [{"text": f"Unrelated request {base_seed + i}: "
+                         + words(base_seed + i, no_reuse_words)}
                 for i in range(n)]
 
     nr_alone: List[float] = []
@@ -389,6 +466,10 @@ def main() -> int:
                      "vllm_kv_blocks": args.g1_blocks,
                      "vllm_kv_fraction_of_working_set":
                          args.g1_blocks / working_blocks if working_blocks else None,
+                     "system_words": args.system_words, "answer_words": args.answer_words,
+                     "question_words": args.question_words,
+                     "no_reuse_requests": args.no_reuse_requests,
+                     "no_reuse_words": no_reuse_words, "floor_reps": args.reps,
                      "dtype": "fp32", "model": args.model, "threads_env": THREADS_ENV},
         "configs": configs,
         "outputs_equal": outputs_equal,
@@ -444,6 +525,7 @@ def main() -> int:
 
     report["wall_s"] = time.perf_counter() - started
     report["quick"] = bool(args.quick)
+    report["sizing"] = sizing
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -464,12 +546,14 @@ def main() -> int:
         print(f"floor ({floor_prompt} tokens): cold {cold:.1f} ms, vLLM G1 hit {g1:.1f} ms, "
               f"kvtier G2 hit {g2:.1f} ms (x{g2 / g1:.2f} of G1)")
         if floor_busy is not None:
-            print(f"floor beside a CPU-bound neighbour: cold {floor_busy['cold_median_ms']:.1f} "
-                  f"ms, vLLM G1 hit {floor_busy['g1_hit_median_ms']:.1f} ms, kvtier G2 hit "
+            print(f"floor beside a CPU-bound neighbour: vLLM G1 hit "
+                  f"{floor_busy['g1_hit_median_ms']:.1f} ms, kvtier G2 hit "
                   f"{floor_busy['kvtier_g2_hit_median_ms']:.1f} ms "
                   f"(x{floor_busy['kvtier_g2_hit_vs_g1_hit']:.2f} of G1)")
         print(f"overhead_no_reuse: {overhead:+.3f} (p50 {1000 * k:.1f} vs {1000 * a:.1f} ms)")
-        print(f"wall: {report['wall_s']:.0f} s")
+        print(f"wall: {report['wall_s']:.0f} s"
+              + (f" (sized: predicted {sizing['predicted_s']:.0f} s after the first floor, "
+                 f"budget {sizing['budget_s']:.0f} s)" if sizing["sized"] else ""))
     if not args.keep:
         import shutil
 

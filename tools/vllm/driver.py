@@ -10,7 +10,8 @@ PLAN: {"model": DIR, "kvtier": {extra config} | null, "example_connector": DIR |
        "num_gpu_blocks": N | null, "max_model_len": 2048,
        "steps": [{"generate": [PROMPT, ...], "max_tokens": 8, "name": "..."},
                  {"reset_prefix_cache": true, "reset_connector": false},
-                 {"signal": PID, "signum": 9}, ...]}
+                 {"signal": PID, "signum": 9}, {"neighbour": "start" | "stop"}, ...]}
+       ("neighbour": a CPU-bound process beside the engine, one busy thread, not pinned)
 PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]} or
         {"embeds_seed": S, "embeds_len": N} (N prompt embeddings drawn from a seeded generator
         at the scale of the model's own embeddings; the plan needs "prompt_embeds": true),
@@ -25,17 +26,20 @@ With "in_process": OUT has "engine": {"hma": bool, "groups": [spec class names],
 OUT: {"steps": [{"name", "outputs": [[token ids]], "texts": [...], "ttft_s": [...],
        "wall_s"}], "metrics": {name: value}, "block_size": N} where metrics are vLLM's counters
        whose names start with vllm:kvtier_ (kvtier's connector stats in vLLM's own Prometheus
-       metrics) and block_size is the one vLLM ran with (its cache_config's).
+       metrics) and block_size is the one vLLM ran with (its cache_config's); "steps_s": the
+       seconds all the steps took (resets included), so a caller can tell start-up from work.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, Optional
 
 
 def _embeds(spec: Dict[str, Any], model_dir: str) -> Any:
@@ -111,6 +115,9 @@ def main() -> int:
     if plan.get("in_process"):
         out["engine"] = _engine(llm)
     logprobs = int(plan.get("logprobs", 0) or 0)
+    neighbour: Optional["subprocess.Popen[bytes]"] = None
+    atexit.register(lambda: neighbour is not None and neighbour.kill())
+    steps_started = time.perf_counter()
     for step in plan["steps"]:
         if step.get("reset_prefix_cache"):
             if not _reset(llm, bool(step.get("reset_connector", False))):
@@ -122,6 +129,19 @@ def main() -> int:
             continue
         if "sleep" in step:
             time.sleep(float(step["sleep"]))
+            continue
+        if "neighbour" in step:
+            # A CPU-bound process beside this engine (one busy thread, not pinned) from
+            # "start" to "stop" (or this process's end).
+            if step["neighbour"] == "start" and neighbour is None:
+                neighbour = subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"],
+                    # not the cores vLLM pinned this process's threads to
+                    preexec_fn=lambda: os.sched_setaffinity(0, range(os.cpu_count() or 1)))
+            elif step["neighbour"] == "stop" and neighbour is not None:
+                neighbour.kill()
+                neighbour.wait()
+                neighbour = None
             continue
         prompts = [_prompt(p, tokenizer, plan["model"]) for p in step["generate"]]
         sp = SamplingParams(temperature=0.0, max_tokens=int(step.get("max_tokens", 8)),
@@ -152,6 +172,7 @@ def main() -> int:
                     ttft = float(first)
             record["ttft_s"].append(ttft)
         out["steps"].append(record)
+    out["steps_s"] = time.perf_counter() - steps_started  # every step, resets included
     out["metrics"] = _metrics(llm)
     out["block_size"] = int(llm.llm_engine.vllm_config.cache_config.block_size)
     json.dump(out, open(sys.argv[2], "w"))
