@@ -21,7 +21,7 @@ SLOW = bs.Machine(rate_tps=80.0, hit_s=1.5, start_s=22.0, tokens_per_word=1.25)
 
 
 def test_the_largest_shape_when_the_budget_allows_it() -> None:
-    pick = bs.choose(FAST, 1e6, CONFIGS, WORDS, 17, True, 30.0, MOST)
+    pick = bs.choose(FAST, 1e6, CONFIGS, WORDS, 17, MOST)
     assert pick["fits"]
     assert pick["shape"] == {"users": 10, "rounds": 6, "no_reuse_requests": 12, "scale": 1.0,
                              "configs": CONFIGS}
@@ -38,9 +38,9 @@ def _meaningful(m: bs.Machine, s: bs.Shape) -> None:
 
 def test_nine_minutes_on_this_machine_keep_full_length_and_the_essential_configs() -> None:
     budget = 540.0  # what is left after the floor process
-    full = bs.predict_s(FAST, MOST, CONFIGS, WORDS, 17, True, 60.0)
+    full = bs.predict_s(FAST, MOST, CONFIGS, WORDS)
     assert full > budget  # the old fixed default took ~18 min here
-    pick = bs.choose(FAST, budget, CONFIGS, WORDS, 17, True, 60.0, MOST)
+    pick = bs.choose(FAST, budget, CONFIGS, WORDS, 17, MOST)
     s = bs.Shape(**pick["shape"])
     assert pick["fits"] and pick["predicted_s"] <= budget
     assert s.scale == 1.0 and s.users * s.rounds < MOST.users * MOST.rounds
@@ -48,13 +48,13 @@ def test_nine_minutes_on_this_machine_keep_full_length_and_the_essential_configs
     # And it is the largest such shape: one more user does not fit (or passes the maximum).
     bigger = bs.Shape(s.users + 1, s.rounds, s.no_reuse_requests, s.scale, s.configs)
     assert (bigger.users > MOST.users
-            or bs.predict_s(FAST, bigger, CONFIGS, WORDS, 17, True, 60.0) > budget)
+            or bs.predict_s(FAST, bigger, CONFIGS, WORDS) > budget)
 
 
 def test_a_slower_machine_gets_shorter_texts_and_a_smaller_kv_space() -> None:
     # Half this machine's prefill speed; the floor process (with its neighbour phase) is over.
     slower = bs.Machine(rate_tps=200.0, hit_s=0.8, start_s=18.0, tokens_per_word=1.25)
-    pick = bs.choose(slower, 480.0, CONFIGS, WORDS, 17, False, 0.0, MOST)
+    pick = bs.choose(slower, 480.0, CONFIGS, WORDS, 17, MOST)
     s = bs.Shape(**pick["shape"])
     assert pick["fits"] and pick["predicted_s"] <= 480.0
     assert s.scale < 1.0 and s.configs == list(bs.ESSENTIAL)
@@ -68,14 +68,14 @@ def test_a_slower_machine_gets_shorter_texts_and_a_smaller_kv_space() -> None:
 def test_given_values_are_kept_and_configs_kept_when_asked() -> None:
     most = bs.Shape(6, 6, 12)
     least = bs.Shape(6, bs.MIN_ROUNDS, bs.MIN_NO_REUSE)
-    pick = bs.choose(FAST, 480.0, CONFIGS, WORDS, 17, True, 60.0, most, least,
+    pick = bs.choose(FAST, 480.0, CONFIGS, WORDS, 17, most, least,
                      drop_configs=False)
     assert pick["shape"]["users"] == 6 and pick["shape"]["configs"] == CONFIGS
 
 
 def test_when_nothing_fits_the_smallest_meaningful_shape_is_used_and_said() -> None:
     crawl = bs.Machine(rate_tps=5.0, hit_s=5.0, start_s=60.0, tokens_per_word=1.25)
-    pick = bs.choose(crawl, 300.0, CONFIGS, WORDS, 17, True, 200.0, MOST)
+    pick = bs.choose(crawl, 300.0, CONFIGS, WORDS, 17, MOST)
     assert not pick["fits"] and pick["predicted_s"] > 300.0
     s = bs.Shape(**pick["shape"])
     assert s.scale == bs.SCALES[-1] and s.no_reuse_requests == bs.MIN_NO_REUSE
@@ -87,14 +87,14 @@ def test_when_nothing_fits_the_smallest_meaningful_shape_is_used_and_said() -> N
 
 
 def test_predictions_grow_with_the_workload_and_with_slower_prefill() -> None:
-    a = bs.predict_s(FAST, bs.Shape(4, 3, 6), CONFIGS, WORDS, 17, False, 30.0)
-    b = bs.predict_s(FAST, bs.Shape(8, 3, 6), CONFIGS, WORDS, 17, False, 30.0)
-    c = bs.predict_s(FAST, bs.Shape(8, 5, 6), CONFIGS, WORDS, 17, False, 30.0)
-    d = bs.predict_s(SLOW, bs.Shape(8, 5, 6), CONFIGS, WORDS, 17, False, 30.0)
+    a = bs.predict_s(FAST, bs.Shape(4, 3, 6), CONFIGS, WORDS)
+    b = bs.predict_s(FAST, bs.Shape(8, 3, 6), CONFIGS, WORDS)
+    c = bs.predict_s(FAST, bs.Shape(8, 5, 6), CONFIGS, WORDS)
+    d = bs.predict_s(SLOW, bs.Shape(8, 5, 6), CONFIGS, WORDS)
     assert a < b < c < d
     # Reusing configurations compute less than the recomputing ones.
-    alone = bs.predict_s(FAST, MOST, ["vllm_alone"], WORDS, 17, False, 0.0)
-    g2 = bs.predict_s(FAST, MOST, ["kvtier_g2"], WORDS, 17, False, 0.0)
+    alone = bs.predict_s(FAST, MOST, ["vllm_alone"], WORDS)
+    g2 = bs.predict_s(FAST, MOST, ["kvtier_g2"], WORDS)
     assert g2 < alone
 
 

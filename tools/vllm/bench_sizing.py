@@ -78,12 +78,10 @@ def working_blocks(m: Machine, users: int, rounds: int, w: Dict[str, int]) -> in
     return system + users * max(0, last - system)
 
 
-def predict_s(m: Machine, shape: Shape, configs: List[str], w: Dict[str, int],
-              g1_blocks: int, neighbour: bool, neighbour_s: float) -> float:
-    """Seconds the run takes after the floor process: each configuration's process
-    (`shape.configs` when given) and 4 no-reuse processes (and `neighbour_s`, what the floor's
-    neighbour phase is expected to take, when it is still to run). `w` and `g1_blocks` are the
-    unscaled values."""
+def predict_s(m: Machine, shape: Shape, configs: List[str], w: Dict[str, int]) -> float:
+    """Seconds the run takes after the floor process (which measured the neighbour floor too):
+    each configuration's process (`shape.configs` when given) and 4 no-reuse processes. `w`
+    holds the unscaled word counts."""
     ws = scaled_words(w, shape.scale)
     all_tokens = 0  # a configuration that recomputes every prompt (vLLM's KV space is small)
     new_tokens = 0  # one that keeps every prefix: each request computes past its last turn
@@ -98,15 +96,13 @@ def predict_s(m: Machine, shape: Shape, configs: List[str], w: Dict[str, int],
         reuses = name in ("kvtier_g2", "kvtier_g2_g3", "vllm_unbounded")
         tokens = new_tokens if reuses else all_tokens
         total += m.start_s + tokens / m.rate_tps + requests * m.hit_s
-    if neighbour:
-        total += neighbour_s
     nr_tokens = int(m.tokens_per_word * NO_REUSE_WORDS * shape.scale) + 16
     total += 4 * (m.start_s + (2 + shape.no_reuse_requests) * (nr_tokens / m.rate_tps + m.hit_s))
     return total
 
 
 def choose(m: Machine, budget_s: float, configs: List[str], w: Dict[str, int],
-           g1_blocks: int, neighbour: bool, neighbour_s: float, most: Shape,
+           g1_blocks: int, most: Shape,
            least: Optional[Shape] = None, drop_configs: bool = True) -> Dict[str, Any]:
     """The largest shape up to `most` whose predicted time fits `budget_s` (seconds left after
     the quiet floor), keeping the minimums above. Tried in this order: every configuration at
@@ -139,9 +135,9 @@ def choose(m: Machine, budget_s: float, configs: List[str], w: Dict[str, int],
             if working_blocks(m, s.users, s.rounds, ws) < need:
                 continue
             smallest = s
-            t = predict_s(m, s, configs, w, g1_blocks, neighbour, neighbour_s)
+            t = predict_s(m, s, configs, w)
             if t <= budget_s:
                 return {"shape": asdict(s), "predicted_s": t, "fits": True}
     return {"shape": asdict(smallest),
-            "predicted_s": predict_s(m, smallest, configs, w, g1_blocks, neighbour, neighbour_s),
+            "predicted_s": predict_s(m, smallest, configs, w),
             "fits": False}

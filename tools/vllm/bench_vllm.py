@@ -249,15 +249,12 @@ def measure_floor(tmp: Path, name: str, base: Dict[str, Any], reps: int, floor_t
     floor = run_driver(tmp, name, dict(base, steps=floor_steps, kvtier={
         "g2.capacity_bytes": "2GiB", "g3.enabled": False, "g2.lock_memory": False}), timeout)
     ttft = {s["name"]: 1000.0 * (s["ttft_s"][0] or 0.0) for s in floor["steps"]}
-    wall = {s["name"]: s["wall_s"] for s in floor["steps"]}
     results = []
     for phase in phases:
         out: Dict[str, Any] = {"prompt_tokens": floor["steps"][0]["prompt_tokens"][0],
                                "reps": reps, "prompt_words": int(floor_tokens * 0.8) + 2,
                                "process_wall_s": floor["process_wall_s"],
-                               "steps_wall_s": floor.get("steps_s", sum(wall.values())),
-                               "phase_wall_s": sum(v for k, v in wall.items()
-                                                   if k.startswith(phase + "g"))}
+                               "steps_wall_s": floor["steps_s"]}
         # The cold prefill ran once, quiet; the neighbour phase has none.
         out["cold_ms"] = [] if phase else [ttft["cold"]]
         out["cold_median_ms"] = None if phase else ttft["cold"]
@@ -356,8 +353,7 @@ def main() -> int:
             *(given[k] if given[k] is not None else m for k, m in (
                 ("users", bench_sizing.MIN_USERS), ("rounds", bench_sizing.MIN_ROUNDS),
                 ("no_reuse_requests", bench_sizing.MIN_NO_REUSE))))
-        pick = bench_sizing.choose(machine, left, config_names, w, args.g1_blocks, False, 0.0,
-                                   most, least,
+        pick = bench_sizing.choose(machine, left, config_names, w, args.g1_blocks, most, least,
                                    drop_configs=args.configs == DEFAULT_CONFIGS)
         shape = pick["shape"]
         for k in free:

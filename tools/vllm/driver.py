@@ -138,10 +138,8 @@ def main() -> int:
                     [sys.executable, "-c", "while True: pass"],
                     # not the cores vLLM pinned this process's threads to
                     preexec_fn=lambda: os.sched_setaffinity(0, range(os.cpu_count() or 1)))
-            elif step["neighbour"] == "stop" and neighbour is not None:
-                neighbour.kill()
-                neighbour.wait()
-                neighbour = None
+            elif step["neighbour"] == "stop":
+                neighbour = _stop(neighbour)
             continue
         prompts = [_prompt(p, tokenizer, plan["model"]) for p in step["generate"]]
         sp = SamplingParams(temperature=0.0, max_tokens=int(step.get("max_tokens", 8)),
@@ -177,11 +175,15 @@ def main() -> int:
     out["block_size"] = int(llm.llm_engine.vllm_config.cache_config.block_size)
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
-    if neighbour is not None:
-        neighbour.kill()
-        neighbour.wait()
+    _stop(neighbour)
     _end(llm)
     return 0
+
+
+def _stop(proc: Optional["subprocess.Popen[bytes]"]) -> None:
+    if proc is not None:
+        proc.kill()
+        proc.wait()
 
 
 def _end(llm: Any) -> None:
