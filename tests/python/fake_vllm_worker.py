@@ -155,7 +155,7 @@ def main() -> None:
     served: List[Dict[str, Any]] = []
 
     async def health(_: web.Request) -> web.Response:
-        return web.Response(text="")
+        return web.Response(text=a.name)  # the test can tell its own worker from another
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})

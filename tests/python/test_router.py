@@ -62,6 +62,7 @@ class Fake:
                  role: str = "") -> None:
         self.name = name
         self.role = role  # kvtier router --pd: prefill, decode or both
+        self.chosen = not (port or events or replay)  # free_port's: may be taken meanwhile
         self.port = port or free_port()
         self.events_port = events or free_port()
         self.replay_port = replay or free_port()
@@ -82,13 +83,31 @@ class Fake:
                 + (f",role={self.role}" if self.role else ""))
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, FAKE, "--port", str(self.port), "--name", self.name,
-             "--events", f"tcp://127.0.0.1:{self.events_port}",
-             "--replay", f"tcp://127.0.0.1:{self.replay_port}", "--block-size", str(BS),
-             "--capacity", str(self.capacity), "--ms-per-token", str(self.ms_per_token),
-             "--medium", self.medium])
-        wait_http(self.url + "/health")
+        # A port free_port found free can be taken by another process before the worker binds
+        # it (ctest runs other tests at once): then the worker exits, and the ports it was
+        # given are chosen again. Its /health answers its name, so another server on the port
+        # is not taken for it. A restart keeps its ports (the router knows them).
+        may_move = self.chosen and self.proc is None
+        for _ in range(3):
+            self.proc = subprocess.Popen(
+                [sys.executable, FAKE, "--port", str(self.port), "--name", self.name,
+                 "--events", f"tcp://127.0.0.1:{self.events_port}",
+                 "--replay", f"tcp://127.0.0.1:{self.replay_port}", "--block-size", str(BS),
+                 "--capacity", str(self.capacity), "--ms-per-token", str(self.ms_per_token),
+                 "--medium", self.medium])
+            end = time.monotonic() + 20.0
+            while time.monotonic() < end and self.proc.poll() is None:
+                try:
+                    if http(self.url + "/health", timeout=1.0)[2] == self.name.encode():
+                        return
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    pass
+                time.sleep(0.1)
+            self.kill()
+            if not may_move:
+                break
+            self.port, self.events_port, self.replay_port = free_port(), free_port(), free_port()
+        raise AssertionError(f"fake worker {self.name} did not start on port {self.port}")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
