@@ -234,11 +234,24 @@ class BlockManager::Impl {
   Status Init(const DiskTier::OpenOptions& g3_open);
   Result<const BlockHasher*> HasherFor(const std::string& salt, const std::string& adapter)
       EXCLUDES(hashers_mu_);
+  // What a G2 slot is for (AllocateG2Slot). A save can wait for one (deferred) while StartSave
+  // or a demotion frees one; a load's staging slot is needed now, or the block is recomputed.
+  enum class SlotUse { kSave, kStaging };
   // A free G2 slot, evicting (and demoting to G3 when admitted) as needed; nullopt when every
-  // block is pinned or in flight.
+  // block is pinned or in flight, and for a save with G3 behind G2 whenever no slot is free
+  // (it never evicts: the save is deferred, StartG2Reserve evicts for it).
   // `ns`: the namespace of the block that will take the slot (the G2 namespace share, below);
   // 0 = none (every victim allowed).
-  std::optional<uint32_t> AllocateG2Slot(uint64_t ns = 0);
+  std::optional<uint32_t> AllocateG2Slot(uint64_t ns, SlotUse use);
+  // Demotions in flight at most, and G2's reserve of free (or soon free) slots with G3 behind.
+  uint32_t MaxDemotions() const;
+  uint32_t G2Reserve() const;
+  // StartSave's first: when saves wait for a slot and no demotion is in flight, evicts for
+  // them (and the reserve) until a demotion starts or enough slots are free.
+  void StartG2Reserve() EXCLUDES(mu_);
+  // How many more slots G2 wants: its reserve plus the deferred saves, less the free slots and
+  // the demotions in flight; 0 at MaxDemotions in flight.
+  int64_t G2SlotsShort() EXCLUDES(mu_);
   // Evicts G2's policy victim: demoted to G3 when admitted (its slot frees when the write
   // ends), else freed now. False when nothing in G2 is evictable (for `ns`: see EvictableFor).
   bool EvictFromG2(uint64_t ns = 0);
@@ -433,6 +446,9 @@ class BlockManager::Impl {
   std::unordered_set<uint32_t> gone_instances_ GUARDED_BY(mu_);
 
   std::atomic<uint32_t> demotions_in_flight_{0};
+  // The namespace of the last G2 allocation: StartG2Reserve's evictions follow the namespace
+  // share as that allocation's would have.
+  std::atomic<uint64_t> last_alloc_ns_{0};
 
   Mutex events_mu_;
   std::vector<KvEventCallback> subscribers_ GUARDED_BY(events_mu_);

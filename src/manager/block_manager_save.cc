@@ -112,7 +112,8 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   std::vector<PendingSave> saves;
   std::vector<Candidate> no_slot;
   for (Candidate& c : to_save) {
-    std::optional<uint32_t> slot = no_slot.empty() ? AllocateG2Slot(ns) : std::nullopt;
+    std::optional<uint32_t> slot =
+        no_slot.empty() ? AllocateG2Slot(ns, SlotUse::kSave) : std::nullopt;
     if (!slot) {
       no_slot.push_back(std::move(c));  // and the blocks after it: saves keep commit order
       continue;
@@ -139,7 +140,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   // Blocks without a slot wait for one while a slot can free: G2's victims are being demoted
   // (a slot frees when each write ends) or saves are in flight (their blocks become evictable
   // when they land); up to the bound. Otherwise they are dropped and counted.
-  const bool slot_coming = SlotComing();
+  const bool slot_coming = SlotComing() || g3_ != nullptr;
   for (Candidate& c : no_slot) {
     if (slot_coming && deferred_saves_.size() < max_deferred_saves_) {
       c_.deferred.fetch_add(1, std::memory_order_relaxed);
@@ -167,7 +168,7 @@ void BlockManager::Impl::RetryDeferredSaves() {
   size_t given = 0;
   for (; given < waiting.size(); ++given) {
     const DeferredSave& d = waiting[given];
-    std::optional<uint32_t> slot = AllocateG2Slot(d.namespace_id);
+    std::optional<uint32_t> slot = AllocateG2Slot(d.namespace_id, SlotUse::kSave);
     if (!slot) break;
     SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
     saves.push_back(PendingSave{d.instance, d.request_id, d.key, d.parent, d.g1_block, *slot});
@@ -225,6 +226,7 @@ Status BlockManager::Impl::RegisterDeviceMemory(const G1Memory& g1) {
 }
 
 Status BlockManager::Impl::StartSave(uint32_t instance) {
+  StartG2Reserve();
   RetryDeferredSaves();
   std::vector<PendingSave> saves;
   {

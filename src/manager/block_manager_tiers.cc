@@ -209,31 +209,76 @@ std::optional<uint32_t> BlockManager::Impl::AllocateStagingSlot(uint64_t ns) {
     c_.staged_via_pool.fetch_add(1, std::memory_order_relaxed);
     return BlockTransfer::kAnyStagingSlot;
   }
-  return AllocateG2Slot(ns);
+  return AllocateG2Slot(ns, SlotUse::kStaging);
 }
 
-std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot(uint64_t ns) {
-  // Demotions in flight at most. Beyond it the disk is behind: a save is better dropped than
-  // paid for by evicting more of G2, and no single call starts a burst of demotions.
-  const uint32_t max_demotions = std::clamp<uint32_t>(g2_->num_slots() / 8, 8, 64);
+uint32_t BlockManager::Impl::MaxDemotions() const {
+  // Beyond it the disk is behind: a save is better dropped than paid for by evicting more of
+  // G2, and no single call starts a burst of demotions.
+  return std::clamp<uint32_t>(g2_->num_slots() / 8, 8, 64);
+}
+
+uint32_t BlockManager::Impl::G2Reserve() const {
+  return std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
+}
+
+std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot(uint64_t ns, SlotUse use) {
+  last_alloc_ns_.store(ns, std::memory_order_relaxed);
   std::optional<uint32_t> slot = g2_->Allocate();
-  // Each round frees a slot now (a victim G3 does not take) or starts a demotion. Bounded, so
-  // a caller never spins and never waits on I/O.
+  // Each round frees a slot now (a victim G3 does not take, or holds already) or starts a
+  // demotion, whose slot frees only when its write ends. Bounded, so a caller never spins and
+  // never waits on I/O.
+  //
+  // A save with G3 behind G2 evicts nothing: it is deferred, and StartSave evicts for it
+  // (StartG2Reserve) or it gets the slot a demotion in flight frees (RetryDeferredSaves).
+  // Evicting in Commit cost the caller the policy's choice under the index's tier lock (which
+  // the demotions' ends contend for), a G3 eviction and a submission that wakes the copy
+  // threads, up to 4 times, for a slot that still came only when a write ended: Commit's p99
+  // was 90-260 us while demotions kept the disk busy (bench manager; docs/status.md). A load's
+  // staging slot, and a save without G3 (its victim's slot frees at once), are evicted for
+  // here: without a staging slot the engine recomputes the block.
   for (int round = 0; !slot && round < 4; ++round) {
-    if (demotions_in_flight_.load() >= max_demotions) break;
+    const uint32_t in_flight = demotions_in_flight_.load();
+    if (in_flight >= MaxDemotions()) break;
+    if (use == SlotUse::kSave && g3_) break;
     if (!EvictFromG2(ns)) break;
     slot = g2_->Allocate();
   }
-  // Keep a reserve of free (or soon free) slots, so the next saves and staged loads find one
-  // without waiting for a demotion write; at most one eviction per call. Without G3 an eviction
-  // frees its slot at once, so a reserve would only shrink the cache (by up to 256 blocks:
-  // 0.006 of hit ratio on the Mooncake trace at 5%, docs/replay.md).
-  const uint32_t reserve = std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
-  if (g3_ && g2_->free_slots() + demotions_in_flight_.load() < reserve &&
-      demotions_in_flight_.load() < max_demotions) {
-    EvictFromG2(ns);
-  }
   return slot;
+}
+
+void BlockManager::Impl::StartG2Reserve() {
+  // Saves wait for a slot and no demotion is in flight to free one: evict for them and for a
+  // reserve of free slots, so the next saves and staged loads find one without waiting for a
+  // demotion write, until a demotion starts (the deferred saves then wait for it) or enough
+  // slots are free. At most as many evictions as slots were short at the start (a victim that
+  // goes to G4 instead frees its slot only when that write ends, which G2SlotsShort does not
+  // count). Only for deferred saves: evicting for free slots that loads hold for staging (they
+  // come back by themselves) pushed blocks G3 had no room for out of the cache
+  // (ManagerMetrics.HistogramCountsEqualTheOperationsDone). Without G3 a save evicts for
+  // itself (its victim's slot frees at once).
+  if (!g3_ || demotions_in_flight_.load() != 0) return;
+  {
+    MutexLock lock(&mu_);
+    if (deferred_saves_.empty()) return;
+  }
+  const int64_t short_at_start = G2SlotsShort();
+  for (int64_t i = 0; i < short_at_start && G2SlotsShort() > 0; ++i) {
+    if (!EvictFromG2(last_alloc_ns_.load(std::memory_order_relaxed))) return;
+    if (demotions_in_flight_.load() != 0) return;
+  }
+}
+
+int64_t BlockManager::Impl::G2SlotsShort() {
+  size_t deferred;
+  {
+    MutexLock lock(&mu_);
+    deferred = deferred_saves_.size();
+  }
+  const uint32_t in_flight = demotions_in_flight_.load();
+  if (in_flight >= MaxDemotions()) return 0;
+  const int64_t coming = int64_t{g2_->free_slots()} + in_flight;
+  return int64_t{G2Reserve()} + static_cast<int64_t>(deferred) - coming;
 }
 
 }  // namespace kvtier
