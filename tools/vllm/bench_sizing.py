@@ -14,8 +14,8 @@ then prefix hits) and sizes the chat workload and the no-reuse runs from what it
 The ratios stay meaningful because the shape is kept, only the size changes: every
 configuration runs the same requests, the working set stays at least `MIN_WORKING_RATIO` times
 vLLM's own KV space (so vLLM alone must evict and recompute, and kvtier must reload), every user
-keeps at least `MIN_ROUNDS` rounds, and each no-reuse process keeps at least `MIN_NO_REUSE`
-requests. Users go first, then rounds, then no-reuse requests. When even the smallest shape
+keeps at least `MIN_ROUNDS` rounds, and each side of the no-reuse measure keeps at least
+`MIN_NO_REUSE` requests. Users go first, then rounds, then no-reuse requests. When even the smallest shape
 does not fit, the smallest is used and `fits` is false.
 """
 
@@ -24,10 +24,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+import bench_no_reuse  # tools/vllm, beside this file
+
 BLOCK = 128
 MIN_USERS = 4
 MIN_ROUNDS = 3
-MIN_NO_REUSE = 6
+# 6 adjacent pairs of turns (bench_no_reuse): a median of 4 moved by 0.02 with one hiccup of the
+# machine in a run (pairs 0.99 0.97 0.84 1.06); 8 pairs of the same protocol kept 0.995-1.029.
+MIN_NO_REUSE = 12
 MIN_WORKING_RATIO = 3.0
 TEMPLATE_TOKENS = 8  # a chat message's template tokens (role markers)
 NO_REUSE_WORDS = 700  # bench_vllm's unique prompts, at scale 1
@@ -80,8 +84,8 @@ def working_blocks(m: Machine, users: int, rounds: int, w: Dict[str, int]) -> in
 
 def predict_s(m: Machine, shape: Shape, configs: List[str], w: Dict[str, int]) -> float:
     """Seconds the run takes after the floor process (which measured the neighbour floor too):
-    each configuration's process (`shape.configs` when given) and 4 no-reuse processes. `w`
-    holds the unscaled word counts."""
+    each configuration's process (`shape.configs` when given) and the no-reuse pair of engines
+    (bench_no_reuse.predict_s). `w` holds the unscaled word counts."""
     ws = scaled_words(w, shape.scale)
     all_tokens = 0  # a configuration that recomputes every prompt (vLLM's KV space is small)
     new_tokens = 0  # one that keeps every prefix: each request computes past its last turn
@@ -97,7 +101,8 @@ def predict_s(m: Machine, shape: Shape, configs: List[str], w: Dict[str, int]) -
         tokens = new_tokens if reuses else all_tokens
         total += m.start_s + tokens / m.rate_tps + requests * m.hit_s
     nr_tokens = int(m.tokens_per_word * NO_REUSE_WORDS * shape.scale) + 16
-    total += 4 * (m.start_s + (2 + shape.no_reuse_requests) * (nr_tokens / m.rate_tps + m.hit_s))
+    total += bench_no_reuse.predict_s(m.start_s, shape.no_reuse_requests,
+                                      nr_tokens / m.rate_tps + m.hit_s)
     return total
 
 

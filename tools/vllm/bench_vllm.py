@@ -24,8 +24,8 @@ Also measured: the floor (one long prompt cold, then as a vLLM prefix-cache hit 
 kvtier G2 hit after vLLM's cache is reset; medians of --reps repetitions), quiet and again with
 a CPU-bound neighbour process running beside vLLM (a busy loop, not pinned: the load a shared
 machine puts beside an engine), in one vLLM process; and overhead_no_reuse (unique prompts,
-kvtier on vs vLLM alone, the medians over two alternating processes of each: the cost of
-lookups and saves when nothing hits).
+kvtier on vs vLLM alone, two engines side by side taking turns, tools/vllm/bench_no_reuse.py:
+the cost of lookups and saves when nothing hits).
 
 Sizing (issue 25): the floor runs first and measures this machine (prefill tokens/s, a vLLM
 process's start, a hit's cost). Users, rounds and no-reuse requests that were not given are then
@@ -38,7 +38,7 @@ largest shape (about 18 minutes on a 2-core AVX-512 machine). The JSON's "sizing
 measured, chosen and predicted.
 
 --quick is a smoke run (4 users x 3 rounds, vllm_alone, kvtier_g2 and vllm_unbounded, 2 floor
-repetitions, no neighbour floor, one no-reuse pair of 4 requests), not sized; its ratios are
+repetitions, no neighbour floor, 4 no-reuse requests a side), not sized; its ratios are
 noisier than the full run's.
 """
 
@@ -55,7 +55,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import bench_sizing  # tools/vllm, beside this file
+import bench_no_reuse  # tools/vllm, beside this file
+import bench_sizing
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "driver.py"
@@ -303,7 +304,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 4 users x 3 rounds, 3 configurations, 2 floor repetitions, "
-                         "no neighbour floor, one no-reuse pair")
+                         "no neighbour floor, 4 no-reuse requests a side")
     ap.add_argument("--no-neighbour", action="store_true",
                     help="skip the floor measured beside a CPU-bound process")
     ap.add_argument("--instances", type=int, default=1,
@@ -426,33 +427,19 @@ def main() -> int:
                     floor["kvtier_g2_hit_median_ms"])
     floor_prompt = floor["prompt_tokens"]
 
-    # No reuse: unique prompts (distinct from the first token), kvtier on vs vLLM alone. Two
-    # processes of each, alternating (alone, kvtier, alone, kvtier), each with two unmeasured
-    # warm-up requests, so that drift in a shared machine's speed hits both sides alike.
-    def unique(base_seed: int, n: int) -> List[Dict[str, Any]]:
-        return [{"text": f"Unrelated request {base_seed + i}: "
-                         + words(base_seed + i, no_reuse_words)}
-                for i in range(n)]
-
-    nr_alone: List[float] = []
-    nr_kvtier: List[float] = []
-    no_reuse_hits = 0.0
-    for rep in range(1 if args.quick else 2):
-        for side in ("alone", "kvtier"):
-            seed = 20000 + 1000 * rep  # the same prompts on both sides (fresh processes)
-            steps = [{"name": "warmup", "generate": unique(seed + 900, 2), "max_tokens": 1},
-                     {"name": "unique", "generate": unique(seed, args.no_reuse_requests),
-                      "max_tokens": 1}]
-            plan = dict(base, steps=steps)
-            if side == "kvtier":
-                plan["kvtier"] = {"g2.capacity_bytes": "2GiB", "g2.lock_memory": False,
-                                  "g3.dir": str(tmp / f"g3-nr{rep}"), "g3.capacity_bytes": "1GiB"}
-            r = run_driver(tmp, f"noreuse_{side}{rep}", plan, timeout)
-            (nr_kvtier if side == "kvtier" else nr_alone).extend(r["steps"][1]["ttft_s"])
-            no_reuse_hits += r["metrics"].get("vllm:kvtier_hit_blocks_g2", 0.0)
-    a = statistics.median(nr_alone)
-    k = statistics.median(nr_kvtier)
-    overhead = k / a - 1.0
+    # No reuse: unique prompts (distinct from the first token), vLLM alone and kvtier side by
+    # side in turns (tools/vllm/bench_no_reuse.py): the cost of lookups and saves when nothing
+    # hits. The first turn of each side is a warm-up.
+    prompts = [{"text": f"Unrelated request {20000 + i}: " + words(20000 + i, no_reuse_words)}
+               for i in range(bench_no_reuse.TURN + args.no_reuse_requests)]
+    no_reuse = bench_no_reuse.measure(
+        DRIVER, tmp, base, {"g2.capacity_bytes": "2GiB", "g2.lock_memory": False,
+                            "g3.dir": str(tmp / "g3-nr"), "g3.capacity_bytes": "1GiB"},
+        prompts, THREADS_ENV, timeout, log)
+    overhead = no_reuse["overhead"]
+    a, k = no_reuse["vllm_alone_ttft_p50_ms"] / 1000, no_reuse["kvtier_ttft_p50_ms"] / 1000
+    log(f"no reuse: {no_reuse['wall_s']:.0f} s, pair ratios "
+        + " ".join(f"{r:.3f}" for r in no_reuse["pair_ratios"]))
 
     report = {
         "cpu": cpu_info(),
@@ -478,8 +465,7 @@ def main() -> int:
         "kvtier_g2_hit_vs_g1_hit_neighbour":
             floor_busy["kvtier_g2_hit_vs_g1_hit"] if floor_busy else None,
         "overhead_no_reuse": overhead,
-        "no_reuse": {"vllm_alone_ttft_p50_ms": 1000 * a, "kvtier_ttft_p50_ms": 1000 * k,
-                     "kvtier_hit_blocks": no_reuse_hits},
+        "no_reuse": no_reuse,
     }
     if "vllm_alone" in configs and "kvtier_g2" in configs:
         report["kvtier_g2_vs_vllm_alone"] = (configs["kvtier_g2"]["ttft_mean_ms"]
@@ -546,7 +532,8 @@ def main() -> int:
                   f"{floor_busy['g1_hit_median_ms']:.1f} ms, kvtier G2 hit "
                   f"{floor_busy['kvtier_g2_hit_median_ms']:.1f} ms "
                   f"(x{floor_busy['kvtier_g2_hit_vs_g1_hit']:.2f} of G1)")
-        print(f"overhead_no_reuse: {overhead:+.3f} (p50 {1000 * k:.1f} vs {1000 * a:.1f} ms)")
+        print(f"overhead_no_reuse: {overhead:+.3f} (median of {len(no_reuse['pair_ratios'])} "
+              f"adjacent turn pairs; TTFT p50 {1000 * k:.1f} vs {1000 * a:.1f} ms)")
         print(f"wall: {report['wall_s']:.0f} s"
               + (f" (sized: predicted {sizing['predicted_s']:.0f} s after the first floor, "
                  f"budget {sizing['budget_s']:.0f} s)" if sizing["sized"] else ""))
