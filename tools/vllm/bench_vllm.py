@@ -3,7 +3,10 @@ chat whose KV is several times vLLM's own KV space.
 
 Run by `kvtier bench vllm` (tools/bench/bench_vllm.cc -> tools/vllm/run_bench.sh), which makes the
 environment with scripts/setup-vllm.sh. Each configuration is a fresh vLLM process
-(tools/vllm/driver.py) running the same requests in the same order, one at a time:
+(tools/vllm/driver.py) running the same requests in the same order, one at a time, with
+vLLM's engine core and worker in the driver's process (--processes: their own processes, as
+in a deployment, where kvtier's lookups cross its socket; each start then costs an import of
+vLLM more, ~25 s on 2 cores):
 
 - vllm_alone: vLLM with its own prefix cache;
 - example_connector: vLLM's ExampleConnector (whole-prompt files on disk; the only peer
@@ -305,6 +308,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 4 users x 3 rounds, 3 configurations, 2 floor repetitions, "
                          "no neighbour floor, 4 no-reuse requests a side")
+    ap.add_argument("--processes", action="store_true",
+                    help="run vLLM's engine core and worker in their own processes, as a "
+                         "deployment does (kvtier's lookups cross its socket); default: in the "
+                         "driver's process, which starts faster")
     ap.add_argument("--no-neighbour", action="store_true",
                     help="skip the floor measured beside a CPU-bound process")
     ap.add_argument("--instances", type=int, default=1,
@@ -326,11 +333,12 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-bench-vllm-"))
     base: Dict[str, Any] = {"model": args.model, "num_gpu_blocks": args.g1_blocks,
-                            "max_model_len": (args.g1_blocks - 1) * BLOCK}
+                            "max_model_len": (args.g1_blocks - 1) * BLOCK,
+                            "in_process": not args.processes}
     if args.instances != 1:
         requests = chat_workload(args.users, args.rounds, args.system_words,
                                  args.answer_words, args.question_words)
-        return bench_instances(args, tmp, requests, base)
+        return bench_instances(args, tmp, requests, dict(base, in_process=False))
     timeout = 3600.0
 
     # The floor first: one long prompt, cold / vLLM G1 hit / kvtier G2 hit after a reset. It
@@ -453,7 +461,8 @@ def main() -> int:
                      "question_words": args.question_words,
                      "no_reuse_requests": args.no_reuse_requests,
                      "no_reuse_words": no_reuse_words, "floor_reps": args.reps,
-                     "dtype": "fp32", "model": args.model, "threads_env": THREADS_ENV},
+                     "dtype": "fp32", "model": args.model, "threads_env": THREADS_ENV,
+                     "engine_in_process": not args.processes},
         "configs": configs,
         "outputs_equal": outputs_equal,
         "floor": floor,

@@ -68,6 +68,25 @@ def _prompt(spec: Dict[str, Any], tokenizer: Any, model_dir: str = "") -> Dict[s
     return p
 
 
+def _bind_like_vllms_worker() -> None:
+    """vLLM binds its OpenMP threads to VLLM_CPU_OMP_THREADS_BIND's cores only in the worker
+    processes its multiprocessing executor starts: an engine in this process would compute on
+    every core, and kvtier's connector, which starts its threads on the cores vLLM left free,
+    would find none. The same binding here, before torch is imported: OpenMP's team and this
+    process's threads on those cores (the connector then moves its own to the others). A list
+    of one rank only ("0", "0-2"); "auto", "nobind" or none: nothing is done."""
+    spec = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if not spec or "|" in spec or not spec[0].isdigit():
+        return
+    cores: list = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cores.extend(range(int(lo), int(hi or lo) + 1))
+    os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    os.environ["GOMP_CPU_AFFINITY"] = " ".join(str(c) for c in cores)
+    os.sched_setaffinity(0, cores)
+
+
 def main() -> int:
     plan = json.load(open(sys.argv[1]))
     # vLLM's KV space on the CPU, in GiB (without it vLLM sizes it from a memory fraction
@@ -78,6 +97,7 @@ def main() -> int:
         # import vLLM again: ~20 s less per run). The scheduler's connector then reaches the
         # worker's in this process, not over the lookup socket.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        _bind_like_vllms_worker()
     from vllm import LLM, SamplingParams
 
     kwargs: Dict[str, Any] = dict(
