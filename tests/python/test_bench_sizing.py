@@ -65,6 +65,22 @@ def test_a_slower_machine_gets_shorter_texts_and_a_smaller_kv_space() -> None:
     assert longest < (bs.scaled_g1_blocks(17, s.scale) - 1) * bs.BLOCK
 
 
+def test_the_guessed_avx2_machine_fits_ten_minutes_at_a_quarter_length() -> None:
+    # SLOW's speeds with the tokenizer's rate measured on 2026-12-05 (the floor prompt: 1,533
+    # tokens for 1,531 words). Its floor process (the cold prefill at 80 tokens/s, 20 hits, a
+    # start, 30 s spare) takes ~106 s; 90% of the rest is left for the run.
+    avx2 = bs.Machine(rate_tps=80.0, hit_s=1.5, start_s=22.0, tokens_per_word=1.0)
+    budget = 0.9 * (600.0 - (1533 / 80.0 + 20 * avx2.hit_s + avx2.start_s + 30))
+    pick = bs.choose(avx2, budget, CONFIGS, WORDS, 17, MOST)
+    s = bs.Shape(**pick["shape"])
+    assert pick["fits"] and pick["predicted_s"] <= budget
+    assert s.scale in bs.SCALES[3:]  # shorter than the half length, which did not fit
+    _meaningful(avx2, s)
+    ws = bs.scaled_words(WORDS, s.scale)
+    longest = bs.prompt_tokens(avx2, s.rounds - 1, ws["system"], ws["answer"], ws["question"])
+    assert longest < (bs.scaled_g1_blocks(17, s.scale) - 1) * bs.BLOCK
+
+
 def test_given_values_are_kept_and_configs_kept_when_asked() -> None:
     most = bs.Shape(6, 6, 12)
     least = bs.Shape(6, bs.MIN_ROUNDS, bs.MIN_NO_REUSE)

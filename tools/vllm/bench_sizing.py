@@ -35,7 +35,7 @@ MIN_NO_REUSE = 12
 MIN_WORKING_RATIO = 3.0
 TEMPLATE_TOKENS = 8  # a chat message's template tokens (role markers)
 NO_REUSE_WORDS = 700  # bench_vllm's unique prompts, at scale 1
-SCALES = (1.0, 0.75, 0.5)
+SCALES = (1.0, 0.75, 0.5, 0.35, 0.25)
 # What issue 25's ratios need: vLLM alone, kvtier on G2, and vLLM with room for everything.
 ESSENTIAL = ("vllm_alone", "kvtier_g2", "vllm_unbounded")
 
@@ -112,8 +112,8 @@ def choose(m: Machine, budget_s: float, configs: List[str], w: Dict[str, int],
     """The largest shape up to `most` whose predicted time fits `budget_s` (seconds left after
     the quiet floor), keeping the minimums above. Tried in this order: every configuration at
     full length; the essential configurations (ESSENTIAL: what issue 25's ratios need) at full
-    length; then the essential ones with every text and vLLM's KV space scaled by 0.75, then
-    0.5 (the working set stays the same multiple of vLLM's KV space). `most` itself when it
+    length; then the essential ones with every text and vLLM's KV space scaled by 0.75, 0.5,
+    0.35, then 0.25 (the working set stays the same multiple of vLLM's KV space). `most` itself when it
     fits; the smallest meaningful shape, with `fits` false, when nothing does. `least` holds
     the smallest users, rounds and no-reuse requests allowed (a value the user gave is both
     `most` and `least`); `drop_configs` false keeps every configuration."""

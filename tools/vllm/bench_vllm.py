@@ -35,7 +35,7 @@ process's start, a hit's cost). Users, rounds and no-reuse requests that were no
 sized (tools/vllm/bench_sizing.py) so that the whole run takes about --budget-min minutes (10):
 the largest shape up to 10 users x 6 rounds (12 no-reuse requests) that is predicted to fit,
 with every configuration; else vllm_alone, kvtier_g2 and vllm_unbounded only; else with every
-text and vLLM's KV space shortened to 0.75, then 0.5. The working set stays >= 3x vLLM's KV
+text and vLLM's KV space shortened to 0.75, 0.5, 0.35, then 0.25. The working set stays >= 3x vLLM's KV
 space, so vLLM alone keeps evicting and kvtier keeps reloading. --budget-min 0 runs the
 largest shape (about 18 minutes on a 2-core AVX-512 machine). The JSON's "sizing" says what was
 measured, chosen and predicted.
