@@ -138,8 +138,10 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   }
   for (auto& s : saves) pending_saves_.push_back(std::move(s));
   // Blocks without a slot wait for one while a slot can free: G2's victims are being demoted
-  // (a slot frees when each write ends) or saves are in flight (their blocks become evictable
-  // when they land); up to the bound. Otherwise they are dropped and counted.
+  // (a slot frees when each write ends), saves are in flight (their blocks become evictable
+  // when they land), or G3 is behind G2 (a save there never evicts: StartSave evicts for the
+  // deferred saves, and drops them when nothing is evictable); up to the bound. Otherwise
+  // they are dropped and counted.
   const bool slot_coming = SlotComing() || g3_ != nullptr;
   for (Candidate& c : no_slot) {
     if (slot_coming && deferred_saves_.size() < max_deferred_saves_) {

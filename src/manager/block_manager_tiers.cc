@@ -237,10 +237,9 @@ std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot(uint64_t ns, SlotUse 
   // was 90-260 us while demotions kept the disk busy (bench manager; docs/status.md). A load's
   // staging slot, and a save without G3 (its victim's slot frees at once), are evicted for
   // here: without a staging slot the engine recomputes the block.
+  if (use == SlotUse::kSave && g3_) return slot;
   for (int round = 0; !slot && round < 4; ++round) {
-    const uint32_t in_flight = demotions_in_flight_.load();
-    if (in_flight >= MaxDemotions()) break;
-    if (use == SlotUse::kSave && g3_) break;
+    if (demotions_in_flight_.load() >= MaxDemotions()) break;
     if (!EvictFromG2(ns)) break;
     slot = g2_->Allocate();
   }

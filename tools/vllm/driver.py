@@ -39,7 +39,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 def _embeds(spec: Dict[str, Any], model_dir: str) -> Any:
@@ -78,7 +78,7 @@ def _bind_like_vllms_worker() -> None:
     spec = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
     if not spec or "|" in spec or not spec[0].isdigit():
         return
-    cores: list = []
+    cores: List[int] = []
     for part in spec.split(","):
         lo, _, hi = part.partition("-")
         cores.extend(range(int(lo), int(hi or lo) + 1))
