@@ -100,6 +100,39 @@ TEST_P(BlockCopyTest, ScatterLayerTouchesOnlyThatLayer) {
   }
 }
 
+TEST_P(BlockCopyTest, BlockPiecesAreTheCanonicalOrderInPlace) {
+  KvLayout l;
+  l.num_layers = 3;
+  l.num_kv_heads = 2;
+  l.head_dim = 64;
+  l.dtype = DType::kBf16;
+  l.g1_arrangement = GetParam();
+  std::vector<uint8_t> mem;
+  G1Memory g1 = MakeG1(l, 5, mem);
+  std::mt19937 rng(7);
+  for (auto& b : mem) b = static_cast<uint8_t>(rng());
+  std::vector<std::span<uint8_t>> pieces;
+  AppendBlockPieces(g1, 2, &pieces);
+  // The pieces, concatenated, are the gathered block; and they are G1's own memory.
+  std::vector<uint8_t> joined;
+  for (const auto& p : pieces) {
+    EXPECT_GE(p.data(), mem.data());
+    EXPECT_LE(p.data() + p.size(), mem.data() + mem.size());
+    joined.insert(joined.end(), p.begin(), p.end());
+  }
+  std::vector<uint8_t> gathered(l.BlockBytes());
+  GatherBlock(g1, 2, gathered.data());
+  EXPECT_EQ(joined, gathered);
+  EXPECT_EQ(pieces.size(), GetParam() == G1Arrangement::kBlockContiguous
+                               ? 1u
+                               : size_t{l.num_layers} * l.num_planes);
+  // Appends: a second block's pieces follow the first's.
+  AppendBlockPieces(g1, 4, &pieces);
+  EXPECT_EQ(pieces.size(), GetParam() == G1Arrangement::kBlockContiguous
+                               ? 2u
+                               : 2 * size_t{l.num_layers} * l.num_planes);
+}
+
 INSTANTIATE_TEST_SUITE_P(Arrangements, BlockCopyTest,
                          ::testing::Values(G1Arrangement::kLayerSeparate,
                                            G1Arrangement::kBlockContiguous));

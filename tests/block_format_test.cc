@@ -388,3 +388,81 @@ TEST(BlockFormat, EachIdentityMismatchIsNamed) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// `b`'s payload cut into pieces at `cuts` (copies: the pieces must not alias the block).
+std::vector<std::vector<uint8_t>> Cut(Block& b, const std::vector<uint64_t>& cuts) {
+  std::vector<std::vector<uint8_t>> out;
+  uint64_t at = 0;
+  for (uint64_t c : cuts) {
+    out.emplace_back(b.payload() + at, b.payload() + c);
+    at = c;
+  }
+  out.emplace_back(b.payload() + at, b.payload() + kPayload);
+  return out;
+}
+
+std::vector<std::span<uint8_t>> Spans(std::vector<std::vector<uint8_t>>& pieces) {
+  std::vector<std::span<uint8_t>> out;
+  for (auto& p : pieces) out.emplace_back(p.data(), p.size());
+  return out;
+}
+
+TEST(BlockFormatPieces, ChecksumOfPiecesEqualsTheContiguousOne) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  Block b = MakeBlock(tokens);
+  const uint64_t whole = PayloadChecksum(b.payload(), kPayload);
+  for (const std::vector<uint64_t>& cuts :
+       std::vector<std::vector<uint64_t>>{{}, {1}, {100, 101, 4096}, {239, 240, 241, 8000}}) {
+    auto pieces = Cut(b, cuts);
+    EXPECT_EQ(PayloadChecksumPieces(Spans(pieces), kPayload), whole) << cuts.size() << " cuts";
+  }
+  // Only the first `bytes` count.
+  auto pieces = Cut(b, {4000});
+  EXPECT_EQ(PayloadChecksumPieces(Spans(pieces), 5000), PayloadChecksum(b.payload(), 5000));
+}
+
+TEST(BlockFormatPieces, VerifiesLikeTheContiguousBlock) {
+  const std::vector<TokenId> tokens = Tokens(16);
+  Block b = MakeBlock(tokens);
+  ExpectedBlock e = Expect(tokens);
+  e.header_bytes = kBlockHeaderBytes;
+  const std::span<const uint8_t> header(b.bytes.data(), kBlockHeaderBytes);
+  const uint64_t size = b.bytes.size();
+  auto pieces = Cut(b, {512, 513, 4096});
+  EXPECT_EQ(VerifyBlockPieces(header, Spans(pieces), size, e), BlockCheck::kOk);
+  // A flipped payload bit in any piece.
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    pieces[p][pieces[p].size() / 2] ^= 0x10;
+    EXPECT_EQ(VerifyBlockPieces(header, Spans(pieces), size, e), BlockCheck::kBadPayload)
+        << "piece " << p;
+    pieces[p][pieces[p].size() / 2] ^= 0x10;
+  }
+  // A short object (the payload did not all arrive), and pieces too small for the payload.
+  EXPECT_EQ(VerifyBlockPieces(header, Spans(pieces), size - 1, e), BlockCheck::kWrongPayloadLength);
+  auto fewer = Spans(pieces);
+  fewer.pop_back();
+  EXPECT_EQ(VerifyBlockPieces(header, fewer, size, e), BlockCheck::kWrongPayloadLength);
+  // The identity checks, as VerifyBlock's.
+  ExpectedBlock other = e;
+  other.key = BlockKey{1, 2};
+  EXPECT_EQ(VerifyBlockPieces(header, Spans(pieces), size, other), BlockCheck::kWrongKey);
+  EXPECT_EQ(VerifyBlock(b.bytes, other), BlockCheck::kWrongKey);
+  other = e;
+  other.tokens = std::span<const TokenId>();
+  const std::vector<TokenId> wrong = Tokens(16, 7);
+  other.tokens = wrong;
+  EXPECT_EQ(VerifyBlockPieces(header, Spans(pieces), size, other), BlockCheck::kWrongTokens);
+  // A damaged header, or an object shorter than its header.
+  std::vector<uint8_t> bad_header(header.begin(), header.end());
+  bad_header[20] ^= 1;
+  EXPECT_EQ(VerifyBlockPieces(bad_header, Spans(pieces), size, e), BlockCheck::kBadHeader);
+  EXPECT_NE(VerifyBlockPieces(header, Spans(pieces), 100, e), BlockCheck::kOk);
+  const std::vector<uint8_t> zeros(kBlockHeaderBytes, 0);
+  EXPECT_EQ(VerifyBlockPieces(zeros, Spans(pieces), size, e), BlockCheck::kEmpty);
+}
+
+}  // namespace
+}  // namespace kvtier

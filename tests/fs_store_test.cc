@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <vector>
 
 #include "disk_test_util.h"
@@ -453,6 +454,197 @@ TEST(FsStore, EnospcOnASmallFilesystemLeavesNoPartialObject) {
   std::vector<uint8_t> present(4);
   ASSERT_TRUE(store->Contains(names, Soon(), present).ok());
   EXPECT_EQ(std::count(present.begin(), present.end(), 1), stored - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scatter destinations (RemoteGet::pieces).
+
+// Bytes with no period (unlike Pattern), so a piece landing at the wrong offset shows.
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  std::mt19937_64 rng(seed);
+  for (auto& b : v) b = static_cast<uint8_t>(rng() >> 56);
+  return v;
+}
+
+// A scatter destination: each piece a buffer of its own, filled with 0xAB.
+struct Pieces {
+  explicit Pieces(const std::vector<size_t>& sizes) {
+    for (size_t n : sizes) bufs.emplace_back(n, 0xAB);
+    for (auto& b : bufs) spans.emplace_back(b.data(), b.size());
+  }
+  // The first `n` bytes held by the pieces, in order.
+  std::vector<uint8_t> Joined(size_t n) const {
+    std::vector<uint8_t> out;
+    for (const auto& b : bufs) out.insert(out.end(), b.begin(), b.end());
+    out.resize(std::min(n, out.size()));
+    return out;
+  }
+  // Whether every byte from byte `from` of the joined pieces on is still 0xAB.
+  bool UntouchedFrom(size_t from) const {
+    size_t at = 0;
+    for (const auto& b : bufs) {
+      for (uint8_t x : b) {
+        if (at++ >= from && x != 0xAB) return false;
+      }
+    }
+    return true;
+  }
+  std::vector<std::vector<uint8_t>> bufs;
+  std::vector<std::span<uint8_t>> spans;
+};
+
+// A KV block as an engine holds it: a 4096-byte header, then 64 chunks of 32 KiB.
+std::vector<size_t> KvBlockLayout() {
+  std::vector<size_t> sizes = {4096};
+  sizes.insert(sizes.end(), 64, 32 << 10);
+  return sizes;
+}
+
+// Uneven pieces (empty ones too) adding up to `total`.
+std::vector<size_t> UnevenLayout(size_t total) {
+  std::vector<size_t> sizes = {4096, 0, 32 << 10, 1, 17, 0};
+  EXPECT_GE(total, 4096u + (32 << 10) + 1 + 17) << "UnevenLayout: too small a total";
+  sizes.push_back(total - (4096 + (32 << 10) + 1 + 17));
+  return sizes;
+}
+
+// Gets `names` into pieces of layouts[i] in one call; checks nothing.
+struct ScatterResult {
+  std::vector<Pieces> pieces;
+  std::vector<RemoteGet> gets;
+  std::vector<Status> results;
+};
+ScatterResult GetScattered(RemoteStore* store, const std::vector<std::string>& names,
+                           const std::vector<std::vector<size_t>>& layouts) {
+  ScatterResult r;
+  for (const auto& l : layouts) r.pieces.emplace_back(l);
+  for (size_t i = 0; i < names.size(); ++i) {
+    RemoteGet g{names[i], {}, 0};
+    g.pieces = r.pieces[i].spans;
+    r.gets.push_back(std::move(g));
+  }
+  r.results.resize(names.size());
+  store->Get(r.gets, Soon(), r.results);
+  return r;
+}
+
+constexpr size_t kKvBlock = (2 << 20) + 4096;
+
+TEST(FsStoreScatter, AKvBlockLandsByteExactInUnevenAndInEngineSizedPieces) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  const auto bytes = RandomBytes(kKvBlock, 1);
+  ASSERT_TRUE(PutOne(store.get(), "block", bytes).ok());
+  for (const auto& layout : {UnevenLayout(kKvBlock), KvBlockLayout()}) {
+    ScatterResult g = GetScattered(store.get(), {"block"}, {layout});
+    ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
+    ASSERT_EQ(g.gets[0].bytes_read, kKvBlock);
+    EXPECT_TRUE(g.pieces[0].Joined(kKvBlock) == bytes) << "pieces of " << layout.size();
+    EXPECT_TRUE(std::equal(g.pieces[0].bufs[0].begin(), g.pieces[0].bufs[0].end(), bytes.begin()))
+        << "the header piece";
+  }
+  // The same object into a contiguous dest, for comparison.
+  std::vector<uint8_t> dest(kKvBlock);
+  uint64_t n = 0;
+  ASSERT_TRUE(GetOne(store.get(), "block", dest, &n).ok());
+  EXPECT_EQ(n, kKvBlock);
+  EXPECT_EQ(dest, bytes);
+  EXPECT_EQ(store->Stats().get_bytes, 3 * kKvBlock);
+}
+
+// Several objects in one call, each into its own pieces, with a miss, an object too large and
+// an empty one among them: each gets its own result.
+TEST(FsStoreScatter, SeveralObjectsInOneCallEachGetTheirOwnResult) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::vector<uint8_t>> values = {RandomBytes(kKvBlock, 2), RandomBytes(5000, 3),
+                                                    RandomBytes(0, 4), RandomBytes(70001, 5)};
+  const std::vector<std::string> names = {"a", "b", "c", "d", "missing", "a"};
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(PutOne(store.get(), names[i], values[i]).ok());
+  }
+  const std::vector<std::vector<size_t>> layouts = {
+      KvBlockLayout(), {1, 7, 1000, 1, 7, 1000, 4000}, {3}, UnevenLayout(70001),
+      {100},           UnevenLayout(kKvBlock - 1)};
+  ScatterResult g = GetScattered(store.get(), names, layouts);
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
+    ASSERT_EQ(g.gets[i].bytes_read, values[i].size()) << i;
+    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
+    EXPECT_TRUE(g.pieces[i].UntouchedFrom(values[i].size())) << i;
+  }
+  EXPECT_TRUE(g.results[4].Is(StatusCode::kNotFound)) << g.results[4].ToString();
+  EXPECT_TRUE(g.pieces[4].UntouchedFrom(0));
+  EXPECT_TRUE(g.results[5].Is(StatusCode::kCorruption)) << g.results[5].ToString();
+  EXPECT_TRUE(g.pieces[5].UntouchedFrom(0));
+}
+
+TEST(FsStoreScatter, ObjectLargerThanThePiecesIsCorruptionAndThePiecesUntouched) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PutOne(store.get(), "big", RandomBytes(kKvBlock + 1, 6)).ok());
+  ScatterResult g = GetScattered(store.get(), {"big"}, {KvBlockLayout()});
+  EXPECT_TRUE(g.results[0].Is(StatusCode::kCorruption)) << g.results[0].ToString();
+  EXPECT_NE(g.results[0].message().find(std::to_string(kKvBlock) + "-byte pieces"),
+            std::string::npos)
+      << g.results[0].ToString();
+  EXPECT_EQ(g.gets[0].bytes_read, 0u);
+  EXPECT_TRUE(g.pieces[0].UntouchedFrom(0));
+  EXPECT_EQ(store->Stats().get_failures, 1u);
+  EXPECT_FALSE(store->Stats().breaker_open);
+}
+
+TEST(FsStoreScatter, AMissingObjectIsNotFoundAndThePiecesUntouched) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  ScatterResult g = GetScattered(store.get(), {"nothing"}, {KvBlockLayout()});
+  EXPECT_TRUE(g.results[0].Is(StatusCode::kNotFound)) << g.results[0].ToString();
+  EXPECT_EQ(g.gets[0].bytes_read, 0u);
+  EXPECT_TRUE(g.pieces[0].UntouchedFrom(0));
+}
+
+TEST(FsStoreScatter, AnObjectSmallerThanThePiecesFillsTheLeadingOnes) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  const auto bytes = RandomBytes(4096 + 1000, 7);
+  ASSERT_TRUE(PutOne(store.get(), "small", bytes).ok());
+  ScatterResult g = GetScattered(store.get(), {"small"}, {KvBlockLayout()});
+  ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
+  ASSERT_EQ(g.gets[0].bytes_read, bytes.size());
+  EXPECT_TRUE(g.pieces[0].Joined(bytes.size()) == bytes);
+  EXPECT_TRUE(g.pieces[0].UntouchedFrom(bytes.size()));
+  EXPECT_TRUE(std::equal(g.pieces[0].bufs[0].begin(), g.pieces[0].bufs[0].end(), bytes.begin()));
+  EXPECT_EQ(g.pieces[0].bufs[1][999], bytes[4096 + 999]);
+  EXPECT_EQ(g.pieces[0].bufs[1][1000], 0xAB);
+}
+
+// 600 pieces of 4 KiB, and 2000 of 1 KiB: more than IOV_MAX (1024), so one preadv cannot take
+// them all.
+TEST(FsStoreScatter, ThousandsOfSmallPiecesLandByteExact) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.sub("g4"));
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::vector<uint8_t>> values = {
+      RandomBytes(600 * 4096, 8), RandomBytes(2000 * 1024, 9), RandomBytes(2000 * 1024 - 100, 10)};
+  const std::vector<std::string> names = {"x", "y", "z"};
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(PutOne(store.get(), names[i], values[i]).ok());
+  }
+  ScatterResult g = GetScattered(store.get(), names,
+                                 {std::vector<size_t>(600, 4096), std::vector<size_t>(2000, 1024),
+                                  std::vector<size_t>(2100, 1024)});
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
+    ASSERT_EQ(g.gets[i].bytes_read, values[i].size());
+    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
+    EXPECT_TRUE(g.pieces[i].UntouchedFrom(values[i].size())) << i;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // out of memory, concurrency, endpoint parsing and the cluster hash.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -534,6 +535,276 @@ TEST(RedisStoreTest, AFullPoolIsTimedOutByTheCallersDeadline) {
   EXPECT_TRUE(saw_busy) << "no call met the pool held by a call on the paused server; calls: "
                         << ::testing::PrintToString(seen);
   EXPECT_TRUE(GetAll(store.get(), 0, 1, 100).results[0].ok()) << "usable again";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scatter destinations (RemoteGet::pieces).
+
+// A scatter destination: each piece a buffer of its own (so no two are contiguous), filled
+// with 0xAB.
+struct Pieces {
+  explicit Pieces(const std::vector<size_t>& sizes) {
+    for (size_t n : sizes) bufs.emplace_back(n, 0xAB);
+    for (auto& b : bufs) spans.emplace_back(b.data(), b.size());
+  }
+  // The first `n` bytes held by the pieces, in order.
+  std::vector<uint8_t> Joined(size_t n) const {
+    std::vector<uint8_t> out;
+    for (const auto& b : bufs) out.insert(out.end(), b.begin(), b.end());
+    out.resize(std::min(n, out.size()));
+    return out;
+  }
+  // Whether every byte from byte `from` of the joined pieces on is still 0xAB.
+  bool UntouchedFrom(size_t from) const {
+    size_t at = 0;
+    for (const auto& b : bufs) {
+      for (uint8_t x : b) {
+        if (at++ >= from && x != 0xAB) return false;
+      }
+    }
+    return true;
+  }
+  std::vector<std::vector<uint8_t>> bufs;
+  std::vector<std::span<uint8_t>> spans;
+};
+
+// A KV block as an engine holds it: a 4096-byte header, then 64 chunks of 32 KiB.
+std::vector<size_t> KvBlockLayout() {
+  std::vector<size_t> sizes = {4096};
+  sizes.insert(sizes.end(), 64, 32 << 10);
+  return sizes;
+}
+
+// Uneven pieces (empty ones too) adding up to `total`.
+std::vector<size_t> UnevenLayout(size_t total) {
+  const std::vector<size_t> head = {4096, 0, 32 << 10, 1, 17, 0};
+  size_t used = 0;
+  for (size_t n : head) used += n;
+  EXPECT_GE(total, used) << "UnevenLayout: too small a total";
+  std::vector<size_t> sizes = head;
+  sizes.push_back(total - used);
+  return sizes;
+}
+
+// Gets Name(first + i) into pieces of layouts[i]; checks nothing.
+struct ScatterResult {
+  std::vector<Pieces> pieces;
+  std::vector<RemoteGet> gets;
+  std::vector<Status> results;
+};
+ScatterResult GetScattered(RemoteStore* store, uint64_t first,
+                           const std::vector<std::vector<size_t>>& layouts) {
+  ScatterResult r;
+  for (const auto& l : layouts) r.pieces.emplace_back(l);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    RemoteGet g{Name(first + i), {}, 0};
+    g.pieces = r.pieces[i].spans;
+    r.gets.push_back(std::move(g));
+  }
+  r.results.resize(layouts.size());
+  store->Get(r.gets, In(milliseconds(5000)), r.results);
+  return r;
+}
+
+TEST(RedisStoreScatterTest, AKvBlockLandsByteExactInUnevenAndInEngineSizedPieces) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  auto store = MustOpen(Opts(server.endpoint()));
+  ASSERT_NE(store, nullptr);
+  const size_t kBlock = 2 * kMiB + 4096;
+  const std::vector<std::vector<uint8_t>> values = {Pattern(11, kBlock)};
+  ASSERT_TRUE(PutAll(store.get(), 0, values)[0].ok());
+
+  for (const auto& layout : {UnevenLayout(kBlock), KvBlockLayout()}) {
+    ScatterResult g = GetScattered(store.get(), 0, {layout});
+    ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
+    ASSERT_EQ(g.gets[0].bytes_read, kBlock);
+    EXPECT_TRUE(g.pieces[0].Joined(kBlock) == values[0]) << "pieces of " << layout.size();
+    EXPECT_TRUE(
+        std::equal(g.pieces[0].bufs[0].begin(), g.pieces[0].bufs[0].end(), values[0].begin()))
+        << "the header piece";
+  }
+  // The same object into a contiguous dest, for comparison.
+  GetResult c = GetAll(store.get(), 0, 1, kBlock);
+  ASSERT_TRUE(c.results[0].ok()) << c.results[0].ToString();
+  EXPECT_EQ(c.bufs[0], values[0]);
+  EXPECT_EQ(store->Stats().get_bytes, 3 * kBlock);
+}
+
+// Several objects in one call (pipelined on one connection), large and small, so payloads
+// arrive both straight from the socket and out of the receive buffer, across piece boundaries.
+TEST(RedisStoreScatterTest, PipelinedObjectsLandByteExactInTheirPieces) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  RedisStoreOptions o = Opts(server.endpoint());
+  o.connections_per_node = 1;
+  auto store = MustOpen(o);
+  ASSERT_NE(store, nullptr);
+  const std::vector<size_t> sizes = {2 * kMiB + 4096, 5000, 1, 0, 70001, 2 * kMiB + 4096, 33};
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<std::vector<size_t>> layouts;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    values.push_back(Pattern(20 + i, sizes[i]));
+    if (sizes[i] > 2 * kMiB) {
+      layouts.push_back(i == 0 ? KvBlockLayout() : UnevenLayout(sizes[i]));
+    } else {
+      // Small pieces of 1, 7 and 1000 bytes in turn, a little more than the object.
+      std::vector<size_t> l;
+      size_t total = 0;
+      for (size_t k = 0; total < sizes[i] + 3; ++k) {
+        l.push_back(k % 3 == 0 ? 1 : k % 3 == 1 ? 7 : 1000);
+        total += l.back();
+      }
+      layouts.push_back(l);
+    }
+  }
+  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok()) << s.ToString();
+  ScatterResult g = GetScattered(store.get(), 0, layouts);
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
+    ASSERT_EQ(g.gets[i].bytes_read, values[i].size()) << i;
+    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
+    EXPECT_TRUE(g.pieces[i].UntouchedFrom(values[i].size())) << i;
+  }
+}
+
+TEST(RedisStoreScatterTest, ObjectLargerThanThePiecesIsCorruptionAndThePiecesUntouched) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  auto store = MustOpen(Opts(server.endpoint()));
+  ASSERT_NE(store, nullptr);
+  const size_t kBlock = 2 * kMiB + 4096;
+  const std::vector<std::vector<uint8_t>> values = {Pattern(30, kBlock + 1), Pattern(31, 4000)};
+  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok());
+  // One byte short, then (same call, same connection) an object that fits.
+  ScatterResult g =
+      GetScattered(store.get(), 0, {KvBlockLayout(), UnevenLayout(4096 + 32768 + 18 + 5)});
+  EXPECT_TRUE(g.results[0].Is(StatusCode::kCorruption)) << g.results[0].ToString();
+  EXPECT_NE(g.results[0].message().find(std::to_string(kBlock + 1)), std::string::npos)
+      << g.results[0].ToString();
+  EXPECT_NE(g.results[0].message().find(std::to_string(kBlock)), std::string::npos)
+      << g.results[0].ToString();
+  EXPECT_EQ(g.gets[0].bytes_read, 0u);
+  EXPECT_TRUE(g.pieces[0].UntouchedFrom(0));
+  ASSERT_TRUE(g.results[1].ok()) << g.results[1].ToString();
+  EXPECT_TRUE(g.pieces[1].Joined(4000) == values[1]);
+  EXPECT_EQ(store->Stats().get_failures, 1u);
+}
+
+TEST(RedisStoreScatterTest, AMissingObjectIsNotFoundAndThePiecesUntouched) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  auto store = MustOpen(Opts(server.endpoint()));
+  ASSERT_NE(store, nullptr);
+  ScatterResult g = GetScattered(store.get(), 5, {KvBlockLayout()});
+  EXPECT_TRUE(g.results[0].Is(StatusCode::kNotFound)) << g.results[0].ToString();
+  EXPECT_EQ(g.gets[0].bytes_read, 0u);
+  EXPECT_TRUE(g.pieces[0].UntouchedFrom(0));
+  EXPECT_EQ(store->Stats().get_misses, 1u);
+}
+
+TEST(RedisStoreScatterTest, AnObjectSmallerThanThePiecesFillsTheLeadingOnes) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  auto store = MustOpen(Opts(server.endpoint()));
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::vector<uint8_t>> values = {Pattern(40, 4096 + 1000),
+                                                    Pattern(41, 300 * 1024 + 5)};
+  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok());
+  ScatterResult g = GetScattered(store.get(), 0, {KvBlockLayout(), KvBlockLayout()});
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(g.results[i].ok()) << g.results[i].ToString();
+    ASSERT_EQ(g.gets[i].bytes_read, values[i].size());
+    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
+    EXPECT_TRUE(g.pieces[i].UntouchedFrom(values[i].size())) << i;
+  }
+  // The first: the header piece full, 1000 bytes in the next, the rest untouched.
+  EXPECT_TRUE(
+      std::equal(g.pieces[0].bufs[0].begin(), g.pieces[0].bufs[0].end(), values[0].begin()));
+  EXPECT_EQ(g.pieces[0].bufs[1][999], values[0][4096 + 999]);
+  EXPECT_EQ(g.pieces[0].bufs[1][1000], 0xAB);
+}
+
+// Many small pieces: 600 of 4 KiB, and 2000 of 1 KiB (more than IOV_MAX, 1024 on Linux, so one
+// read cannot cover them all: reading them needs several readv calls, each within the limit).
+TEST(RedisStoreScatterTest, ThousandsOfSmallPiecesLandByteExact) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  auto store = MustOpen(Opts(server.endpoint()));
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::vector<uint8_t>> values = {
+      Pattern(50, 600 * 4096), Pattern(51, 2000 * 1024), Pattern(52, 2000 * 1024 - 100)};
+  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok());
+  const std::vector<std::vector<size_t>> layouts = {std::vector<size_t>(600, 4096),
+                                                    std::vector<size_t>(2000, 1024),
+                                                    std::vector<size_t>(2100, 1024)};
+  // One object at a time (a payload straight from the socket), then all three pipelined.
+  for (size_t i = 0; i < values.size(); ++i) {
+    ScatterResult g = GetScattered(store.get(), i, {layouts[i]});
+    ASSERT_TRUE(g.results[0].ok()) << i << ": " << g.results[0].ToString();
+    ASSERT_EQ(g.gets[0].bytes_read, values[i].size());
+    EXPECT_TRUE(g.pieces[0].Joined(values[i].size()) == values[i]) << i;
+    EXPECT_TRUE(g.pieces[0].UntouchedFrom(values[i].size())) << i;
+  }
+  ScatterResult g = GetScattered(store.get(), 0, layouts);
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
+    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
+  }
+}
+
+// Scatter destinations through a Redis Cluster: every node's lane, then an ASK mid-migration
+// and a MOVED after it (both retried into the same pieces).
+TEST(RedisStoreScatterTest, ClusterRoutesAndRedirectsIntoThePieces) {
+  KVTIER_REQUIRE_REDIS();
+  testing::RedisCluster cluster(3);
+  ASSERT_TRUE(cluster.Start()) << cluster.error();
+  RedisStoreOptions o = Opts(cluster.node(0).endpoint());
+  o.cluster = true;
+  auto store = MustOpen(o);
+  ASSERT_NE(store, nullptr);
+  constexpr int kN = 24;
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < kN; ++i) values.push_back(Pattern(60 + i, 4096 + 32768 * (2 + i % 3)));
+  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int n = 0; n < 3; ++n) EXPECT_GT(cluster.node(n).DbSize(), 0) << "node " << n;
+  ScatterResult g =
+      GetScattered(store.get(), 0, std::vector<std::vector<size_t>>(kN, KvBlockLayout()));
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
+    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
+  }
+
+  // Migrate the slot of Name(0) as redis-cli --cluster reshard does.
+  const std::string s = std::to_string(RedisHashSlot(Name(0)));
+  const int from = cluster.NodeOfSlot(RedisHashSlot(Name(0)));
+  ASSERT_GE(from, 0);
+  auto& src = cluster.node(from);
+  auto& dst = cluster.node((from + 1) % 3);
+  const std::string src_id = src.Command({"CLUSTER", "MYID"}).text;
+  const std::string dst_id = dst.Command({"CLUSTER", "MYID"}).text;
+  ASSERT_EQ(dst.Command({"CLUSTER", "SETSLOT", s, "IMPORTING", src_id}).text, "OK");
+  ASSERT_EQ(src.Command({"CLUSTER", "SETSLOT", s, "MIGRATING", dst_id}).text, "OK");
+  ASSERT_EQ(
+      src.Command({"MIGRATE", "127.0.0.1", std::to_string(dst.port()), Name(0), "0", "5000"}).text,
+      "OK");
+  g = GetScattered(store.get(), 0, {UnevenLayout(values[0].size())});  // ASK
+  ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
+  EXPECT_TRUE(g.pieces[0].Joined(values[0].size()) == values[0]);
+  EXPECT_EQ(store->Stats().redirects, 1u);
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_EQ(cluster.node(n).Command({"CLUSTER", "SETSLOT", s, "NODE", dst_id}).text, "OK");
+  }
+  g = GetScattered(store.get(), 0, {UnevenLayout(values[0].size())});  // MOVED
+  ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
+  EXPECT_TRUE(g.pieces[0].Joined(values[0].size()) == values[0]);
+  EXPECT_EQ(store->Stats().redirects, 2u);
 }
 
 }  // namespace

@@ -199,6 +199,83 @@ std::vector<Kind> Kinds() {
                      *cap = m.copies.capacity() * 12;
                      return s;
                    }});
+  kinds.push_back({"Fetch",
+                   [](Rng& rng) {
+                     FetchCall m;
+                     m.batch = rng();
+                     m.deadline_ns = static_cast<int64_t>(rng() >> 1);
+                     for (size_t i = rng() % 5; i > 0; --i) {
+                       G4Fetch f;
+                       f.g1_block = static_cast<uint32_t>(rng());
+                       f.name = RandomString(rng, 40);
+                       f.namespace_id = rng();
+                       f.key = BlockKey{rng(), rng()};
+                       f.tokens = RandomU32s(rng, 20);
+                       m.items.push_back(std::move(f));
+                     }
+                     WireWriter w;
+                     EncodeFetch(&w, m);
+                     return w.Take();
+                   },
+                   [](std::span<const uint8_t> b, std::string* shape, size_t* cap) {
+                     FetchCall m;
+                     WireReader r(b);
+                     Status s = DecodeFetch(&r, &m);
+                     *shape = std::to_string(m.batch) + std::to_string(m.deadline_ns) + "|";
+                     for (const G4Fetch& f : m.items) {
+                       *shape += std::to_string(f.g1_block) + f.name +
+                                 std::to_string(f.namespace_id) + f.key.ToHex() + Join(f.tokens) +
+                                 ";";
+                       *cap = std::max(*cap, f.tokens.capacity() * 4);
+                     }
+                     // Items are taken one by one, each after its >= 32 bytes were read.
+                     *cap = std::max(*cap, m.items.size() * 32);
+                     return s;
+                   }});
+  kinds.push_back({"FetchDone",
+                   [](Rng& rng) {
+                     FetchDone m;
+                     m.batch = rng();
+                     for (size_t i = rng() % 6; i > 0; --i) {
+                       m.statuses.push_back(rng() % 2 ? Status::Ok()
+                                                      : Status::Corruption(RandomString(rng, 30)));
+                     }
+                     WireWriter w;
+                     EncodeFetchDone(&w, m);
+                     return w.Take();
+                   },
+                   [](std::span<const uint8_t> b, std::string* shape, size_t* cap) {
+                     FetchDone m;
+                     WireReader r(b);
+                     Status s = DecodeFetchDone(&r, &m);
+                     *shape = std::to_string(m.batch) + "|";
+                     for (const Status& x : m.statuses) *shape += x.ToString() + ";";
+                     *cap = m.statuses.size() * 5;
+                     return s;
+                   }});
+  kinds.push_back({"G4Config",
+                   [](Rng& rng) {
+                     G4Config m;
+                     m.endpoints = RandomString(rng, 30);
+                     m.cluster = rng() % 2;
+                     m.username = RandomString(rng, 10);
+                     m.password = RandomString(rng, 10);
+                     m.connections = 1 + static_cast<uint32_t>(rng() % 64);
+                     m.pipeline_bytes = rng();
+                     WireWriter w;
+                     EncodeG4Config(&w, m);
+                     return w.Take();
+                   },
+                   [](std::span<const uint8_t> b, std::string* shape, size_t* cap) {
+                     G4Config m;
+                     WireReader r(b);
+                     Status s = DecodeG4Config(&r, &m);
+                     *shape = m.endpoints + "|" + (m.cluster ? "c" : "s") + m.username + "|" +
+                              m.password + "|" + std::to_string(m.connections) +
+                              std::to_string(m.pipeline_bytes);
+                     *cap = m.endpoints.capacity() + m.username.capacity() + m.password.capacity();
+                     return s;
+                   }});
   kinds.push_back({"Events",
                    [](Rng& rng) {
                      WireWriter w;

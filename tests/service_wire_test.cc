@@ -33,7 +33,7 @@ TEST(WireHeaderTest, RoundTripsWithGoldenBytes) {
   EncodeHeader(h, bytes);
   const uint8_t golden[kFrameHeaderBytes] = {
       'K',  'V',  'T',  'S',                           // magic
-      0x01, 0x00,                                      // version 1
+      0x02, 0x00,                                      // version 2
       0x03, 0x02,                                      // type
       0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // seq
       0xc0, 0xb0, 0xa0, 0x00,                          // payload_bytes
@@ -78,13 +78,13 @@ TEST(WireHeaderTest, RefusesWrongMagic) {
 
 TEST(WireHeaderTest, RefusesOtherVersion) {
   FrameHeader h;
-  h.version = 2;
+  h.version = 1;
   uint8_t bytes[kFrameHeaderBytes];
   EncodeHeader(h, bytes);
   Result<FrameHeader> r = DecodeHeader(bytes);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(
-      r.status().message().find("protocol version 2, this build speaks 1: upgrade the older side"),
+      r.status().message().find("protocol version 1, this build speaks 2: upgrade the older side"),
       std::string::npos)
       << r.status().ToString();
 }

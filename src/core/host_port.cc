@@ -42,4 +42,19 @@ Result<HostPort> ParseHostPort(std::string_view text, std::string_view what) {
   return HostPort{std::string(host), static_cast<uint16_t>(value)};
 }
 
+std::vector<std::string> SplitEndpoints(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view item = text.substr(start, comma - start);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace kvtier

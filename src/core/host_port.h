@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvtier/status.h"
 
@@ -21,5 +22,9 @@ struct HostPort {
 // text, saying what is wrong: empty, "has no :port", "has an empty host", "port must be a
 // number in 1..65535", or malformed brackets.
 Result<HostPort> ParseHostPort(std::string_view text, std::string_view what = "endpoint");
+
+// The items of a comma-separated list of endpoints (g4.endpoints), spaces around each item
+// trimmed and empty items dropped. Does not parse the items.
+std::vector<std::string> SplitEndpoints(std::string_view text);
 
 }  // namespace kvtier

@@ -2,30 +2,12 @@
 // eviction writes. The design and its reasons: docs/g4.md.
 #include <string>
 
+#include "core/host_port.h"
 #include "core/log.h"
 #include "manager/block_manager_impl.h"
 #include "tier/cond_wait.h"
 
 namespace kvtier {
-
-namespace {
-
-std::vector<std::string> SplitEndpoints(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    std::string item = text.substr(start, comma - start);
-    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
-    while (!item.empty() && item.back() == ' ') item.pop_back();
-    if (!item.empty()) out.push_back(item);
-    start = comma + 1;
-  }
-  return out;
-}
-
-}  // namespace
 
 Status BlockManager::Impl::InitG4() {
   const Config& cfg = options_.config;

@@ -89,6 +89,8 @@ class BlockManager::Impl {
   // engines map; HostArena::Config::shared) and hands out its descriptor.
   const HostArena* g2_arena() const { return g2_.get(); }
   bool g3_enabled() const { return g3_ != nullptr; }
+  // True when G4 opened (a store that could not open leaves the manager without one).
+  bool HasG4() const { return g4_ != nullptr; }
 
   // `instance`: the engine the request belongs to (see kAllInstances); set by the Lookup that
   // makes the request's entry.

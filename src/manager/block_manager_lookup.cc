@@ -214,7 +214,11 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
       const uint32_t i = start + static_cast<uint32_t>(planned);
       if (i < g4_first || i >= g4_end) break;
       if (g4_rejected_.Contains(keys[planned])) break;  // its load failed since the Lookup
-      std::optional<uint32_t> staging = AllocateStagingSlot(ns);
+      // An engine that fetches G4 blocks itself needs no G2 slot (the block is not promoted).
+      std::optional<uint32_t> staging =
+          engine_->CanFetch(g1_block_ids[i])
+              ? std::optional<uint32_t>(BlockTransfer::kAnyStagingSlot)
+              : AllocateStagingSlot(ns);
       if (!staging) break;
       PlannedLoad p;
       p.request_id = request_id;

@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "service/attached_manager.h"
+#include "service/g1_fetcher.h"
 #include "service/handshake.h"
 #include "transfer/block_copy.h"
 
@@ -175,20 +176,78 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
   (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, status);
 }
 
+Status AttachedManager::SendFrameLocked(int fd, MsgType type, const WireWriter& w) {
+  std::lock_guard lock(send_mu_);
+  return SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
+                   Clock::now() + call_timeout_);
+}
+
+std::unique_ptr<G1Fetcher> AttachedManager::OpenFetcher(int fd, const G4Config& config) {
+  Result<std::unique_ptr<G1Fetcher>> opened =
+      G1Fetcher::Create(config, *g1_, &copy_mu_, [this, fd](const FetchDone& done) {
+        WireWriter w;
+        EncodeFetchDone(&w, done);
+        (void)SendFrameLocked(fd, MsgType::kFetchDone, w);
+      });
+  WireWriter w;
+  EncodeStatus(&w, opened.status());
+  (void)SendFrameLocked(fd, MsgType::kG4Ready, w);
+  {
+    std::lock_guard lock(mu_);
+    stats_.fetches_g4 = opened.ok();
+  }
+  if (!opened.ok()) {
+    KVTIER_LOG(kInfo) << "kvtier: G4 loads go through kvtier serve's G2: "
+                      << opened.status().message();
+    return nullptr;
+  }
+  return std::move(opened).value();
+}
+
 void AttachedManager::DataLoop(int fd) {
+  std::unique_ptr<G1Fetcher> fetcher;  // stopped (its calls ended) before this returns
   for (;;) {
     Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
     if (!frame.ok()) break;
-    CopyCall call;
     WireReader r(frame->payload);
-    Status decoded = frame->header.type == static_cast<uint16_t>(MsgType::kCopy)
-                         ? DecodeCopy(&r, &call)
-                         : Status::InvalidArgument("a data connection frame that is not Copy");
+    const auto type = static_cast<MsgType>(frame->header.type);
+    Status decoded;
+    if (type == MsgType::kCopy) {
+      CopyCall call;
+      decoded = DecodeCopy(&r, &call);
+      if (decoded.ok()) RunCopy(fd, call);
+    } else if (type == MsgType::kFetch) {
+      FetchCall call;
+      decoded = DecodeFetch(&r, &call);
+      if (decoded.ok()) {
+        {
+          std::lock_guard lock(mu_);
+          stats_.fetch_batches++;
+        }
+        if (fetcher) {
+          fetcher->Enqueue(std::move(call));
+        } else {
+          FetchDone done;
+          done.batch = call.batch;
+          done.statuses.assign(call.items.size(),
+                               Status::FailedPrecondition("this engine does not fetch from G4"));
+          WireWriter w;
+          EncodeFetchDone(&w, done);
+          (void)SendFrameLocked(fd, MsgType::kFetchDone, w);
+        }
+      }
+    } else if (type == MsgType::kG4Config) {
+      G4Config config;
+      decoded = DecodeG4Config(&r, &config);
+      if (decoded.ok() && !fetcher) fetcher = OpenFetcher(fd, config);
+    } else {
+      decoded = Status::InvalidArgument(std::string("a data connection cannot carry ") +
+                                        MsgTypeName(frame->header.type));
+    }
     if (!decoded.ok()) {
-      KVTIER_LOG(kWarn) << "kvtier: kvtier serve sent a bad copy frame: " << decoded.ToString();
+      KVTIER_LOG(kWarn) << "kvtier: kvtier serve sent a bad data frame: " << decoded.ToString();
       break;
     }
-    RunCopy(fd, call);
   }
   // Device batches still running report into a closed socket; their callbacks end first.
 }

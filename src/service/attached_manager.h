@@ -24,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -86,6 +87,8 @@ class AttachedManager {
     uint64_t failed_calls = 0;    // calls answered as misses because the daemon was gone
     uint64_t copy_batches = 0;    // kCopy batches run
     uint64_t late_batches = 0;    // batches (or loads' layers) refused past their lease
+    bool fetches_g4 = false;      // this engine gets G4 blocks straight into its G1
+    uint64_t fetch_batches = 0;   // kFetch batches run
     uint64_t events = 0;          // events handed to SubscribeEvents callbacks
     uint64_t events_dropped = 0;  // events the daemon dropped for this subscriber
     uint64_t events_connects = 0;
@@ -114,6 +117,9 @@ class AttachedManager {
   void Barrier() { std::lock_guard lock(copy_mu_); }
   void DataLoop(int fd);
   void RunCopy(int fd, const CopyCall& call);
+  // kG4Config on the data connection: opens this engine's G4 fetcher (or says why not).
+  std::unique_ptr<class G1Fetcher> OpenFetcher(int fd, const G4Config& config);
+  Status SendFrameLocked(int fd, MsgType type, const WireWriter& w);
   Status SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer, const Status& status);
   void EventsLoop();
 
@@ -151,7 +157,9 @@ class AttachedManager {
   std::thread events_thread_;
 
   // Data plane.
-  std::mutex copy_mu_;  // held while a layer or block is copied; see the header
+  // Held while a layer or block is copied, and shared while a G4 fetch writes G1 (G1Fetcher);
+  // Barrier takes it exclusively. See the header.
+  std::shared_mutex copy_mu_;
   std::mutex send_mu_;  // one report at a time on the data connection
   UniqueFd data_fd_;
   std::thread data_thread_;

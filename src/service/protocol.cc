@@ -44,6 +44,14 @@ const char* MsgTypeName(uint16_t type) {
       return "CopyLayer";
     case MsgType::kCopyDone:
       return "CopyDone";
+    case MsgType::kFetch:
+      return "Fetch";
+    case MsgType::kFetchDone:
+      return "FetchDone";
+    case MsgType::kG4Config:
+      return "G4Config";
+    case MsgType::kG4Ready:
+      return "G4Ready";
     case MsgType::kEvents:
       return "Events";
   }
@@ -356,6 +364,85 @@ Status DecodeCopy(WireReader* r, CopyCall* m) {
     KVTIER_RETURN_IF_ERROR(r->U32("copy.g1_block", &block));
     KVTIER_RETURN_IF_ERROR(r->U64("copy.offset", &offset));
   }
+  return r->Done();
+}
+
+void EncodeFetch(WireWriter* w, const FetchCall& m) {
+  w->U64(m.batch);
+  w->I64(m.deadline_ns);
+  w->U32(static_cast<uint32_t>(m.items.size()));
+  for (const G4Fetch& f : m.items) {
+    w->U32(f.g1_block);
+    w->String(f.name);
+    w->U64(f.namespace_id);
+    w->U64(f.key.hi);
+    w->U64(f.key.lo);
+    w->U32Array(f.tokens);
+  }
+}
+
+Status DecodeFetch(WireReader* r, FetchCall* m) {
+  KVTIER_RETURN_IF_ERROR(r->U64("fetch.batch", &m->batch));
+  KVTIER_RETURN_IF_ERROR(r->I64("fetch.deadline_ns", &m->deadline_ns));
+  uint32_t n = 0;
+  // Each item: block, name length, namespace, key, token count: at least 32 bytes.
+  KVTIER_RETURN_IF_ERROR(r->Count("fetch.items", kMaxCopies, 32, &n));
+  // Grown item by item (an item in memory is larger than its 32 bytes on the wire).
+  m->items.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    G4Fetch f;
+    KVTIER_RETURN_IF_ERROR(r->U32("fetch.g1_block", &f.g1_block));
+    KVTIER_RETURN_IF_ERROR(r->String("fetch.name", kMaxNameBytes, &f.name));
+    KVTIER_RETURN_IF_ERROR(r->U64("fetch.namespace_id", &f.namespace_id));
+    KVTIER_RETURN_IF_ERROR(r->U64("fetch.key", &f.key.hi));
+    KVTIER_RETURN_IF_ERROR(r->U64("fetch.key", &f.key.lo));
+    KVTIER_RETURN_IF_ERROR(r->U32Array("fetch.tokens", kMaxBlockTokens, &f.tokens));
+    m->items.push_back(std::move(f));
+  }
+  return r->Done();
+}
+
+void EncodeFetchDone(WireWriter* w, const FetchDone& m) {
+  w->U64(m.batch);
+  w->U32(static_cast<uint32_t>(m.statuses.size()));
+  for (const Status& s : m.statuses) EncodeStatus(w, s);
+}
+
+Status DecodeFetchDone(WireReader* r, FetchDone* m) {
+  KVTIER_RETURN_IF_ERROR(r->U64("fetch_done.batch", &m->batch));
+  uint32_t n = 0;
+  KVTIER_RETURN_IF_ERROR(r->Count("fetch_done.statuses", kMaxCopies, 5, &n));
+  m->statuses.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    Status s;
+    KVTIER_RETURN_IF_ERROR(DecodeStatus(r, &s));
+    m->statuses.push_back(std::move(s));
+  }
+  return r->Done();
+}
+
+void EncodeG4Config(WireWriter* w, const G4Config& m) {
+  w->String(m.endpoints);
+  w->U8(m.cluster ? 1 : 0);
+  w->String(m.username);
+  w->String(m.password);
+  w->U32(m.connections);
+  w->U64(m.pipeline_bytes);
+}
+
+Status DecodeG4Config(WireReader* r, G4Config* m) {
+  KVTIER_RETURN_IF_ERROR(r->String("g4_config.endpoints", kMaxIdBytes, &m->endpoints));
+  uint8_t cluster = 0;
+  KVTIER_RETURN_IF_ERROR(r->U8("g4_config.cluster", &cluster));
+  m->cluster = cluster != 0;
+  KVTIER_RETURN_IF_ERROR(r->String("g4_config.username", kMaxIdBytes, &m->username));
+  KVTIER_RETURN_IF_ERROR(r->String("g4_config.password", kMaxIdBytes, &m->password));
+  KVTIER_RETURN_IF_ERROR(r->U32("g4_config.connections", &m->connections));
+  if (m->connections < 1 || m->connections > 64) {
+    return Status::InvalidArgument("service protocol: g4_config.connections " +
+                                   std::to_string(m->connections) + " is outside 1..64");
+  }
+  KVTIER_RETURN_IF_ERROR(r->U64("g4_config.pipeline_bytes", &m->pipeline_bytes));
   return r->Done();
 }
 

@@ -7,6 +7,10 @@
 //         of these, one per call in flight);
 //   data  the daemon sends kCopy frames (copy these blocks between your G1 and G2 before the
 //         deadline); the engine answers kCopyLayer (layer l of the batch landed) and kCopyDone.
+//         With a Redis G4, the daemon first offers the store (kG4Config); an engine that can
+//         fetch from it answers kG4Ready Ok, and G4 loads into its G1 then come as kFetch
+//         frames (get these objects straight into these G1 blocks, verified), answered by one
+//         kFetchDone with every block's status.
 // The first frame on either is kHello; its reply carries the instance number and, on a data
 // connection, the G2 memfd (SCM_RIGHTS) and the geometry to map it with.
 #pragma once
@@ -22,6 +26,7 @@
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 #include "service/wire.h"
+#include "transfer/device_backend.h"
 
 namespace kvtier::service {
 
@@ -44,6 +49,10 @@ enum class MsgType : uint16_t {
   kCopy = 40,       // daemon -> engine, data connection
   kCopyLayer = 41,  // engine -> daemon
   kCopyDone = 42,   // engine -> daemon
+  kFetch = 43,      // daemon -> engine, data connection: get these G4 objects into G1
+  kFetchDone = 44,  // engine -> daemon: each fetched block's status
+  kG4Config = 45,   // daemon -> engine, data connection: the G4 store to fetch from
+  kG4Ready = 46,    // engine -> daemon: whether it fetches (Ok) or not (why)
   kEvents = 50,     // daemon -> engine, events connection
 };
 // "Lookup", "Copy", ...; "unknown" for a value that names no type.
@@ -151,6 +160,35 @@ struct CopyCall {
 };
 void EncodeCopy(WireWriter* w, const CopyCall& m);
 Status DecodeCopy(WireReader* r, CopyCall* m);
+// kFetch: get each object straight into its G1 block before `deadline_ns` (as kCopy's) and
+// verify it (block_format.h) against the fields given; answered by one kFetchDone.
+struct FetchCall {
+  uint64_t batch = 0;
+  int64_t deadline_ns = 0;
+  std::vector<G4Fetch> items;
+};
+void EncodeFetch(WireWriter* w, const FetchCall& m);
+Status DecodeFetch(WireReader* r, FetchCall* m);
+// kFetchDone: statuses[i] is item i's (Ok: it landed in G1 and verified).
+struct FetchDone {
+  uint64_t batch = 0;
+  std::vector<Status> statuses;
+};
+void EncodeFetchDone(WireWriter* w, const FetchDone& m);
+Status DecodeFetchDone(WireReader* r, FetchDone* m);
+// kG4Config: the daemon's Redis G4 (g4.* settings), for the engine's own client. The peer is
+// authenticated (docs/service.md), so the password travels in it.
+struct G4Config {
+  std::string endpoints;  // g4.endpoints
+  bool cluster = false;
+  std::string username;
+  std::string password;
+  uint32_t connections = 1;     // per node, and the engine's fetch threads
+  uint64_t pipeline_bytes = 0;  // g4.redis_pipeline_kib in bytes
+};
+void EncodeG4Config(WireWriter* w, const G4Config& m);
+Status DecodeG4Config(WireReader* r, G4Config* m);
+
 // kEvents: the pool's events in the order they were made. `dropped`: events this connection lost
 // since its previous frame (its queue was full: a subscriber that does not keep up).
 struct EventsFrame {

@@ -14,9 +14,11 @@ RemoteG1Backend::RemoteG1Backend(SendCopy send, std::chrono::milliseconds lease,
 
 RemoteG1Backend::~RemoteG1Backend() {
   std::vector<std::shared_ptr<Batch>> open;
+  std::map<uint64_t, FetchBatch> fetches;
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    fetches.swap(open_fetches_);
     for (auto& [id, b] : open_) {
       for (Part& p : b->parts) {
         if (!p.ended) EndPart(b.get(), &p, Status::Unavailable("kvtier serve is shutting down"));
@@ -26,7 +28,96 @@ RemoteG1Backend::~RemoteG1Backend() {
   }
   cv_.notify_all();
   for (auto& b : open) Deliver(b);
+  for (auto& [id, f] : fetches) EndFetch(f, Status::Unavailable("kvtier serve is shutting down"));
   watchdog_.join();
+}
+
+bool RemoteG1Backend::CanFetch(uint32_t g1_block) const {
+  std::lock_guard lock(mu_);
+  return fetchers_.count(g1_block >> kInstanceShift) != 0;
+}
+
+void RemoteG1Backend::SetFetcher(uint32_t instance, bool fetches) {
+  std::lock_guard lock(mu_);
+  if (fetches) {
+    fetchers_.insert(instance);
+  } else {
+    fetchers_.erase(instance);
+  }
+}
+
+void RemoteG1Backend::EndFetch(const FetchBatch& b, const Status& status) {
+  for (size_t item : b.items) (*b.on_item)(item, status);
+}
+
+Status RemoteG1Backend::Fetch(std::vector<G4Fetch> items,
+                              std::chrono::steady_clock::time_point deadline,
+                              FetchCallback on_item) {
+  if (items.empty()) return Status::InvalidArgument("a fetch of no items");
+  auto callback = std::make_shared<FetchCallback>(std::move(on_item));
+  // One frame per instance, in first-seen order.
+  std::vector<FetchCall> calls;
+  std::vector<FetchBatch> batches;
+  const int64_t deadline_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const uint32_t instance = items[i].g1_block >> kInstanceShift;
+    size_t k = 0;
+    while (k < batches.size() && batches[k].instance != instance) ++k;
+    if (k == batches.size()) {
+      batches.push_back(FetchBatch{instance, deadline, {}, callback});
+      calls.emplace_back();
+      calls.back().deadline_ns = deadline_ns;
+    }
+    items[i].g1_block &= kMaxG1Blocks - 1;
+    calls[k].items.push_back(std::move(items[i]));
+    batches[k].items.push_back(i);
+  }
+  for (size_t k = 0; k < calls.size(); ++k) {
+    Status sent = Status::Unavailable("engine instance " + std::to_string(batches[k].instance) +
+                                      " does not fetch from G4 (any more)");
+    uint64_t id = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (fetchers_.count(batches[k].instance) != 0 && send_fetch_) {
+        id = next_batch_++;
+        open_fetches_[id] = batches[k];
+        ++stats_.fetch_batches;
+      }
+    }
+    if (id != 0) {
+      calls[k].batch = id;
+      sent = send_fetch_(batches[k].instance, calls[k]);
+      if (sent.ok()) continue;
+      std::lock_guard lock(mu_);
+      // The frame was never queued, so no answer can come; unless the instance's connection
+      // ended meanwhile and FailInstance took the batch already.
+      if (open_fetches_.erase(id) == 0) continue;
+    }
+    EndFetch(batches[k], sent);
+  }
+  return Status::Ok();
+}
+
+void RemoteG1Backend::OnFetchDone(uint32_t instance, const FetchDone& done) {
+  FetchBatch b;
+  {
+    std::lock_guard lock(mu_);
+    auto it = open_fetches_.find(done.batch);
+    if (it == open_fetches_.end() || it->second.instance != instance) {
+      ++stats_.stray_reports;
+      return;
+    }
+    b = std::move(it->second);
+    open_fetches_.erase(it);
+  }
+  if (done.statuses.size() != b.items.size()) {
+    EndFetch(b,
+             Status::IOError("the engine answered a fetch of " + std::to_string(b.items.size()) +
+                             " blocks with " + std::to_string(done.statuses.size()) + " statuses"));
+    return;
+  }
+  for (size_t k = 0; k < b.items.size(); ++k) (*b.on_item)(b.items[k], done.statuses[k]);
 }
 
 std::string RemoteG1Backend::Describe() const {
@@ -199,8 +290,18 @@ void RemoteG1Backend::OnDone(uint32_t instance, uint64_t batch_id, const Status&
 
 void RemoteG1Backend::FailInstance(uint32_t instance, const Status& why) {
   std::vector<std::shared_ptr<Batch>> touched;
+  std::vector<FetchBatch> fetches;
   {
     std::lock_guard lock(mu_);
+    fetchers_.erase(instance);
+    for (auto it = open_fetches_.begin(); it != open_fetches_.end();) {
+      if (it->second.instance == instance) {
+        fetches.push_back(std::move(it->second));
+        it = open_fetches_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto& [id, b] : open_) {
       for (Part& p : b->parts) {
         if (p.instance == instance && !p.ended) {
@@ -211,6 +312,7 @@ void RemoteG1Backend::FailInstance(uint32_t instance, const Status& why) {
     }
   }
   for (auto& b : touched) Deliver(b);
+  for (const FetchBatch& f : fetches) EndFetch(f, why);
 }
 
 void RemoteG1Backend::Watchdog() {
@@ -239,9 +341,25 @@ void RemoteG1Backend::Watchdog() {
         expired.push_back(b);
       }
     }
-    if (expired.empty()) continue;
+    // A fetch the engine has not answered a lease after its deadline: its Redis calls end by
+    // the deadline, so the engine is stuck; its items fail (the transfer engine ended their
+    // moves at the deadline already).
+    std::vector<FetchBatch> stale;
+    for (auto it = open_fetches_.begin(); it != open_fetches_.end();) {
+      if (now >= it->second.deadline + lease_) {
+        stale.push_back(std::move(it->second));
+        it = open_fetches_.erase(it);
+        ++stats_.fetch_expired;
+      } else {
+        ++it;
+      }
+    }
+    if (expired.empty() && stale.empty()) continue;
     lock.unlock();
     for (auto& b : expired) Deliver(b);
+    for (const FetchBatch& f : stale) {
+      EndFetch(f, Status::TimedOut("the engine did not answer a G4 fetch within its deadline"));
+    }
     lock.lock();
   }
 }

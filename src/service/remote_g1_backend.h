@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -38,7 +39,12 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   // instance has no data connection (then that part of the batch fails at once).
   using SendCopy = std::function<Status(uint32_t instance, const CopyCall& call)>;
 
+  // Queues a kFetch frame for the engine of `instance`; must not block. As SendCopy.
+  using SendFetch = std::function<Status(uint32_t instance, const FetchCall& call)>;
+
   RemoteG1Backend(SendCopy send, std::chrono::milliseconds lease, uint32_t num_layers);
+  // Where Fetch sends its frames. Called once, before the backend is used.
+  void SetFetchSender(SendFetch send) { send_fetch_ = std::move(send); }
   // Fails every batch still open (Unavailable), waits for their callbacks, stops the watchdog.
   ~RemoteG1Backend() override;
 
@@ -58,6 +64,13 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   Status CopyFromDevice(uint8_t*, const uint8_t*, uint64_t) override;
   Result<PlainCopyTime> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t,
                                       uint32_t) override;
+  // True when the engine of the block's instance said it fetches G4 blocks itself (kG4Ready).
+  bool CanFetch(uint32_t g1_block) const override;
+  // One kFetch frame per instance the items name. Items of an instance that no longer fetches,
+  // or whose frame cannot be queued, end at once (Unavailable). An engine that never answers:
+  // its items end TimedOut a lease after their deadline.
+  Status Fetch(std::vector<G4Fetch> items, std::chrono::steady_clock::time_point deadline,
+               FetchCallback on_item) override;
   void StallNextLoadAfterLayerForTest(uint32_t) override {}
   void ReleaseStallForTest() override {}
 
@@ -67,12 +80,19 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   void OnDone(uint32_t instance, uint64_t batch, const Status& status);
   // The engine's data connection ended: every part of a batch it held fails with `why`.
   void FailInstance(uint32_t instance, const Status& why);
+  // From the engine's data connection: whether it fetches G4 blocks itself (kG4Ready).
+  void SetFetcher(uint32_t instance, bool fetches);
+  // From the engine's data connection: a kFetch batch ended. A count that does not match the
+  // batch fails every item of it (IOError); an unknown batch is ignored (counted).
+  void OnFetchDone(uint32_t instance, const FetchDone& done);
 
   struct Stats {
     uint64_t batches = 0;
     uint64_t lease_expired = 0;  // load batches failed at their deadline
     uint64_t stray_reports = 0;  // reports for no open batch (late, or from a confused engine)
     uint64_t failed_parts = 0;
+    uint64_t fetch_batches = 0;  // kFetch frames sent
+    uint64_t fetch_expired = 0;  // kFetch batches the engine never answered
   };
   Stats stats() const;
 
@@ -101,6 +121,14 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   static bool Ended(const Batch& b);
   uint32_t ReadyLayers(const Batch& b) const;
   void Watchdog();
+  struct FetchBatch {
+    uint32_t instance = 0;
+    std::chrono::steady_clock::time_point deadline;
+    std::vector<size_t> items;  // the caller's item indices, in the frame's order
+    std::shared_ptr<FetchCallback> on_item;
+  };
+  // Ends every item of `b` with `status` (not under mu_).
+  static void EndFetch(const FetchBatch& b, const Status& status);
 
   const SendCopy send_;
   const std::chrono::milliseconds lease_;
@@ -110,6 +138,9 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a batch ended (destructor), or stop_
   std::map<uint64_t, std::shared_ptr<Batch>> open_;
+  SendFetch send_fetch_;
+  std::set<uint32_t> fetchers_;                  // instances that fetch G4 blocks themselves
+  std::map<uint64_t, FetchBatch> open_fetches_;  // by batch id (shared with open_'s ids)
   uint64_t next_batch_ = 1;
   Stats stats_;
   bool stop_ = false;

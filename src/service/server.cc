@@ -154,25 +154,33 @@ void Server::State::AcceptLoop() {
   }
 }
 
+std::shared_ptr<Conn> Server::State::DataConn(uint32_t instance) {
+  std::lock_guard lock(mu);
+  auto it = instances.find(instance);
+  return it != instances.end() ? it->second->data : nullptr;
+}
+
 Status Server::State::SendCopy(uint32_t instance, const CopyCall& call) {
-  std::shared_ptr<Conn> data;
-  {
-    std::lock_guard lock(mu);
-    auto it = instances.find(instance);
-    if (it != instances.end()) data = it->second->data;
-  }
-  if (data == nullptr) {
-    return Status::Unavailable("engine instance " + std::to_string(instance) +
-                               " has no data connection");
-  }
   WireWriter w;
   EncodeCopy(&w, call);
+  return Queue(DataConn(instance), MsgType::kCopy, w.Take());
+}
+
+Status Server::State::SendFetch(uint32_t instance, const FetchCall& call) {
+  WireWriter w;
+  EncodeFetch(&w, call);
+  return Queue(DataConn(instance), MsgType::kFetch, w.Take());
+}
+
+Status Server::State::Queue(const std::shared_ptr<Conn>& conn, MsgType type,
+                            std::vector<uint8_t> payload) {
+  if (conn == nullptr) return Status::Unavailable("the engine instance has no data connection");
   {
-    std::lock_guard lock(data->out_mu);
-    if (data->closing) return Status::Unavailable("the engine's data connection is closing");
-    data->out.push_back(w.Take());
+    std::lock_guard lock(conn->out_mu);
+    if (conn->closing) return Status::Unavailable("the engine's data connection is closing");
+    conn->out.emplace_back(type, std::move(payload));
   }
-  data->out_cv.notify_one();
+  conn->out_cv.notify_one();
   return Status::Ok();
 }
 
@@ -180,14 +188,15 @@ void Server::State::WriterLoop(const std::shared_ptr<Conn>& conn) {
   uint64_t seq = 0;
   for (;;) {
     std::vector<uint8_t> payload;
+    MsgType type;
     {
       std::unique_lock lock(conn->out_mu);
       conn->out_cv.wait(lock, [&] { return conn->closing || !conn->out.empty(); });
       if (conn->closing) return;
-      payload = std::move(conn->out.front());
+      type = conn->out.front().first;
+      payload = std::move(conn->out.front().second);
       conn->out.pop_front();
     }
-    const MsgType type = conn->role == Role::kEvents ? MsgType::kEvents : MsgType::kCopy;
     Status sent = SendFrame(conn->fd.get(), static_cast<uint16_t>(type), ++seq, payload, -1,
                             Clock::now() + lease);
     if (!sent.ok()) {
@@ -301,6 +310,12 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   }
   const uint32_t instance = conn->instance;
   Pool* p = pool->get();  // kept alive by `pool` until this connection ends
+  if (conn->role == Role::kData && p->g4_offer) {
+    // The engine may fetch G4 blocks itself, straight into its G1 (kG4Ready Ok).
+    WireWriter w;
+    EncodeG4Config(&w, *p->g4_offer);
+    (void)Queue(conn, MsgType::kG4Config, w.Take());
+  }
   for (;;) {
     Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
     if (!frame.ok()) {
@@ -321,19 +336,35 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     }
     if (conn->role == Role::kData) {
       WireReader r(frame->payload);
-      uint64_t batch = 0;
-      Status ok = r.U64("copy.batch", &batch);
-      if (ok.ok() && frame->header.type == static_cast<uint16_t>(MsgType::kCopyLayer)) {
+      const auto type = static_cast<MsgType>(frame->header.type);
+      Status ok;
+      if (type == MsgType::kCopyLayer || type == MsgType::kCopyDone) {
+        uint64_t batch = 0;
         uint32_t layer = 0;
-        ok = r.U32("copy.layer", &layer);
-        if (ok.ok()) ok = r.Done();
-        if (ok.ok()) p->backend->OnLayer(instance, batch, layer);
-      } else if (ok.ok() && frame->header.type == static_cast<uint16_t>(MsgType::kCopyDone)) {
         Status status;
-        ok = DecodeStatus(&r, &status);
+        ok = r.U64("copy.batch", &batch);
+        if (ok.ok()) {
+          ok =
+              type == MsgType::kCopyLayer ? r.U32("copy.layer", &layer) : DecodeStatus(&r, &status);
+        }
         if (ok.ok()) ok = r.Done();
-        if (ok.ok()) p->backend->OnDone(instance, batch, status);
-      } else if (ok.ok()) {
+        if (ok.ok() && type == MsgType::kCopyLayer) p->backend->OnLayer(instance, batch, layer);
+        if (ok.ok() && type == MsgType::kCopyDone) p->backend->OnDone(instance, batch, status);
+      } else if (type == MsgType::kFetchDone) {
+        FetchDone done;
+        ok = DecodeFetchDone(&r, &done);
+        if (ok.ok()) p->backend->OnFetchDone(instance, done);
+      } else if (type == MsgType::kG4Ready) {
+        Status ready;
+        ok = DecodeStatus(&r, &ready);
+        if (ok.ok()) ok = r.Done();
+        if (ok.ok()) {
+          KVTIER_LOG(kInfo) << "kvtier serve: instance " << instance
+                            << (ready.ok() ? " fetches G4 blocks straight into its G1"
+                                           : " loads G4 blocks through G2: " + ready.ToString());
+          p->backend->SetFetcher(instance, ready.ok());
+        }
+      } else {
         ok = Status::InvalidArgument(std::string("service protocol: a data connection cannot "
                                                  "carry ") +
                                      MsgTypeName(frame->header.type));

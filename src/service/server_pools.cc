@@ -61,6 +61,8 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
     auto backend = std::make_unique<RemoteG1Backend>(
         [this](uint32_t instance, const CopyCall& call) { return SendCopy(instance, call); }, lease,
         num_layers);
+    backend->SetFetchSender(
+        [this](uint32_t instance, const FetchCall& call) { return SendFetch(instance, call); });
     raw->backend = backend.get();
     return std::unique_ptr<DeviceCopyBackend>(std::move(backend));
   };
@@ -81,6 +83,17 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
   pool->memfd = arena->shared_fd();
   pool->g2_capacity = mo.config.GetBytes("g2.capacity_bytes");
   pool->g2_slot_bytes = arena->slot_bytes();
+  if (mo.config.GetString("g4.backend") == "redis" && mo.config.GetBool("g4.direct_to_g1") &&
+      pool->impl->HasG4()) {
+    G4Config offer;
+    offer.endpoints = mo.config.GetString("g4.endpoints");
+    offer.cluster = mo.config.GetBool("g4.cluster");
+    offer.username = mo.config.GetString("g4.username");
+    offer.password = mo.config.GetString("g4.password");
+    offer.connections = static_cast<uint32_t>(mo.config.GetUint("g4.threads"));
+    offer.pipeline_bytes = mo.config.GetUint("g4.redis_pipeline_kib") << 10;
+    pool->g4_offer = offer;
+  }
   std::lock_guard lock(mu);
   auto [it, inserted] = pools.emplace(key, std::move(pool));
   if (inserted) {
@@ -180,7 +193,7 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
           WireWriter w;
           EncodeEvents(&w, c->dropped, part);
           c->dropped = 0;
-          c->out.push_back(w.Take());
+          c->out.emplace_back(MsgType::kEvents, w.Take());
         }
         c->out_cv.notify_one();
       }

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,9 @@ struct Pool {
   uint64_t g2_capacity = 0;
   uint64_t g2_slot_bytes = 0;
   int memfd = -1;  // owned by impl's arena
+  // The Redis G4 offered to every data connection (kG4Config), so engines fetch G4 blocks
+  // straight into their G1; unset without a Redis G4 or with g4.direct_to_g1 = false.
+  std::optional<G4Config> g4_offer;
 };
 
 struct Conn {
@@ -56,7 +60,9 @@ struct Conn {
   std::atomic<bool> done{false};
   std::mutex out_mu;
   std::condition_variable out_cv;
-  std::deque<std::vector<uint8_t>> out;  // kCopy (or kEvents) payloads to send
+  // Frames to send: (type, payload). Data connections: kCopy, kFetch, kG4Config; events
+  // connections: kEvents.
+  std::deque<std::pair<MsgType, std::vector<uint8_t>>> out;
   bool closing = false;
   Pool* pool = nullptr;  // events connections: the pool they hear
   uint64_t dropped = 0;  // events connections: events dropped since the last frame queued
@@ -146,6 +152,12 @@ class Server::State {
   Pool* LookupPool(const Conn& conn);  // REQUIRES: mu held
   void LeaveInstance(const std::shared_ptr<Conn>& conn);
   Status SendCopy(uint32_t instance, const CopyCall& call);
+  Status SendFetch(uint32_t instance, const FetchCall& call);
+  // The instance's data connection, or null.
+  std::shared_ptr<Conn> DataConn(uint32_t instance);
+  // Queues a frame on a data or events connection (its writer sends it). Unavailable for a null
+  // connection or once it is closing.
+  Status Queue(const std::shared_ptr<Conn>& conn, MsgType type, std::vector<uint8_t> payload);
   Status HandleCall(uint32_t instance, Pool* pool, const Frame& frame, WireWriter* out);
   void ReapDone();
 };

@@ -33,7 +33,9 @@
 namespace kvtier::service {
 
 inline constexpr uint32_t kWireMagic = 0x5354564b;  // "KVTS" little-endian
-inline constexpr uint16_t kWireVersion = 1;
+// 2: kFetch, kFetchDone, kG4Config and kG4Ready on the data connection (G4 loads straight into
+// an engine's G1).
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 inline constexpr size_t kFrameHeaderBytes = 24;
 
@@ -54,7 +56,7 @@ void EncodeHeader(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]);
 // InvalidArgument when:
 //   - `bytes` holds fewer than kFrameHeaderBytes,
 //   - the magic is not kWireMagic ("not a kvtier service frame (magic 0x...)"),
-//   - the version is not kWireVersion ("protocol version N, this build speaks 1: upgrade the
+//   - the version is not kWireVersion ("protocol version N, this build speaks 2: upgrade the
 //     older side"),
 //   - payload_bytes exceeds kMaxPayloadBytes.
 Result<FrameHeader> DecodeHeader(std::span<const uint8_t> bytes);

@@ -1,10 +1,16 @@
 #include "tier/block_format.h"
 
+// For XXH3_state_t on the stack (the streaming checksum of a payload received in pieces).
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kvtier {
 
@@ -19,6 +25,9 @@ static_assert(std::endian::native == std::endian::little,
 // null). The results are the same hash either way (XXH3 does not depend on the vector width),
 // so nothing at rest changes; PickXxh3() still checks that before trusting it.
 extern "C" XXH64_hash_t XXH3_64bits_dispatch(const void* input, size_t len) __attribute__((weak));
+// Its streaming form, for a payload received in pieces.
+extern "C" XXH_errorcode XXH3_64bits_update_dispatch(XXH3_state_t* state, const void* input,
+                                                     size_t len) __attribute__((weak));
 
 namespace {
 
@@ -262,30 +271,104 @@ BlockCheck DecodeBlockHeader(std::span<const uint8_t> bytes, DecodedBlockHeader*
   return BlockCheck::kOk;
 }
 
+namespace {
+
+// The checks VerifyBlock and VerifyBlockPieces share, after the header decoded: everything but
+// the payload's length and checksum.
+BlockCheck CheckHeaderFields(const DecodedBlockHeader& h, const ExpectedBlock& expected) {
+  if (expected.check_slot && h.fields.slot_index != expected.slot_index) {
+    return BlockCheck::kWrongSlot;
+  }
+  if (expected.check_generation && h.fields.write_generation != expected.write_generation) {
+    return BlockCheck::kWrongGeneration;
+  }
+  if (h.fields.layout_fingerprint != expected.layout_fingerprint ||
+      (expected.header_bytes != 0 && h.header_bytes != expected.header_bytes)) {
+    return BlockCheck::kWrongLayout;
+  }
+  if (h.fields.key != expected.key) return BlockCheck::kWrongKey;
+  if (h.fields.namespace_id != expected.namespace_id) return BlockCheck::kWrongNamespace;
+  if (!expected.tokens.empty()) {
+    if (expected.tokens.size() != h.token_count ||
+        std::memcmp(expected.tokens.data(), h.tokens.data(),
+                    expected.tokens.size() * sizeof(TokenId)) != 0) {
+      return BlockCheck::kWrongTokens;
+    }
+  }
+  return BlockCheck::kOk;
+}
+
+using Xxh3UpdateFn = XXH_errorcode (*)(XXH3_state_t*, const void*, size_t);
+
+// The dispatcher's update when the library has one and it agrees with XXH3_64bits_update.
+Xxh3UpdateFn PickXxh3Update() {
+  if (&XXH3_64bits_update_dispatch == nullptr) return &XXH3_64bits_update;
+  std::vector<uint8_t> probe(9000);
+  for (size_t i = 0; i < probe.size(); ++i) probe[i] = static_cast<uint8_t>(i * 131 + (i >> 7));
+  XXH3_state_t a, b;
+  XXH3_64bits_reset(&a);
+  XXH3_64bits_reset(&b);
+  for (size_t cut : {size_t{1}, size_t{300}, size_t{4100}, size_t{4599}}) {
+    (void)XXH3_64bits_update_dispatch(&a, probe.data(), cut);
+    (void)XXH3_64bits_update(&b, probe.data(), cut);
+  }
+  if (XXH3_64bits_digest(&a) != XXH3_64bits_digest(&b)) return &XXH3_64bits_update;
+  return &XXH3_64bits_update_dispatch;
+}
+
+}  // namespace
+
+PayloadHasher::PayloadHasher() : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  Reset();
+}
+
+PayloadHasher::~PayloadHasher() {
+  if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
+
+PayloadHasher::PayloadHasher(PayloadHasher&& other) noexcept : state_(other.state_) {
+  other.state_ = nullptr;
+}
+
+PayloadHasher& PayloadHasher::operator=(PayloadHasher&& other) noexcept {
+  std::swap(state_, other.state_);
+  return *this;
+}
+
+void PayloadHasher::Reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+
+void PayloadHasher::Update(std::span<const uint8_t> bytes) {
+  static const Xxh3UpdateFn update = PickXxh3Update();
+  (void)update(static_cast<XXH3_state_t*>(state_), bytes.data(), bytes.size());
+}
+
+uint64_t PayloadHasher::Digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
+uint64_t PayloadChecksumPieces(std::span<const std::span<uint8_t>> pieces, uint64_t bytes) {
+  if (pieces.size() == 1 || (!pieces.empty() && pieces[0].size() >= bytes)) {
+    return PayloadChecksum(pieces[0].data(), bytes);
+  }
+  PayloadHasher h;
+  for (const std::span<uint8_t>& p : pieces) {
+    if (bytes == 0) break;
+    const uint64_t take = std::min<uint64_t>(bytes, p.size());
+    h.Update({p.data(), take});
+    bytes -= take;
+  }
+  return h.Digest();
+}
+
 BlockCheck VerifyBlock(std::span<const uint8_t> block, const ExpectedBlock& expected,
                        DecodedBlockHeader* header_out) {
   DecodedBlockHeader local;
   DecodedBlockHeader* h = header_out != nullptr ? header_out : &local;
   const BlockCheck header = DecodeBlockHeader(block, h);
   if (header != BlockCheck::kOk) return header;
-  if (expected.check_slot && h->fields.slot_index != expected.slot_index) {
-    return BlockCheck::kWrongSlot;
-  }
-  if (expected.check_generation && h->fields.write_generation != expected.write_generation) {
-    return BlockCheck::kWrongGeneration;
-  }
-  if (h->fields.layout_fingerprint != expected.layout_fingerprint ||
-      (expected.header_bytes != 0 && h->header_bytes != expected.header_bytes)) {
-    return BlockCheck::kWrongLayout;
-  }
-  if (h->fields.key != expected.key) return BlockCheck::kWrongKey;
-  if (h->fields.namespace_id != expected.namespace_id) return BlockCheck::kWrongNamespace;
-  if (!expected.tokens.empty()) {
-    if (expected.tokens.size() != h->token_count ||
-        std::memcmp(expected.tokens.data(), h->tokens.data(),
-                    expected.tokens.size() * sizeof(TokenId)) != 0) {
-      return BlockCheck::kWrongTokens;
-    }
+  if (const BlockCheck fields = CheckHeaderFields(*h, expected); fields != BlockCheck::kOk) {
+    return fields;
   }
   if (h->payload_bytes != expected.payload_bytes ||
       block.size() - h->header_bytes < h->payload_bytes) {
@@ -294,6 +377,33 @@ BlockCheck VerifyBlock(std::span<const uint8_t> block, const ExpectedBlock& expe
   if (PayloadChecksum(block.data() + h->header_bytes, h->payload_bytes) != h->payload_checksum) {
     return BlockCheck::kBadPayload;
   }
+  return BlockCheck::kOk;
+}
+
+BlockCheck VerifyBlockPieces(std::span<const uint8_t> header,
+                             std::span<const std::span<uint8_t>> payload, uint64_t object_bytes,
+                             const ExpectedBlock& expected,
+                             std::optional<uint64_t> landed_checksum) {
+  // What landed in the header piece: the object's first bytes, as many as it had.
+  const std::span<const uint8_t> head =
+      header.first(std::min<uint64_t>(header.size(), object_bytes));
+  DecodedBlockHeader h;
+  const BlockCheck decoded = DecodeBlockHeader(head, &h);
+  if (decoded != BlockCheck::kOk) return decoded;
+  if (const BlockCheck fields = CheckHeaderFields(h, expected); fields != BlockCheck::kOk) {
+    return fields;
+  }
+  // The header's own size equals header.size() here (checked as the layout above).
+  uint64_t capacity = 0;
+  for (const std::span<uint8_t>& p : payload) capacity += p.size();
+  const uint64_t received = object_bytes - h.header_bytes;
+  if (h.payload_bytes != expected.payload_bytes || received < h.payload_bytes ||
+      capacity < h.payload_bytes || (landed_checksum && received != h.payload_bytes)) {
+    return BlockCheck::kWrongPayloadLength;
+  }
+  const uint64_t checksum =
+      landed_checksum ? *landed_checksum : PayloadChecksumPieces(payload, h.payload_bytes);
+  if (checksum != h.payload_checksum) return BlockCheck::kBadPayload;
   return BlockCheck::kOk;
 }
 

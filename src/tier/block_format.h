@@ -51,6 +51,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "kvtier/block_key.h"
@@ -205,5 +206,44 @@ struct ExpectedBlock {
 // expected.payload_bytes bytes or the result is kWrongPayloadLength.
 BlockCheck VerifyBlock(std::span<const uint8_t> block, const ExpectedBlock& expected,
                        DecodedBlockHeader* header_out = nullptr);
+
+// VerifyBlock for a block received in pieces (RemoteGet::pieces): `header` holds the object's
+// first expected.header_bytes bytes, `payload` the pieces the rest of it landed in, in order,
+// and `object_bytes` is the object's size as received. The same checks in the same order as
+// VerifyBlock on the contiguous bytes, with the same answers but one: a stored header longer
+// than `header` cannot be decoded here (kBadHeader, where VerifyBlock says kWrongLayout). The
+// payload checksum runs over the pieces in place. REQUIRES: header.size() ==
+// expected.header_bytes > 0.
+// `landed_checksum`: when given, the payload checksum is not taken over the pieces again: it is
+// this value, the XXH3-64 of the object's bytes after the header as they landed (PayloadHasher
+// fed by RemoteGet::on_landed), and the object must then hold exactly the payload, no more.
+BlockCheck VerifyBlockPieces(std::span<const uint8_t> header,
+                             std::span<const std::span<uint8_t>> payload, uint64_t object_bytes,
+                             const ExpectedBlock& expected,
+                             std::optional<uint64_t> landed_checksum = std::nullopt);
+
+// XXH3-64 of bytes fed in order, in ranges of any size: PayloadChecksum's value for their
+// concatenation. Move-only; not thread-safe.
+class PayloadHasher {
+ public:
+  PayloadHasher();
+  ~PayloadHasher();
+  PayloadHasher(PayloadHasher&& other) noexcept;
+  PayloadHasher& operator=(PayloadHasher&& other) noexcept;
+  PayloadHasher(const PayloadHasher&) = delete;
+  PayloadHasher& operator=(const PayloadHasher&) = delete;
+
+  // Starts again with nothing fed.
+  void Reset();
+  void Update(std::span<const uint8_t> bytes);
+  uint64_t Digest() const;
+
+ private:
+  void* state_ = nullptr;  // an XXH3_state_t
+};
+
+// XXH3-64 of the concatenation of `pieces`' first `bytes` bytes (the same value PayloadChecksum
+// gives for them contiguous). REQUIRES: the pieces hold at least `bytes` bytes.
+uint64_t PayloadChecksumPieces(std::span<const std::span<uint8_t>> pieces, uint64_t bytes);
 
 }  // namespace kvtier

@@ -26,8 +26,10 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -47,6 +49,8 @@ namespace {
 constexpr auto kStaleTempAge = std::chrono::minutes(10);
 constexpr size_t kMaxNameBytes = 200;
 constexpr char kHex[] = "0123456789abcdef";
+// The most pieces one preadv takes (the kernel refuses more than IOV_MAX).
+constexpr int kMaxReadIov = 1024;
 
 bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 
@@ -77,6 +81,48 @@ Status CheckName(const std::string& name) {
 // Errors that say the filesystem (not one object) is in trouble; they trip the breaker.
 Status Errno(int err, const std::string& what) {
   return Status::IOError(what + ": " + std::strerror(err));
+}
+
+// Reads `size` bytes of `fd` from offset 0 into `pieces`, in order, with preadv of at most
+// kMaxReadIov pieces each. Returns the bytes read: fewer than `size` when the file ended first
+// (truncated underneath). REQUIRES: size <= the pieces' total.
+Result<uint64_t> ReadIntoPieces(int fd, std::span<const std::span<uint8_t>> pieces, uint64_t size,
+                                const std::string& path) {
+  uint64_t done = 0;
+  size_t index = 0;     // the piece byte `done` goes to
+  uint64_t offset = 0;  // within it
+  while (done < size) {
+    iovec iov[kMaxReadIov];
+    int n = 0;
+    uint64_t want = size - done;
+    for (size_t i = index; i < pieces.size() && n < kMaxReadIov && want > 0; ++i) {
+      const uint64_t skip = i == index ? offset : 0;
+      const uint64_t len = std::min<uint64_t>(pieces[i].size() - skip, want);
+      if (len == 0) continue;
+      iov[n].iov_base = pieces[i].data() + skip;
+      iov[n].iov_len = len;
+      want -= len;
+      ++n;
+    }
+    const ssize_t r = ::preadv(fd, iov, n, static_cast<off_t>(done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Errno(errno, "fs store: read " + path);
+    }
+    if (r == 0) break;  // shorter than fstat said (truncated underneath): verification decides
+    done += static_cast<uint64_t>(r);
+    for (uint64_t left = static_cast<uint64_t>(r); left > 0;) {
+      const uint64_t room = pieces[index].size() - offset;
+      if (left < room) {
+        offset += left;
+        break;
+      }
+      left -= room;
+      ++index;
+      offset = 0;
+    }
+  }
+  return done;
 }
 
 Status WriteAll(int fd, const uint8_t* data, uint64_t n, const std::string& path) {
@@ -324,26 +370,36 @@ class FsStore final : public RemoteStore {
       return Errno(err, "fs store: fstat " + path);
     }
     const uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (size > item.dest.size()) {
+    const uint64_t capacity = item.Capacity();
+    if (size > capacity) {
       ::close(fd);
       return Status::Corruption("fs store: object " + path + " holds " + std::to_string(size) +
-                                " bytes, more than the " + std::to_string(item.dest.size()) +
-                                "-byte destination; not read");
+                                " bytes, more than the " + std::to_string(capacity) + "-byte " +
+                                (item.pieces.empty() ? "destination" : "pieces") + "; not read");
     }
-    uint64_t done = 0;
-    while (done < size) {
-      const ssize_t r = ::pread(fd, item.dest.data() + done, size - done, done);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        const int err = errno;
-        ::close(fd);
-        return Errno(err, "fs store: read " + path);
-      }
-      if (r == 0) break;  // shorter than fstat said (truncated underneath): verification decides
-      done += static_cast<uint64_t>(r);
-    }
+    // A contiguous dest is read as one piece. At most `size` bytes are read (<= capacity), even
+    // if the file grew after the fstat.
+    const std::span<uint8_t> whole[1] = {item.dest};
+    Result<uint64_t> done =
+        ReadIntoPieces(fd,
+                       item.pieces.empty() ? std::span<const std::span<uint8_t>>(whole)
+                                           : std::span<const std::span<uint8_t>>(item.pieces),
+                       size, path);
     ::close(fd);
-    item.bytes_read = done;
+    KVTIER_RETURN_IF_ERROR(done.status());
+    item.bytes_read = *done;
+    if (item.on_landed) {
+      // After the read, in order (a file's bytes are not hot the way a socket's are).
+      uint64_t offset = 0;
+      for (const std::span<uint8_t>& p : item.pieces.empty()
+                                             ? std::span<const std::span<uint8_t>>(whole)
+                                             : std::span<const std::span<uint8_t>>(item.pieces)) {
+        if (offset >= item.bytes_read) break;
+        const uint64_t take = std::min<uint64_t>(p.size(), item.bytes_read - offset);
+        if (take > 0) item.on_landed(offset, std::span<const uint8_t>(p.data(), take));
+        offset += take;
+      }
+    }
     return Status::Ok();
   }
 

@@ -143,7 +143,12 @@ class RedisStore final : public RemoteStore {
         items.size(), [&](size_t i) -> const std::string& { return items[i].name; },
         [&](size_t i, WireCommand* c) {
           c->head = EncodeRedisCommand({"GET", items[i].name});
-          c->dest = items[i].dest;
+          if (items[i].pieces.empty()) {
+            c->dest = items[i].dest;
+          } else {
+            c->ScatterInto(items[i].pieces);  // every attempt (redirects, retries) scatters too
+          }
+          if (items[i].on_landed) c->on_landed = &items[i].on_landed;
         },
         [&](size_t i, const WireReply& r) -> Status {
           switch (r.kind) {
@@ -153,10 +158,10 @@ class RedisStore final : public RemoteStore {
             case WireReply::Kind::kNil:
               return Status::NotFound(items[i].name);
             case WireReply::Kind::kBulkTooLarge:
-              return Status::Corruption("redis object " + items[i].name + " is " +
-                                        std::to_string(r.length) + " bytes, more than its " +
-                                        std::to_string(items[i].dest.size()) +
-                                        "-byte destination; not copied");
+              return Status::Corruption(
+                  "redis object " + items[i].name + " is " + std::to_string(r.length) +
+                  " bytes, more than its " + std::to_string(items[i].Capacity()) + "-byte " +
+                  (items[i].pieces.empty() ? "destination" : "pieces") + "; not copied");
             default:
               return Unexpected("GET", items[i].name, r);
           }

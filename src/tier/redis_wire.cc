@@ -22,6 +22,13 @@ namespace {
 constexpr size_t kReadBufferBytes = 256 << 10;
 constexpr size_t kMaxLineBytes = 64 << 10;  // status and error lines; longer is a protocol error
 constexpr int kMaxIov = 512;
+// The most iovecs one readv of a scattered payload takes (the kernel refuses more than
+// IOV_MAX); a payload over more pieces is received by several reads.
+#ifdef IOV_MAX
+constexpr int kMaxRecvIov = IOV_MAX < 1024 ? IOV_MAX : 1024;
+#else
+constexpr int kMaxRecvIov = 1024;
+#endif
 
 constexpr std::array<uint16_t, 256> MakeCrcTable() {
   std::array<uint16_t, 256> t{};
@@ -249,6 +256,84 @@ uint64_t CommandBytes(const WireCommand& c) {
 
 bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
+// Where the next payload byte of a scattered bulk reply goes: pieces[index] at `offset`.
+struct PieceCursor {
+  size_t index = 0;
+  uint64_t offset = 0;
+
+  // Moves past `n` bytes stored from here. REQUIRES: n <= the room left in the pieces.
+  void Advance(std::span<const std::span<uint8_t>> pieces, uint64_t n) {
+    while (n > 0) {
+      const uint64_t room = pieces[index].size() - offset;
+      if (n < room) {
+        offset += n;
+        return;
+      }
+      n -= room;
+      ++index;
+      offset = 0;
+    }
+  }
+};
+
+// Copies `n` payload bytes into `pieces` from `at` on, across piece boundaries, and moves `at`
+// past them. REQUIRES: n <= the room left in the pieces.
+void CopyToPieces(std::span<const std::span<uint8_t>> pieces, PieceCursor& at, const uint8_t* src,
+                  uint64_t n) {
+  while (n > 0) {
+    const std::span<uint8_t> piece = pieces[at.index];
+    const uint64_t take = std::min<uint64_t>(n, piece.size() - at.offset);
+    if (take > 0) std::memcpy(piece.data() + at.offset, src, take);
+    src += take;
+    n -= take;
+    at.offset += take;
+    if (at.offset == piece.size()) {  // filled, or empty: on to the next
+      ++at.index;
+      at.offset = 0;
+    }
+  }
+}
+
+// Tells cmd.on_landed (when set) of the `n` bytes just stored at body offset `offset`: in dest,
+// or in the pieces from `at` on (the cursor before it moved past them).
+void Landed(const WireCommand& cmd, const PieceCursor& at, uint64_t offset, uint64_t n) {
+  if (cmd.on_landed == nullptr || n == 0) return;
+  if (cmd.pieces.empty()) {
+    (*cmd.on_landed)(offset, std::span<const uint8_t>(cmd.dest.data() + offset, n));
+    return;
+  }
+  size_t index = at.index;
+  uint64_t skip = at.offset;
+  while (n > 0 && index < cmd.pieces.size()) {
+    const std::span<uint8_t> piece = cmd.pieces[index];
+    const uint64_t take = std::min<uint64_t>(n, piece.size() - skip);
+    if (take > 0) (*cmd.on_landed)(offset, std::span<const uint8_t>(piece.data() + skip, take));
+    offset += take;
+    n -= take;
+    ++index;
+    skip = 0;
+  }
+}
+
+// One readv of at most `want` bytes from `fd` into `pieces` from `at` on, over at most
+// kMaxRecvIov pieces (never a syscall per piece: pieces can be small and many). Returns what
+// readv returns; the caller advances `at`. REQUIRES: want > 0 and want <= the room left.
+ssize_t ReceiveIntoPieces(int fd, std::span<const std::span<uint8_t>> pieces, PieceCursor at,
+                          uint64_t want) {
+  iovec iov[kMaxRecvIov];
+  int n = 0;
+  for (size_t i = at.index; i < pieces.size() && n < kMaxRecvIov && want > 0; ++i) {
+    const uint64_t skip = i == at.index ? at.offset : 0;
+    const uint64_t len = std::min<uint64_t>(pieces[i].size() - skip, want);
+    if (len == 0) continue;
+    iov[n].iov_base = pieces[i].data() + skip;
+    iov[n].iov_len = len;
+    want -= len;
+    ++n;
+  }
+  return readv(fd, iov, n);
+}
+
 }  // namespace
 
 // Progress of one lane: how far its commands are sent and its replies parsed.
@@ -259,6 +344,7 @@ struct RedisPipeline::LaneState {
   bool in_body = false;
   bool body_too_large = false;
   uint64_t body_len = 0, body_done = 0;
+  PieceCursor piece;  // a scattered payload: where byte body_done goes
   uint32_t crlf_left = 0;
   bool Finished(const Lane& lane) const {
     return !lane.failure.ok() || lane.replies.size() == lane.commands.size();
@@ -271,7 +357,7 @@ size_t RedisPipeline::SendLimit(const Lane& lane, const PipelineWindow& window) 
   uint64_t bytes = 0;
   for (size_t i = first; i < by_count; ++i) {
     const WireCommand& c = lane.commands[i];
-    bytes += CommandBytes(c) + c.dest.size();
+    bytes += CommandBytes(c) + c.Capacity();
     if (bytes > window.bytes && i > first) return i;
   }
   return by_count;
@@ -344,8 +430,16 @@ bool RedisPipeline::ParseBuffered(Lane& lane, LaneState& st) {
       if (st.body_done < st.body_len) {
         const uint64_t take = std::min(avail, st.body_len - st.body_done);
         if (take == 0) return true;
-        if (!st.body_too_large)
+        if (st.body_too_large) {
+          // drained, never stored
+        } else if (cmd.pieces.empty()) {
           std::memcpy(cmd.dest.data() + st.body_done, buf + conn->rpos_, take);
+          Landed(cmd, st.piece, st.body_done, take);
+        } else {
+          const PieceCursor from = st.piece;
+          CopyToPieces(cmd.pieces, st.piece, buf + conn->rpos_, take);
+          Landed(cmd, from, st.body_done, take);
+        }
         st.body_done += take;
         conn->rpos_ += take;
         continue;
@@ -411,12 +505,13 @@ bool RedisPipeline::ParseBuffered(Lane& lane, LaneState& st) {
           r.kind = WireReply::Kind::kNil;
           break;
         }
-        // The length is checked against dest before a byte is stored.
+        // The length is checked against the capacity before a byte is stored.
         st.in_body = true;
         st.body_len = static_cast<uint64_t>(len);
         st.body_done = 0;
+        st.piece = PieceCursor{};
         st.crlf_left = 2;
-        st.body_too_large = st.body_len > lane.commands[lane.replies.size()].dest.size();
+        st.body_too_large = st.body_len > lane.commands[lane.replies.size()].Capacity();
         continue;
       }
       default:
@@ -437,10 +532,19 @@ bool RedisPipeline::ReceiveSome(Lane& lane, LaneState& st) {
     const bool direct = st.in_body && !st.body_too_large && conn->rpos_ == conn->rlen_ &&
                         st.body_done < st.body_len;
     if (direct) {
-      // The payload goes straight from the socket into the caller's dest.
+      // The payload goes straight from the socket into the caller's dest or pieces.
       WireCommand& cmd = lane.commands[lane.replies.size()];
-      n = recv(conn->context_->fd, cmd.dest.data() + st.body_done, st.body_len - st.body_done, 0);
-      if (n > 0) st.body_done += static_cast<uint64_t>(n);
+      const PieceCursor from = st.piece;
+      if (cmd.pieces.empty()) {
+        n = recv(conn->context_->fd, cmd.dest.data() + st.body_done, st.body_len - st.body_done, 0);
+      } else {
+        n = ReceiveIntoPieces(conn->context_->fd, cmd.pieces, st.piece, st.body_len - st.body_done);
+        if (n > 0) st.piece.Advance(cmd.pieces, static_cast<uint64_t>(n));
+      }
+      if (n > 0) {
+        Landed(cmd, from, st.body_done, static_cast<uint64_t>(n));
+        st.body_done += static_cast<uint64_t>(n);
+      }
     } else {
       if (conn->rpos_ > 0 && conn->rlen_ == kReadBufferBytes) {
         std::memmove(conn->rbuf_.get(), conn->rbuf_.get() + conn->rpos_, conn->rlen_ - conn->rpos_);

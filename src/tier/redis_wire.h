@@ -10,8 +10,9 @@
 //     quadratic for a pipeline of 64 x 2 MiB values. Here the value is written with writev
 //     straight from the caller's memory (no copy at all).
 //   - its reader copies a bulk reply twice (into its buffer, then into a reply object); here
-//     the payload of a GET is received straight into the caller's dest, after its length was
-//     checked against dest (a larger object is drained, never copied).
+//     the payload of a GET is received straight into the caller's dest (or scattered over the
+//     caller's pieces by readv), after its length was checked against that capacity (a larger
+//     object is drained, never copied).
 //   - redisSetTimeout bounds each syscall, not the call: a server that trickles bytes could
 //     hold a call past its deadline. Here every wait is a poll bounded by the deadline.
 // The bytes on the wire are the same RESP commands hiredis would send.
@@ -19,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -61,13 +63,28 @@ struct WireReply {
 
 // One command of a pipeline: `head` is the RESP text of the command; when `value` is set,
 // head ends with the value's "$<len>\r\n" and the value and "\r\n" follow (sent from the
-// caller's memory). A bulk reply lands in `dest` when it fits; otherwise it is drained and
-// reported as kBulkTooLarge, dest untouched.
+// caller's memory). A bulk reply lands in `dest` (or, when `pieces` is set, scattered over the
+// pieces in order, received with one readv per socket read) when it fits in Capacity();
+// otherwise it is drained and reported as kBulkTooLarge, dest and pieces untouched.
 struct WireCommand {
   std::string head;
   std::span<const uint8_t> value;
   bool has_value = false;
   std::span<uint8_t> dest;
+  // The scatter destination (RemoteGet::pieces), used instead of dest when not empty, and the
+  // pieces' total size. Set both with ScatterInto; the pieces must outlive the pipeline run.
+  std::span<const std::span<uint8_t>> pieces = {};
+  uint64_t pieces_bytes = 0;
+  // RemoteGet::on_landed: told of each range of a stored bulk reply as it lands (not owned).
+  const std::function<void(uint64_t, std::span<const uint8_t>)>* on_landed = nullptr;
+
+  void ScatterInto(std::span<const std::span<uint8_t>> into) {
+    pieces = into;
+    pieces_bytes = 0;
+    for (const std::span<uint8_t>& p : into) pieces_bytes += p.size();
+  }
+  // The most bytes a bulk reply may have to be stored.
+  uint64_t Capacity() const { return pieces.empty() ? dest.size() : pieces_bytes; }
 };
 
 // Encodes a command of plain arguments as RESP (no value part).

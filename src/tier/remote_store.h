@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,11 +40,37 @@ struct RemotePut {
   std::span<const uint8_t> bytes;
 };
 
-// One object to fetch into `dest`; on success `bytes_read` is the object's size (<= dest).
+// One object to fetch into `dest`, or scattered over `pieces`; on success `bytes_read` is the
+// object's size (<= Capacity()).
 struct RemoteGet {
   std::string name;
   std::span<uint8_t> dest;
   uint64_t bytes_read = 0;
+  // When not empty, the object lands in these pieces, in order, instead of in dest (dest is
+  // ignored); the capacity is their total size. The first pieces[0].size() bytes of the object
+  // go to pieces[0], the next pieces[1].size() to pieces[1], and so on, so a caller can receive
+  // a block's header into a small buffer and its payload straight into the chunks of an
+  // engine's cache, with no intermediate copy. Results as for dest: Ok with bytes_read (an object
+  // smaller than the capacity fills the leading pieces; the bytes after it are not written),
+  // NotFound, Corruption when the object is larger than the capacity (nothing is copied), or a
+  // failure (after which the pieces may hold part of the object, as dest may). Pieces may be empty
+  // and may number in the thousands; they must not overlap, and they must stay valid, like
+  // dest, until Get returns.
+  std::vector<std::span<uint8_t>> pieces = {};
+  // When set, told of every range of the object as it lands in dest or the pieces, in order,
+  // on the calling thread, while the bytes are still in the CPU's caches (so a caller can hash
+  // them without reading them again): `offset` is the range's place in the object. On Ok the
+  // ranges cover [0, bytes_read) once; a get that is tried again (a Redis Cluster redirect)
+  // starts again at offset 0. Not called for an object larger than the capacity.
+  std::function<void(uint64_t offset, std::span<const uint8_t> bytes)> on_landed = {};
+
+  // Bytes this get can receive: dest.size(), or the pieces' total when pieces is not empty.
+  uint64_t Capacity() const {
+    if (pieces.empty()) return dest.size();
+    uint64_t total = 0;
+    for (const std::span<uint8_t>& p : pieces) total += p.size();
+    return total;
+  }
 };
 
 // Counters since the store was opened. Monotonic; read without locks.
@@ -70,9 +97,10 @@ class RemoteStore {
   virtual void Put(std::span<const RemotePut> items, RemoteDeadline deadline,
                    std::span<Status> results) = 0;
 
-  // Fetches every item into its dest. results[i] is Ok (bytes_read set), NotFound (no such
-  // object: a miss), Corruption (the object is larger than dest: never copied), or TimedOut /
-  // Unavailable / IOError as for Put. Same deadline and threading contract as Put.
+  // Fetches every item into its dest, or its pieces when it has any (RemoteGet). results[i]
+  // is Ok (bytes_read set), NotFound (no such object: a miss), Corruption (the object is
+  // larger than the item's Capacity(): never copied), or TimedOut / Unavailable / IOError as
+  // for Put. Same deadline and threading contract as Put.
   virtual void Get(std::span<RemoteGet> items, RemoteDeadline deadline,
                    std::span<Status> results) = 0;
 

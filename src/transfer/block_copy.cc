@@ -58,6 +58,19 @@ void ScatterLayer(const G1Memory& g1, const uint8_t* src, uint32_t block, uint32
   }
 }
 
+void AppendBlockPieces(const G1Memory& g1, uint32_t block, std::vector<std::span<uint8_t>>* out) {
+  const KvLayout& l = g1.layout;
+  if (l.g1_arrangement == G1Arrangement::kBlockContiguous) {
+    out->emplace_back(g1.Chunk(block, 0, 0), l.BlockBytes());
+    return;
+  }
+  for (uint32_t layer = 0; layer < l.num_layers; ++layer) {
+    for (uint32_t plane = 0; plane < l.num_planes; ++plane) {
+      out->emplace_back(g1.Chunk(block, layer, plane), l.ChunkBytes());
+    }
+  }
+}
+
 void ScatterBlock(const G1Memory& g1, const uint8_t* src, uint32_t block) {
   const KvLayout& l = g1.layout;
   if (l.g1_arrangement == G1Arrangement::kBlockContiguous) {

@@ -9,17 +9,31 @@
 // waits for every submitted batch to end and for its callbacks to return.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "kvtier/block_key.h"
 #include "kvtier/g1_memory.h"
 #include "kvtier/status.h"
 #include "transfer/device_copy_plan.h"
 
 namespace kvtier {
+
+// One G4 object for a G1 block's owner to fetch itself (DeviceCopyBackend::Fetch): the name,
+// and what the object's header must say (block_format.h's ExpectedBlock, less what the layout
+// gives).
+struct G4Fetch {
+  uint32_t g1_block = 0;
+  std::string name;
+  uint64_t namespace_id = 0;
+  BlockKey key;
+  std::vector<uint32_t> tokens;
+};
 
 class DeviceCopyBackend {
  public:
@@ -116,6 +130,22 @@ class DeviceCopyBackend {
   };
   virtual Result<PlainCopyTime> TimePlainCopy(CopyDirection dir, uint8_t* dev, uint8_t* host,
                                               uint64_t bytes, uint32_t reps) = 0;
+  // ---- optional: G4 loads fetched by the G1's owner (kvtier serve's attached engines) ----
+  // Called once per item, on the backend's thread, when that item ended: Ok once its object
+  // landed in its G1 block and verified; NotFound, Corruption (failed verification), TimedOut,
+  // Unavailable or IOError otherwise (its G1 block then holds no usable bytes).
+  using FetchCallback = std::function<void(size_t item, const Status& status)>;
+  // True when G4 loads into G1 block `g1_block` may go through Fetch instead of a G2 slot.
+  virtual bool CanFetch(uint32_t /*g1_block*/) const { return false; }
+  // Starts fetching every item straight into its G1 block by `deadline` (steady clock); returns
+  // at once. Ok: on_item runs once per item. An error: nothing was started, no callback runs.
+  // REQUIRES: CanFetch(item.g1_block) for every item.
+  virtual Status Fetch(std::vector<G4Fetch> /*items*/,
+                       std::chrono::steady_clock::time_point /*deadline*/,
+                       FetchCallback /*on_item*/) {
+    return Status::FailedPrecondition("this device backend does not fetch from G4");
+  }
+
   // Test hook: the next host-to-device batch stops on the device after layer `layer` landed
   // (its later layers wait) until ReleaseStallForTest() or 30 s pass.
   virtual void StallNextLoadAfterLayerForTest(uint32_t layer) = 0;

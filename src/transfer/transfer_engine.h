@@ -168,6 +168,13 @@ class TransferEngine final : private DiskCompletionSink {
   Status OrderAfterEngineStream(CopyDirection dir, uintptr_t engine_stream) EXCLUDES(order_mu_);
 
   Stats stats() const;
+  // True when a G4 load into `g1_block` will be fetched by the G1's owner itself, with no G2
+  // slot (DeviceCopyBackend::CanFetch; kvtier serve's attached engines): the planner then
+  // gives it kAnyStagingSlot and no cache slot. It may change before the load starts; the load
+  // then stages through the pool like any other.
+  bool CanFetch(uint32_t g1_block) const {
+    return device_ != nullptr && device_->CanFetch(g1_block);
+  }
   // Told the duration of each G3 I/O (one block, submit to completion) and each G4 call (one
   // batch of puts or gets), with its tier and whether it wrote: the metrics' I/O latency. Runs
   // on the I/O threads, so it must be cheap and thread-safe. REQUIRES: set before the first
@@ -237,6 +244,11 @@ class TransferEngine final : private DiskCompletionSink {
   void ExecuteRemote(const RemoteBatch& batch) EXCLUDES(mu_);
   void RemotePuts(const RemoteBatch& batch, std::span<const uint32_t> moves);
   void RemoteGets(const RemoteBatch& batch, std::span<const uint32_t> moves) EXCLUDES(mu_);
+  // G4 -> G1 moves whose G1 owner fetches them itself (DeviceCopyBackend::Fetch): no G2 slot,
+  // one copy. Calls of about load_call_bytes each, as RemoteGets's.
+  void StartFetches(const std::shared_ptr<TransferJob>& job, std::span<const uint32_t> moves,
+                    RemoteDeadline deadline, size_t per_call);
+  void FetchEnded(TransferJob& job, uint32_t move, const Status& status);
   void EndRemoteMove(TransferJob& job, uint32_t move, const Status& status);
   // The G2 slot of a G4 load that nothing writes into any more goes back: a pool slot to the
   // pool; a caller's slot lent to an abandoned call through release_lent_slot.

@@ -1,6 +1,7 @@
 // TransferEngine's G4 side: the remote threads, puts from G2 slots, verified gets into G2 slots
 // (and on into G1). See transfer_engine.h for the contract.
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "core/log.h"
@@ -124,22 +125,34 @@ void TransferEngine::ReleaseLentSlot(const BlockTransfer& m, uint32_t slot) {
 }
 
 void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
-                                 std::span<const uint32_t> moves, bool save) {
+                                 std::span<const uint32_t> all_moves, bool save) {
   const auto timeout = save ? remote_config_.save_timeout : remote_config_.load_timeout;
   const RemoteDeadline deadline = RemoteClock::now() + timeout;
+  // G4 -> G1 loads whose engine fetches them itself skip the remote threads and G2.
+  std::vector<uint32_t> fetched, moves;
+  for (uint32_t i : all_moves) {
+    const BlockTransfer& m = job->moves()[i];
+    const bool fetch = !save && device_ != nullptr && m.op == BlockTransfer::Op::kG4ToG1 &&
+                       device_->CanFetch(m.g1_block);
+    (fetch ? fetched : moves).push_back(i);
+  }
   // Spread over every remote thread, so a big move uses every connection. A load is also cut
   // into calls of about load_call_bytes: a call's blocks are verified and go on to G1 when
   // the call returns, so smaller calls overlap those steps with the next call's transfer.
-  size_t per_call =
-      std::max<size_t>(1, (moves.size() + remote_config_.threads - 1) / remote_config_.threads);
-  if (!save) {
-    const uint64_t block_bytes = G2PayloadOffset(layout_) + layout_.BlockBytes();
-    per_call = std::clamp<size_t>(remote_config_.load_call_bytes / block_bytes, 1, per_call);
-  }
+  const auto per_call_of = [&](size_t n) {
+    size_t per_call =
+        std::max<size_t>(1, (n + remote_config_.threads - 1) / remote_config_.threads);
+    if (!save) {
+      const uint64_t block_bytes = G2PayloadOffset(layout_) + layout_.BlockBytes();
+      per_call = std::clamp<size_t>(remote_config_.load_call_bytes / block_bytes, 1, per_call);
+    }
+    return per_call;
+  };
+  const size_t per_call = per_call_of(moves.size());
   // Gets are watched: at the deadline the watchdog ends whichever of them are still queued or
   // in a call, whatever that call is doing.
   std::vector<uint32_t> gets;
-  for (uint32_t i : moves) {
+  for (uint32_t i : all_moves) {
     if (job->moves()[i].op != BlockTransfer::Op::kG2ToG4) gets.push_back(i);
   }
   {
@@ -153,6 +166,54 @@ void TransferEngine::StartRemote(const std::shared_ptr<TransferJob>& job,
   }
   remote_cv_.notify_all();
   watchdog_cv_.notify_all();
+  if (!fetched.empty()) StartFetches(job, fetched, deadline, per_call_of(fetched.size()));
+}
+
+void TransferEngine::StartFetches(const std::shared_ptr<TransferJob>& job,
+                                  std::span<const uint32_t> moves, RemoteDeadline deadline,
+                                  size_t per_call) {
+  for (size_t b = 0; b < moves.size(); b += per_call) {
+    const size_t e = std::min(moves.size(), b + per_call);
+    std::vector<G4Fetch> items;
+    auto started = std::make_shared<std::vector<uint32_t>>();
+    for (size_t k = b; k < e; ++k) {
+      const uint32_t i = moves[k];
+      if (!job->BeginIo(i)) continue;  // abandoned at its deadline already
+      const BlockTransfer& m = job->moves()[i];
+      items.push_back(G4Fetch{m.g1_block, RemoteObjectName(m.namespace_id, m.key), m.namespace_id,
+                              m.key, m.tokens});
+      started->push_back(i);
+    }
+    if (started->empty()) continue;
+    const auto start = std::chrono::steady_clock::now();
+    auto left = std::make_shared<std::atomic<size_t>>(started->size());
+    Status s = device_->Fetch(
+        std::move(items), deadline, [this, job, started, start, left](size_t k, const Status& st) {
+          FetchEnded(*job, (*started)[k], st);
+          if (left->fetch_sub(1) == 1 && io_observer_) {
+            io_observer_(kTierG4, false, std::chrono::steady_clock::now() - start);
+          }
+        });
+    if (!s.ok()) {
+      for (uint32_t i : *started) {
+        if (job->FinishIo(i)) EndRemoteMove(*job, i, s);
+      }
+    }
+  }
+}
+
+void TransferEngine::FetchEnded(TransferJob& job, uint32_t move, const Status& status) {
+  if (!job.FinishIo(move)) {
+    // Ended at its deadline while the engine's fetch ran; this is its late answer.
+    remote_late_returns_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (status.ok()) {
+    bytes_by_op_[static_cast<size_t>(BlockTransfer::Op::kG4ToG1)].fetch_add(
+        layout_.BlockBytes(), std::memory_order_relaxed);
+    for (uint32_t l = 0; l < layout_.num_layers; ++l) job.LayerLanded(move, l);
+  }
+  EndRemoteMove(job, move, status);
 }
 
 void TransferEngine::RemoteLoop() {

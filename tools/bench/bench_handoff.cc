@@ -5,9 +5,11 @@
 //   one host:     producer and consumer attached to one `kvtier serve`; the consumer's load is a
 //                 copy from the shared G2 mapping into its G1. Limit: memcpy of the same bytes.
 //   across hosts: each engine attached to its own daemon; the daemons share only a Redis G4
-//                 (write-through). The consumer's load is G4 -> its daemon's G2 -> its G1.
-//                 Limit: redis-benchmark GET of the same value size, as many clients as G4
-//                 has threads (the best of pipeline 1 and 4).
+//                 (write-through). The consumer fetches the objects itself, straight into its
+//                 G1 (g4.direct_to_g1, the default). A second consumer on a third daemon with
+//                 g4.direct_to_g1 = false loads the same prompt G4 -> its daemon's G2 -> its G1,
+//                 for comparison. Limit: redis-benchmark GET of the same value size, as many
+//                 clients as G4 has threads (the best of pipeline 1 and 2).
 //
 // The daemons run in this process on their own threads (as `bench service`); the engines are
 // attached BlockManagers with host G1s in vLLM's arrangement (one region per layer and plane).
@@ -208,7 +210,8 @@ double MemcpySeconds(uint64_t bytes, uint32_t reps) {
 
 Result<std::unique_ptr<service::Server>> StartDaemon(const std::string& socket,
                                                      const std::string& g2_bytes,
-                                                     const std::string& g4_endpoint) {
+                                                     const std::string& g4_endpoint,
+                                                     bool direct_to_g1 = true) {
   service::ServeOptions so;
   so.socket_path = socket;
   (void)so.config.Set("g2.capacity_bytes", g2_bytes);
@@ -220,6 +223,7 @@ Result<std::unique_ptr<service::Server>> StartDaemon(const std::string& socket,
     KVTIER_RETURN_IF_ERROR(so.config.Set("g4.write_through", "true"));
     KVTIER_RETURN_IF_ERROR(so.config.Set("g4.load_deadline_ms", "60000"));
     KVTIER_RETURN_IF_ERROR(so.config.Set("g4.save_deadline_ms", "60000"));
+    KVTIER_RETURN_IF_ERROR(so.config.Set("g4.direct_to_g1", direct_to_g1 ? "true" : "false"));
   }
   return service::Server::Start(so);
 }
@@ -234,8 +238,10 @@ void PrintUsage() {
       "    one host: both attached to one kvtier serve; the consumer loads from the shared G2.\n"
       "      Limit: memcpy of the same bytes, same run.\n"
       "    across hosts: each attached to its own daemon, the daemons sharing a Redis G4\n"
-      "      (write-through; an embedded redis-server unless --redis). Limit: redis-benchmark\n"
-      "      GET at the block size with g4.threads clients.\n"
+      "      (write-through; an embedded redis-server unless --redis); the consumer fetches\n"
+      "      the objects straight into its G1, and a second one on a daemon with\n"
+      "      g4.direct_to_g1 = false loads them through its daemon's G2. Limit:\n"
+      "      redis-benchmark GET at the block size with g4.threads clients.\n"
       "  Every loaded block is checked byte for byte. Prints each handoff / its limit (the\n"
       "  issue's bar: <= 1.2x). --no-g4 measures the one-host path only.");
 }
@@ -328,8 +334,9 @@ int RunBenchHandoff(const CliArgs& args) {
 
   // Across hosts.
   const bool with_g4 = !args.Has("no-g4");
-  Handoff best_g4;
-  best_g4.seconds = 1e30;
+  Handoff best_g4, best_via_g2;
+  best_g4.seconds = best_via_g2.seconds = 1e30;
+  bool direct_seen = true;  // every direct load fetched straight into G1
   double rb_get_gbps = 0;
   std::string rb_cmd, rb_error;
   uint32_t g4_threads = 0;
@@ -345,12 +352,17 @@ int RunBenchHandoff(const CliArgs& args) {
     if (!a.ok()) return fail(a.status());
     auto b = StartDaemon(dir + "/b/kvtier.sock", g2_bytes, endpoint);
     if (!b.ok()) return fail(b.status());
+    auto c = StartDaemon(dir + "/c/kvtier.sock", g2_bytes, endpoint, /*direct_to_g1=*/false);
+    if (!c.ok()) return fail(c.status());
     Config defaults;
     g4_threads = static_cast<uint32_t>(defaults.GetUint("g4.threads"));
     auto p = Attach(l, dir + "/a/kvtier.sock", "prefill", &g1p.memory);
     if (!p.ok()) return fail(p.status());
     auto d = Attach(l, dir + "/b/kvtier.sock", "decode", &g1d.memory);
     if (!d.ok()) return fail(d.status());
+    HostG1 g1v(l, blocks + 1);
+    auto v = Attach(l, dir + "/c/kvtier.sock", "decode-via-g2", &g1v.memory);
+    if (!v.ok()) return fail(v.status());
     // The limit is measured between repetitions, on the same server in the same state, so
     // that both sides see the same noise: redis-benchmark GET with pipeline 1 and 2 (deeper
     // pipelines of 2 MiB values are slower), the best of all its runs.
@@ -366,10 +378,23 @@ int RunBenchHandoff(const CliArgs& args) {
     for (uint32_t r = 0; r < *reps; ++r) {
       Status made = Produce(**p, g1p, "p" + std::to_string(r), 200 + r, blocks);
       if (!made.ok()) return fail(made);
-      Result<Handoff> h = Consume(**d, g1d, "d" + std::to_string(r), 200 + r, blocks, kTierG4, 60);
-      if (!h.ok()) return fail(h.status());
-      all_ok = all_ok && h->bytes_ok;
-      if (h->seconds < best_g4.seconds) best_g4 = *h;
+      // Both consumers load the same prompt, in turns (which goes first alternates).
+      const ManagerStats before = (**d).Stats();
+      for (uint32_t k = 0; k < 2; ++k) {
+        const bool direct = (k + r) % 2 == 0;
+        Result<Handoff> h =
+            direct ? Consume(**d, g1d, "d" + std::to_string(r), 200 + r, blocks, kTierG4, 60)
+                   : Consume(**v, g1v, "v" + std::to_string(r), 200 + r, blocks, kTierG4, 60);
+        if (!h.ok()) return fail(h.status());
+        all_ok = all_ok && h->bytes_ok;
+        Handoff& best = direct ? best_g4 : best_via_g2;
+        if (h->seconds < best.seconds) best = *h;
+      }
+      // The direct consumer's daemon got nothing into its G2: the blocks went to G1 at once.
+      const ManagerStats after = (**d).Stats();
+      constexpr size_t kG4ToG2 = 6, kG4ToG1 = 7;
+      direct_seen = direct_seen && after.bytes_by_path[kG4ToG2] == before.bytes_by_path[kG4ToG2] &&
+                    after.bytes_by_path[kG4ToG1] - before.bytes_by_path[kG4ToG1] == bytes;
       if (base.empty()) continue;
       for (uint32_t pipeline : {1u, 2u}) {
         std::string cmd;
@@ -386,17 +411,21 @@ int RunBenchHandoff(const CliArgs& args) {
     }
     p->reset();
     d->reset();
+    v->reset();
     (*a)->Stop();
     (*b)->Stop();
+    (*c)->Stop();
   }
   ::rmdir((dir + "/host").c_str());
   ::rmdir((dir + "/a").c_str());
   ::rmdir((dir + "/b").c_str());
+  ::rmdir((dir + "/c").c_str());
   ::rmdir(dir.c_str());
 
   const double g2_ratio = best_g2.seconds / memcpy_s;
   const double rb_s = rb_get_gbps > 0 ? bytes / (rb_get_gbps * 1e9) : 0;
   const double g4_ratio = with_g4 && rb_s > 0 ? best_g4.seconds / rb_s : 0;
+  const double via_g2_ratio = with_g4 && rb_s > 0 ? best_via_g2.seconds / rb_s : 0;
   if (args.Has("json")) {
     JsonObject j;
     j.Add("tokens", blocks * l.tokens_per_block)
@@ -419,7 +448,10 @@ int RunBenchHandoff(const CliArgs& args) {
           .Add("redis_benchmark_get_gbps", rb_get_gbps)
           .Add("redis_benchmark_command", rb_cmd)
           .Add("redis_benchmark_error", rb_error)
-          .Add("g4_handoff_vs_redis_benchmark_get", g4_ratio);
+          .Add("g4_handoff_vs_redis_benchmark_get", g4_ratio)
+          .Add("g4_handoff_direct_to_g1", direct_seen)
+          .Add("g4_via_g2_handoff_s", best_via_g2.seconds)
+          .Add("g4_via_g2_vs_redis_benchmark_get", via_g2_ratio);
     }
     std::printf("%s\n", j.Str().c_str());
   } else {
@@ -442,6 +474,12 @@ int RunBenchHandoff(const CliArgs& args) {
             "%6.2f GB/s   ratio %.2fx\n",
             best_g4.seconds * 1e3, bytes / best_g4.seconds / 1e9, rb_s * 1e3, rb_get_gbps,
             g4_ratio);
+        std::printf("  (the consumer fetched every block straight into its G1: %s)\n",
+                    direct_seen ? "yes" : "NO");
+        std::printf(
+            "  across hosts via G2:   %8.2f ms  %6.2f GB/s   (g4.direct_to_g1 = false)    "
+            "ratio %.2fx\n",
+            best_via_g2.seconds * 1e3, bytes / best_via_g2.seconds / 1e9, via_g2_ratio);
         std::printf("  (%s)\n", rb_cmd.c_str());
       } else {
         std::printf("  across hosts (G4):     %8.2f ms  %6.2f GB/s   no limit measured: %s\n",
@@ -450,7 +488,7 @@ int RunBenchHandoff(const CliArgs& args) {
     }
     std::printf("  every loaded block byte-exact: %s\n", all_ok ? "yes" : "NO");
   }
-  return all_ok ? 0 : 1;
+  return all_ok && direct_seen ? 0 : 1;
 }
 
 }  // namespace kvtier::cli
