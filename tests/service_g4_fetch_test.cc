@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "redis_test_util.h"
+#include "service/g1_fetcher.h"
 #include "service_test_util.h"
 
 namespace kvtier {
@@ -117,11 +118,11 @@ void Produce(SplitEngine& e, const std::string& id, uint32_t seed, uint32_t bloc
 }
 
 struct Consumed {
-  uint32_t found_g4 = 0;      // blocks the Lookup found in G4
-  uint32_t loaded = 0;        // blocks loaded intact (LoadedTokens)
-  bool bytes_ok = false;      // every loaded block holds the producer's bytes
-  Status wait_status;         // the first WaitLayer failure
-  double load_seconds = 0;    // StartLoad until the last WaitLayer returned
+  uint32_t found_g4 = 0;    // blocks the Lookup found in G4
+  uint32_t loaded = 0;      // blocks loaded intact (LoadedTokens)
+  bool bytes_ok = false;    // every loaded block holds the producer's bytes
+  Status wait_status;       // the first WaitLayer failure
+  double load_seconds = 0;  // StartLoad until the last WaitLayer returned
 };
 
 // The consumer looks prompt `seed` up until `want_g4` blocks are in G4 (write-through may still
@@ -315,6 +316,67 @@ TEST_F(G4FetchTest, KilledServerIsAMissNotAHang) {
   EXPECT_EQ(c.loaded, 0u);
   EXPECT_FALSE(c.wait_status.ok());
   EXPECT_LT(c.load_seconds, 4.0);
+}
+
+// The engine's side alone: what it refuses of a daemon's fetch before touching G1.
+TEST(G1FetcherTest, RefusesBlocksOutsideItsG1AndDeviceMemory) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start()) << redis.error();
+  std::unique_ptr<SplitEngine> e = std::make_unique<SplitEngine>();
+  const KvLayout l = SplitLayout();
+  e->g1.layout = l;
+  e->g1.num_blocks = 4;
+  for (uint32_t r = 0; r < l.num_layers * l.num_planes; ++r) {
+    e->regions.emplace_back(4 * l.ChunkBytes(), 0);
+    e->g1.regions.push_back(G1Region{e->regions.back().data(), l.ChunkBytes()});
+  }
+  service::G4Config config;
+  config.endpoints = redis.endpoint();
+  config.connections = 1;
+  std::shared_mutex gate;
+  std::vector<service::FetchDone> reports;
+  Result<std::unique_ptr<service::G1Fetcher>> f = service::G1Fetcher::Create(
+      config, e->g1, &gate, [&](const service::FetchDone& d) { reports.push_back(d); });
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  service::FetchCall call;
+  call.batch = 9;
+  call.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         (Clock::now() + std::chrono::seconds(5)).time_since_epoch())
+                         .count();
+  G4Fetch outside;
+  outside.g1_block = 4;  // the G1 holds blocks 0..3
+  outside.name = "kvt1:none";
+  outside.tokens.assign(l.tokens_per_block, 1);
+  G4Fetch short_tokens = outside;
+  short_tokens.g1_block = 1;
+  short_tokens.tokens.resize(3);
+  G4Fetch missing = outside;
+  missing.g1_block = 2;
+  call.items = {outside, short_tokens, missing};
+  const std::vector<std::vector<uint8_t>> before = e->regions;
+  const service::FetchDone done = (*f)->Run(call);
+  EXPECT_EQ(done.batch, 9u);
+  ASSERT_EQ(done.statuses.size(), 3u);
+  EXPECT_TRUE(done.statuses[0].Is(StatusCode::kInvalidArgument)) << done.statuses[0].ToString();
+  EXPECT_NE(done.statuses[0].message().find("G1 block 4"), std::string::npos);
+  EXPECT_TRUE(done.statuses[1].Is(StatusCode::kInvalidArgument)) << done.statuses[1].ToString();
+  EXPECT_TRUE(done.statuses[2].Is(StatusCode::kNotFound)) << done.statuses[2].ToString();
+  EXPECT_EQ(e->regions, before);  // nothing written
+  // Past its deadline, nothing is asked.
+  call.deadline_ns = 1;
+  call.items = {missing};
+  const service::FetchDone late = (*f)->Run(call);
+  ASSERT_EQ(late.statuses.size(), 1u);
+  EXPECT_TRUE(late.statuses[0].Is(StatusCode::kTimedOut)) << late.statuses[0].ToString();
+  f->reset();
+
+  // A device G1: a socket cannot receive into it.
+  G1Memory device = e->g1;
+  device.on_device = true;
+  Result<std::unique_ptr<service::G1Fetcher>> refused =
+      service::G1Fetcher::Create(config, device, &gate, [](const service::FetchDone&) {});
+  EXPECT_TRUE(refused.status().Is(StatusCode::kInvalidArgument)) << refused.status().ToString();
 }
 
 }  // namespace

@@ -121,7 +121,8 @@ struct ManagerStats {
   uint64_t corrupt_blocks = 0;   // G3 blocks that failed verification (never served)
   uint64_t g3_quarantines = 0;
   bool g3_quarantined = false;
-  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1 (staged), G2->G4, G4->G2, G4->G1 (staged)
+  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1 (staged), G2->G4, G4->G2, G4->G1 (the G1 leg of a
+  // staged load, or an attached engine's fetch straight into its G1: docs/service.md)
   std::array<uint64_t, 8> bytes_by_path{};
   uint64_t g2_blocks = 0, g2_slots = 0, g2_free_slots = 0, g3_blocks = 0, g3_slots = 0;
   uint64_t g2_staging_slots = 0;  // G2 slots in the staging pool (g2.staging_slots)
