@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <future>
+
+#include "service/copy_gate.h"
+
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -206,6 +211,26 @@ TEST(RemoteG1BackendFetch, ShutdownEndsWhatIsOpen) {
   const auto ended = h.Ended();
   ASSERT_EQ(ended.size(), 1u);
   EXPECT_TRUE(ended[0].second.Is(StatusCode::kUnavailable)) << ended[0].second.ToString();
+}
+
+// The engine's side of the lease rule: Barrier waits for the G1 writes begun before it, and
+// only for those (a stream of later fetches must not starve it).
+TEST(CopyGateTest, BarrierWaitsForEarlierPassesOnly) {
+  CopyGate gate;
+  gate.Barrier();  // nothing in progress: at once
+  auto first = std::make_unique<CopyGate::Pass>(gate);
+  std::atomic<bool> returned{false};
+  std::future<void> barrier = std::async(std::launch::async, [&] {
+    gate.Barrier();
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(returned) << "Barrier returned while an earlier pass was in progress";
+  // A pass begun after the barrier does not hold it up, and passes never wait for each other.
+  CopyGate::Pass later(gate);
+  first.reset();
+  ASSERT_EQ(barrier.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_TRUE(returned);
 }
 
 }  // namespace

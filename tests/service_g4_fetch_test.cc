@@ -334,7 +334,7 @@ TEST(G1FetcherTest, RefusesBlocksOutsideItsG1AndDeviceMemory) {
   service::G4Config config;
   config.endpoints = redis.endpoint();
   config.connections = 1;
-  std::shared_mutex gate;
+  service::CopyGate gate;
   std::vector<service::FetchDone> reports;
   Result<std::unique_ptr<service::G1Fetcher>> f = service::G1Fetcher::Create(
       config, e->g1, &gate, [&](const service::FetchDone& d) { reports.push_back(d); });

@@ -150,7 +150,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
   if (call.dir == 1) {
     for (uint32_t l = 0; l < layout.num_layers && status.ok(); ++l) {
       {
-        std::lock_guard lock(copy_mu_);
+        CopyGate::Pass pass(copy_gate_);
         if (Clock::now() >= deadline) {
           status = late();
           break;
@@ -165,7 +165,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
   } else {
     for (const auto& [block, offset] : call.copies) {
       if (copy_stall_.count() > 0) std::this_thread::sleep_for(copy_stall_);
-      std::lock_guard lock(copy_mu_);
+      CopyGate::Pass pass(copy_gate_);
       if (Clock::now() >= deadline) {
         status = late();
         break;
@@ -184,7 +184,7 @@ Status AttachedManager::SendFrameLocked(int fd, MsgType type, const WireWriter& 
 
 std::unique_ptr<G1Fetcher> AttachedManager::OpenFetcher(int fd, const G4Config& config) {
   Result<std::unique_ptr<G1Fetcher>> opened =
-      G1Fetcher::Create(config, *g1_, &copy_mu_, [this, fd](const FetchDone& done) {
+      G1Fetcher::Create(config, *g1_, &copy_gate_, [this, fd](const FetchDone& done) {
         WireWriter w;
         EncodeFetchDone(&w, done);
         (void)SendFrameLocked(fd, MsgType::kFetchDone, w);

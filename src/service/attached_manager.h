@@ -11,8 +11,8 @@
 // service.reattach_ms; requests from before (another daemon epoch) stay misses.
 //
 // Leases: every kCopy batch carries its deadline; a batch past it is refused, and a load
-// checks it before each layer, under copy_mu_. WaitLayer, LoadedTokens and Finished wait for
-// the layer copy in progress before they return, so once the engine hears a load failed no
+// checks it before each layer, inside a pass of copy_gate_. WaitLayer, LoadedTokens and Finished
+// wait for the layer copy in progress before they return, so once the engine hears a load failed no
 // copy of it writes G1 any more.
 #pragma once
 
@@ -24,7 +24,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -32,6 +31,7 @@
 
 #include "core/unique_fd.h"
 #include "kvtier/connector.h"
+#include "service/copy_gate.h"
 #include "service/protocol.h"
 #include "service/unix_socket.h"
 #include "tier/host_arena.h"
@@ -114,7 +114,7 @@ class AttachedManager {
               std::vector<uint8_t>* reply_payload, size_t* status_end);
   // The request is not of an earlier daemon (looked up here in this epoch, or not here at all).
   bool Current(const std::string& request_id);
-  void Barrier() { std::lock_guard lock(copy_mu_); }
+  void Barrier() { copy_gate_.Barrier(); }
   void DataLoop(int fd);
   void RunCopy(int fd, const CopyCall& call);
   // kG4Config on the data connection: opens this engine's G4 fetcher (or says why not).
@@ -157,9 +157,9 @@ class AttachedManager {
   std::thread events_thread_;
 
   // Data plane.
-  // Held while a layer or block is copied, and shared while a G4 fetch writes G1 (G1Fetcher);
-  // Barrier takes it exclusively. See the header.
-  std::shared_mutex copy_mu_;
+  // Every write into G1 (a layer or block copied, a G4 fetch) is a pass of it; Barrier waits
+  // for those begun before it. See the header.
+  CopyGate copy_gate_;
   std::mutex send_mu_;  // one report at a time on the data connection
   UniqueFd data_fd_;
   std::thread data_thread_;

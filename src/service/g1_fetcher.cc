@@ -10,7 +10,7 @@
 namespace kvtier::service {
 
 Result<std::unique_ptr<G1Fetcher>> G1Fetcher::Create(const G4Config& config, const G1Memory& g1,
-                                                     std::shared_mutex* gate, Report report) {
+                                                     CopyGate* gate, Report report) {
   if (g1.on_device) {
     return Status::InvalidArgument(
         "G1 is device memory: a socket cannot receive into it, so G4 loads go through G2");
@@ -31,7 +31,7 @@ Result<std::unique_ptr<G1Fetcher>> G1Fetcher::Create(const G4Config& config, con
   return f;
 }
 
-G1Fetcher::G1Fetcher(const G1Memory& g1, std::shared_mutex* gate, Report report,
+G1Fetcher::G1Fetcher(const G1Memory& g1, CopyGate* gate, Report report,
                      std::unique_ptr<RemoteStore> store)
     : g1_(g1), gate_(gate), report_(std::move(report)), store_(std::move(store)) {}
 
@@ -82,15 +82,14 @@ FetchDone G1Fetcher::Run(const FetchCall& call) {
   FetchDone done;
   done.batch = call.batch;
   done.statuses.assign(call.items.size(), Status::Ok());
-  const auto deadline =
-      RemoteClock::time_point(std::chrono::nanoseconds(call.deadline_ns));
+  const auto deadline = RemoteClock::time_point(std::chrono::nanoseconds(call.deadline_ns));
   std::vector<size_t> asked;  // items with a valid block, in order
   for (size_t k = 0; k < call.items.size(); ++k) {
     const G4Fetch& item = call.items[k];
     if (item.g1_block >= g1_.num_blocks) {
-      done.statuses[k] = Status::InvalidArgument(
-          "a fetch names G1 block " + std::to_string(item.g1_block) + "; this engine has " +
-          std::to_string(g1_.num_blocks));
+      done.statuses[k] =
+          Status::InvalidArgument("a fetch names G1 block " + std::to_string(item.g1_block) +
+                                  "; this engine has " + std::to_string(g1_.num_blocks));
     } else if (item.tokens.size() != layout.tokens_per_block) {
       done.statuses[k] = Status::InvalidArgument(
           "a fetch carries " + std::to_string(item.tokens.size()) + " tokens for a block of " +
@@ -100,7 +99,7 @@ FetchDone G1Fetcher::Run(const FetchCall& call) {
     }
   }
   if (asked.empty()) return done;
-  std::shared_lock gate(*gate_);
+  CopyGate::Pass pass(*gate_);
   if (RemoteClock::now() >= deadline) {
     for (size_t k : asked) {
       done.statuses[k] = Status::TimedOut("the fetch's deadline passed before it could start");
@@ -117,7 +116,7 @@ FetchDone G1Fetcher::Run(const FetchCall& call) {
     gets[j].pieces.emplace_back(headers.data() + j * header_bytes, header_bytes);
     AppendBlockPieces(g1_, item.g1_block, &gets[j].pieces);
     gets[j].on_landed = [h = &hashers[j], header_bytes](uint64_t offset,
-                                                         std::span<const uint8_t> bytes) {
+                                                        std::span<const uint8_t> bytes) {
       if (offset == 0) h->Reset();  // a get tried again starts over
       if (offset + bytes.size() <= header_bytes) return;
       h->Update(bytes.subspan(offset < header_bytes ? header_bytes - offset : 0));

@@ -7,10 +7,10 @@
 // batch is answered with one kFetchDone. One copy per byte (socket -> G1) where the G2 path
 // makes two (socket -> G2 slot, G2 slot -> G1).
 //
-// Leases: a fetch runs under `gate` held shared, and never starts past its deadline; the Get
-// call returns by the deadline. AttachedManager's Barrier takes `gate` exclusively, so once the
-// engine hears that a load failed (the daemon ends a fetch's move at its deadline), no fetch of
-// it writes G1 any more: the same rule as a kCopy load's layers.
+// Leases: a fetch runs inside a pass of `gate` (copy_gate.h), and never starts past its
+// deadline; the Get call returns by the deadline. AttachedManager's Barrier waits for the passes
+// begun before it, so once the engine hears that a load failed (the daemon ends a fetch's move
+// at its deadline), no fetch of it writes G1 any more: the same rule as a kCopy load's layers.
 #pragma once
 
 #include <condition_variable>
@@ -18,11 +18,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <thread>
 #include <vector>
 
 #include "kvtier/g1_memory.h"
+#include "service/copy_gate.h"
 #include "service/protocol.h"
 #include "tier/remote_store.h"
 
@@ -38,7 +38,7 @@ class G1Fetcher {
   // backend reaches it: its G4 loads go through G2) or a malformed endpoint. `g1` and `gate`
   // must outlive the fetcher.
   static Result<std::unique_ptr<G1Fetcher>> Create(const G4Config& config, const G1Memory& g1,
-                                                   std::shared_mutex* gate, Report report);
+                                                   CopyGate* gate, Report report);
   // Stops the workers after the calls in progress (each ends by its deadline); batches still
   // queued are answered Unavailable.
   ~G1Fetcher();
@@ -50,12 +50,11 @@ class G1Fetcher {
   FetchDone Run(const FetchCall& call);
 
  private:
-  G1Fetcher(const G1Memory& g1, std::shared_mutex* gate, Report report,
-            std::unique_ptr<RemoteStore> store);
+  G1Fetcher(const G1Memory& g1, CopyGate* gate, Report report, std::unique_ptr<RemoteStore> store);
   void Worker();
 
   const G1Memory& g1_;
-  std::shared_mutex* const gate_;
+  CopyGate* const gate_;
   const Report report_;
   const std::unique_ptr<RemoteStore> store_;
   std::mutex mu_;
