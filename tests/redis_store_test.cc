@@ -538,7 +538,7 @@ TEST(RedisStoreTest, AFullPoolIsTimedOutByTheCallersDeadline) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scatter destinations (RemoteGet::pieces).
+// Scatter destinations (RemoteGet::pieces), and what on_landed is told.
 
 // A scatter destination: each piece a buffer of its own (so no two are contiguous), filled
 // with 0xAB.
@@ -546,6 +546,7 @@ struct Pieces {
   explicit Pieces(const std::vector<size_t>& sizes) {
     for (size_t n : sizes) bufs.emplace_back(n, 0xAB);
     for (auto& b : bufs) spans.emplace_back(b.data(), b.size());
+    for (size_t n : sizes) ends.push_back((ends.empty() ? 0 : ends.back()) + n);
   }
   // The first `n` bytes held by the pieces, in order.
   std::vector<uint8_t> Joined(size_t n) const {
@@ -564,11 +565,29 @@ struct Pieces {
     }
     return true;
   }
+  // Where byte `offset` of the joined pieces is kept, when it and the n - 1 after it are all
+  // in one piece; nullptr otherwise.
+  const uint8_t* At(uint64_t offset, uint64_t n) const {
+    const size_t k = PieceOf(offset);
+    if (k == bufs.size() || offset + n > ends[k]) return nullptr;
+    return bufs[k].data() + (offset - (ends[k] - bufs[k].size()));
+  }
+  // Whether byte `offset` of the joined pieces is the first of its piece.
+  bool StartsAPiece(uint64_t offset) const {
+    const size_t k = PieceOf(offset);
+    return k < bufs.size() && offset == ends[k] - bufs[k].size();
+  }
+  // The piece that holds byte `offset` (bufs.size() past the end). Empty pieces hold none.
+  size_t PieceOf(uint64_t offset) const {
+    return static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), offset) - ends.begin());
+  }
   std::vector<std::vector<uint8_t>> bufs;
   std::vector<std::span<uint8_t>> spans;
+  std::vector<uint64_t> ends;  // ends[k]: where piece k ends in the joined pieces
 };
 
 // A KV block as an engine holds it: a 4096-byte header, then 64 chunks of 32 KiB.
+constexpr size_t kKvBlock = 2 * kMiB + 4096;
 std::vector<size_t> KvBlockLayout() {
   std::vector<size_t> sizes = {4096};
   sizes.insert(sizes.end(), 64, 32 << 10);
@@ -586,63 +605,237 @@ std::vector<size_t> UnevenLayout(size_t total) {
   return sizes;
 }
 
-// Gets Name(first + i) into pieces of layouts[i]; checks nothing.
+// Pieces of `sizes` in turn, a little more than `total` in all.
+std::vector<size_t> CyclingLayout(size_t total, const std::vector<size_t>& sizes) {
+  std::vector<size_t> l;
+  for (size_t sum = 0; sum < total + 3; sum += l.back()) {
+    l.push_back(sizes[l.size() % sizes.size()]);
+  }
+  return l;
+}
+
+// One call of on_landed: where in the object, a copy of the bytes taken during the call, where
+// they were, and on which thread.
+struct LandedRange {
+  uint64_t offset;
+  std::vector<uint8_t> bytes;
+  const uint8_t* at;
+  std::thread::id thread;
+};
+
+// How GetScattered receives each object: into its pieces, the same with on_landed recorded, or
+// into a contiguous dest (the one piece of a one-piece layout) with on_landed recorded.
+enum class Receive { kPieces, kPiecesLanded, kDestLanded };
+
+// Gets of Name(first + i) into pieces of layouts[i], and what they got.
 struct ScatterResult {
   std::vector<Pieces> pieces;
+  std::vector<std::vector<LandedRange>> landed;  // landed[i]: item i's on_landed calls
   std::vector<RemoteGet> gets;
   std::vector<Status> results;
 };
-ScatterResult GetScattered(RemoteStore* store, uint64_t first,
-                           const std::vector<std::vector<size_t>>& layouts) {
+
+// Prepares the gets GetScattered makes, without calling the store.
+ScatterResult PrepareScattered(uint64_t first, const std::vector<std::vector<size_t>>& layouts,
+                               Receive how) {
   ScatterResult r;
+  r.landed.resize(layouts.size());  // never resized again: the recorders point into it
   for (const auto& l : layouts) r.pieces.emplace_back(l);
   for (size_t i = 0; i < layouts.size(); ++i) {
     RemoteGet g{Name(first + i), {}, 0};
-    g.pieces = r.pieces[i].spans;
+    if (how == Receive::kDestLanded) {
+      EXPECT_EQ(layouts[i].size(), 1u) << "a contiguous dest is a one-piece layout";
+      g.dest = r.pieces[i].spans[0];
+    } else {
+      g.pieces = r.pieces[i].spans;
+    }
+    if (how != Receive::kPieces) {
+      g.on_landed = [log = &r.landed[i]](uint64_t offset, std::span<const uint8_t> bytes) {
+        log->push_back(
+            {offset, {bytes.begin(), bytes.end()}, bytes.data(), std::this_thread::get_id()});
+      };
+    }
     r.gets.push_back(std::move(g));
   }
   r.results.resize(layouts.size());
+  return r;
+}
+
+// Gets Name(first + i) into pieces of layouts[i] (or as `how` says); checks nothing.
+ScatterResult GetScattered(RemoteStore* store, uint64_t first,
+                           const std::vector<std::vector<size_t>>& layouts,
+                           Receive how = Receive::kPieces) {
+  ScatterResult r = PrepareScattered(first, layouts, how);
   store->Get(r.gets, In(milliseconds(5000)), r.results);
   return r;
 }
 
-TEST(RedisStoreScatterTest, AKvBlockLandsByteExactInUnevenAndInEngineSizedPieces) {
-  KVTIER_REQUIRE_REDIS();
-  RedisServer server;
-  ASSERT_TRUE(server.Start()) << server.error();
-  auto store = MustOpen(Opts(server.endpoint()));
-  ASSERT_NE(store, nullptr);
-  const size_t kBlock = 2 * kMiB + 4096;
-  const std::vector<std::vector<uint8_t>> values = {Pattern(11, kBlock)};
-  ASSERT_TRUE(PutAll(store.get(), 0, values)[0].ok());
+// Item i of `g` is Ok, and landed byte-exact in its pieces with nothing written after it.
+void ExpectLanded(const ScatterResult& g, size_t i, const std::vector<uint8_t>& value) {
+  ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
+  ASSERT_EQ(g.gets[i].bytes_read, value.size()) << i;
+  EXPECT_TRUE(g.pieces[i].Joined(value.size()) == value) << i;
+  EXPECT_TRUE(g.pieces[i].UntouchedFrom(value.size())) << i;
+}
 
-  for (const auto& layout : {UnevenLayout(kBlock), KvBlockLayout()}) {
-    ScatterResult g = GetScattered(store.get(), 0, {layout});
-    ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
-    ASSERT_EQ(g.gets[0].bytes_read, kBlock);
-    EXPECT_TRUE(g.pieces[0].Joined(kBlock) == values[0]) << "pieces of " << layout.size();
+// Item i of `g` failed with `code`, and nothing was written or told.
+void ExpectNothingLanded(const ScatterResult& g, size_t i, StatusCode code) {
+  EXPECT_TRUE(g.results[i].Is(code)) << i << ": " << g.results[i].ToString();
+  EXPECT_EQ(g.gets[i].bytes_read, 0u) << i;
+  EXPECT_TRUE(g.pieces[i].UntouchedFrom(0)) << i;
+  EXPECT_TRUE(g.landed[i].empty())
+      << i << ": on_landed told of " << g.landed[i].size() << " ranges";
+}
+
+// Checks `ranges` as one pass over `value` received into `room`: in order and contiguous from
+// offset 0, each holding value's bytes at its offset, each being room's own memory at that
+// offset (where the bytes landed, not a copy), each told on this thread. Returns where the pass
+// ends.
+uint64_t ExpectPass(std::span<const LandedRange> ranges, const Pieces& room,
+                    const std::vector<uint8_t>& value) {
+  uint64_t next = 0;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    const LandedRange& r = ranges[k];
+    EXPECT_EQ(r.offset, next) << "range " << k << " of " << ranges.size();
+    if (r.offset + r.bytes.size() > value.size()) {
+      ADD_FAILURE() << "range " << k << " [" << r.offset << ", +" << r.bytes.size()
+                    << ") is past the object's " << value.size() << " bytes";
+      return r.offset + r.bytes.size();
+    }
+    EXPECT_TRUE(std::equal(r.bytes.begin(), r.bytes.end(), value.begin() + r.offset))
+        << "range " << k << " at " << r.offset;
+    EXPECT_EQ(r.at, room.At(r.offset, r.bytes.size())) << "range " << k << " at " << r.offset;
+    EXPECT_EQ(r.thread, std::this_thread::get_id()) << "range " << k;
+    next = r.offset + r.bytes.size();
+  }
+  return next;
+}
+
+// Item i of `g` was told of [0, value.size()) once: one pass that covers it exactly.
+void ExpectToldOnce(const ScatterResult& g, size_t i, const std::vector<uint8_t>& value) {
+  SCOPED_TRACE("item " + std::to_string(i));
+  EXPECT_EQ(ExpectPass(g.landed[i], g.pieces[i], value), value.size());
+}
+
+// Landed and told once, each item of `g` holding values[i].
+void ExpectEachLandedAndToldOnce(const ScatterResult& g,
+                                 const std::vector<std::vector<uint8_t>>& values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, i, values[i]));
+    ExpectToldOnce(g, i, values[i]);
+  }
+}
+
+// The passes item i of `g` was told of: a range at offset 0 starts one (a get tried again
+// starts over).
+std::vector<std::span<const LandedRange>> Passes(const ScatterResult& g, size_t i) {
+  std::vector<std::span<const LandedRange>> passes;
+  const std::vector<LandedRange>& all = g.landed[i];
+  for (size_t k = 0, begin = 0; k < all.size(); ++k) {
+    if (k + 1 == all.size() || all[k + 1].offset == 0) {
+      passes.emplace_back(all.data() + begin, k + 1 - begin);
+      begin = k + 1;
+    }
+  }
+  return passes;
+}
+
+// Moves the slot of `key` from the node that serves it to the next one, as redis-cli --cluster
+// reshard does. Begin: the slot migrating and the key moved (its old node answers ASK). End:
+// the slot assigned to the new node on every node (the old node answers MOVED).
+class SlotMove {
+ public:
+  SlotMove(testing::RedisCluster& cluster, const std::string& key)
+      : cluster_(cluster), key_(key), slot_(std::to_string(RedisHashSlot(key))) {}
+
+  void Begin() {
+    const int from = cluster_.NodeOfSlot(RedisHashSlot(key_));
+    ASSERT_GE(from, 0);
+    auto& src = cluster_.node(from);
+    auto& dst = cluster_.node((from + 1) % 3);
+    const std::string src_id = src.Command({"CLUSTER", "MYID"}).text;
+    dst_id_ = dst.Command({"CLUSTER", "MYID"}).text;
+    ASSERT_EQ(dst.Command({"CLUSTER", "SETSLOT", slot_, "IMPORTING", src_id}).text, "OK");
+    ASSERT_EQ(src.Command({"CLUSTER", "SETSLOT", slot_, "MIGRATING", dst_id_}).text, "OK");
+    ASSERT_EQ(
+        src.Command({"MIGRATE", "127.0.0.1", std::to_string(dst.port()), key_, "0", "5000"}).text,
+        "OK");
+  }
+  void End() {
+    for (int n = 0; n < 3; ++n) {
+      ASSERT_EQ(cluster_.node(n).Command({"CLUSTER", "SETSLOT", slot_, "NODE", dst_id_}).text,
+                "OK");
+    }
+  }
+
+ private:
+  testing::RedisCluster& cluster_;
+  const std::string key_, slot_;
+  std::string dst_id_;
+};
+
+// A fresh redis-server and a store on it (Opts) for each test.
+class RedisStoreScatterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KVTIER_REQUIRE_REDIS();
+    ASSERT_TRUE(server_.Start()) << server_.error();
+    ASSERT_NO_FATAL_FAILURE(Open(Opts(server_.endpoint())));
+  }
+
+  // Opens the store anew with `o`.
+  void Open(const RedisStoreOptions& o) {
+    store_ = MustOpen(o);
+    ASSERT_NE(store_, nullptr);
+  }
+  // Replaces the store with one on a fresh 3-node cluster (the server SetUp started stays idle).
+  void UseCluster() {
+    cluster_ = std::make_unique<testing::RedisCluster>(3);
+    ASSERT_TRUE(cluster_->Start()) << cluster_->error();
+    RedisStoreOptions o = Opts(cluster_->node(0).endpoint());
+    o.cluster = true;
+    ASSERT_NO_FATAL_FAILURE(Open(o));
+  }
+  // Stores values[i] as Name(first + i); each put must succeed.
+  void PutValues(const std::vector<std::vector<uint8_t>>& values, uint64_t first = 0) {
+    for (const Status& s : PutAll(store_.get(), first, values)) ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  ScatterResult Get(uint64_t first, const std::vector<std::vector<size_t>>& layouts,
+                    Receive how = Receive::kPieces) {
+    return GetScattered(store_.get(), first, layouts, how);
+  }
+
+  RedisServer server_;
+  std::unique_ptr<testing::RedisCluster> cluster_;
+  std::unique_ptr<RemoteStore> store_;
+};
+
+TEST_F(RedisStoreScatterTest, AKvBlockLandsByteExactInUnevenAndInEngineSizedPieces) {
+  const std::vector<std::vector<uint8_t>> values = {Pattern(11, kKvBlock)};
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
+
+  for (const auto& layout : {UnevenLayout(kKvBlock), KvBlockLayout()}) {
+    SCOPED_TRACE("pieces of " + std::to_string(layout.size()));
+    ScatterResult g = Get(0, {layout});
+    ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, 0, values[0]));
     EXPECT_TRUE(
         std::equal(g.pieces[0].bufs[0].begin(), g.pieces[0].bufs[0].end(), values[0].begin()))
         << "the header piece";
   }
   // The same object into a contiguous dest, for comparison.
-  GetResult c = GetAll(store.get(), 0, 1, kBlock);
+  GetResult c = GetAll(store_.get(), 0, 1, kKvBlock);
   ASSERT_TRUE(c.results[0].ok()) << c.results[0].ToString();
   EXPECT_EQ(c.bufs[0], values[0]);
-  EXPECT_EQ(store->Stats().get_bytes, 3 * kBlock);
+  EXPECT_EQ(store_->Stats().get_bytes, 3 * kKvBlock);
 }
 
 // Several objects in one call (pipelined on one connection), large and small, so payloads
 // arrive both straight from the socket and out of the receive buffer, across piece boundaries.
-TEST(RedisStoreScatterTest, PipelinedObjectsLandByteExactInTheirPieces) {
-  KVTIER_REQUIRE_REDIS();
-  RedisServer server;
-  ASSERT_TRUE(server.Start()) << server.error();
-  RedisStoreOptions o = Opts(server.endpoint());
+TEST_F(RedisStoreScatterTest, PipelinedObjectsLandByteExactInTheirPieces) {
+  RedisStoreOptions o = Opts(server_.endpoint());
   o.connections_per_node = 1;
-  auto store = MustOpen(o);
-  ASSERT_NE(store, nullptr);
-  const std::vector<size_t> sizes = {2 * kMiB + 4096, 5000, 1, 0, 70001, 2 * kMiB + 4096, 33};
+  ASSERT_NO_FATAL_FAILURE(Open(o));
+  const std::vector<size_t> sizes = {kKvBlock, 5000, 1, 0, 70001, kKvBlock, 33};
   std::vector<std::vector<uint8_t>> values;
   std::vector<std::vector<size_t>> layouts;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -650,79 +843,41 @@ TEST(RedisStoreScatterTest, PipelinedObjectsLandByteExactInTheirPieces) {
     if (sizes[i] > 2 * kMiB) {
       layouts.push_back(i == 0 ? KvBlockLayout() : UnevenLayout(sizes[i]));
     } else {
-      // Small pieces of 1, 7 and 1000 bytes in turn, a little more than the object.
-      std::vector<size_t> l;
-      size_t total = 0;
-      for (size_t k = 0; total < sizes[i] + 3; ++k) {
-        l.push_back(k % 3 == 0 ? 1 : k % 3 == 1 ? 7 : 1000);
-        total += l.back();
-      }
-      layouts.push_back(l);
+      layouts.push_back(CyclingLayout(sizes[i], {1, 7, 1000}));
     }
   }
-  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok()) << s.ToString();
-  ScatterResult g = GetScattered(store.get(), 0, layouts);
-  for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
-    ASSERT_EQ(g.gets[i].bytes_read, values[i].size()) << i;
-    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
-    EXPECT_TRUE(g.pieces[i].UntouchedFrom(values[i].size())) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
+  ScatterResult g = Get(0, layouts);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, i, values[i]));
 }
 
-TEST(RedisStoreScatterTest, ObjectLargerThanThePiecesIsCorruptionAndThePiecesUntouched) {
-  KVTIER_REQUIRE_REDIS();
-  RedisServer server;
-  ASSERT_TRUE(server.Start()) << server.error();
-  auto store = MustOpen(Opts(server.endpoint()));
-  ASSERT_NE(store, nullptr);
-  const size_t kBlock = 2 * kMiB + 4096;
-  const std::vector<std::vector<uint8_t>> values = {Pattern(30, kBlock + 1), Pattern(31, 4000)};
-  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok());
+TEST_F(RedisStoreScatterTest, ObjectLargerThanThePiecesIsCorruptionAndThePiecesUntouched) {
+  const std::vector<std::vector<uint8_t>> values = {Pattern(30, kKvBlock + 1), Pattern(31, 4000)};
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
   // One byte short, then (same call, same connection) an object that fits.
-  ScatterResult g =
-      GetScattered(store.get(), 0, {KvBlockLayout(), UnevenLayout(4096 + 32768 + 18 + 5)});
-  EXPECT_TRUE(g.results[0].Is(StatusCode::kCorruption)) << g.results[0].ToString();
-  EXPECT_NE(g.results[0].message().find(std::to_string(kBlock + 1)), std::string::npos)
+  ScatterResult g = Get(0, {KvBlockLayout(), UnevenLayout(4096 + 32768 + 18 + 5)});
+  ExpectNothingLanded(g, 0, StatusCode::kCorruption);
+  EXPECT_NE(g.results[0].message().find(std::to_string(kKvBlock + 1)), std::string::npos)
       << g.results[0].ToString();
-  EXPECT_NE(g.results[0].message().find(std::to_string(kBlock)), std::string::npos)
+  EXPECT_NE(g.results[0].message().find(std::to_string(kKvBlock)), std::string::npos)
       << g.results[0].ToString();
-  EXPECT_EQ(g.gets[0].bytes_read, 0u);
-  EXPECT_TRUE(g.pieces[0].UntouchedFrom(0));
   ASSERT_TRUE(g.results[1].ok()) << g.results[1].ToString();
   EXPECT_TRUE(g.pieces[1].Joined(4000) == values[1]);
-  EXPECT_EQ(store->Stats().get_failures, 1u);
+  EXPECT_EQ(store_->Stats().get_failures, 1u);
 }
 
-TEST(RedisStoreScatterTest, AMissingObjectIsNotFoundAndThePiecesUntouched) {
-  KVTIER_REQUIRE_REDIS();
-  RedisServer server;
-  ASSERT_TRUE(server.Start()) << server.error();
-  auto store = MustOpen(Opts(server.endpoint()));
-  ASSERT_NE(store, nullptr);
-  ScatterResult g = GetScattered(store.get(), 5, {KvBlockLayout()});
-  EXPECT_TRUE(g.results[0].Is(StatusCode::kNotFound)) << g.results[0].ToString();
-  EXPECT_EQ(g.gets[0].bytes_read, 0u);
-  EXPECT_TRUE(g.pieces[0].UntouchedFrom(0));
-  EXPECT_EQ(store->Stats().get_misses, 1u);
+TEST_F(RedisStoreScatterTest, AMissingObjectIsNotFoundAndThePiecesUntouched) {
+  ScatterResult g = Get(5, {KvBlockLayout()});
+  ExpectNothingLanded(g, 0, StatusCode::kNotFound);
+  EXPECT_EQ(store_->Stats().get_misses, 1u);
 }
 
-TEST(RedisStoreScatterTest, AnObjectSmallerThanThePiecesFillsTheLeadingOnes) {
-  KVTIER_REQUIRE_REDIS();
-  RedisServer server;
-  ASSERT_TRUE(server.Start()) << server.error();
-  auto store = MustOpen(Opts(server.endpoint()));
-  ASSERT_NE(store, nullptr);
+TEST_F(RedisStoreScatterTest, AnObjectSmallerThanThePiecesFillsTheLeadingOnes) {
   const std::vector<std::vector<uint8_t>> values = {Pattern(40, 4096 + 1000),
                                                     Pattern(41, 300 * 1024 + 5)};
-  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok());
-  ScatterResult g = GetScattered(store.get(), 0, {KvBlockLayout(), KvBlockLayout()});
-  for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_TRUE(g.results[i].ok()) << g.results[i].ToString();
-    ASSERT_EQ(g.gets[i].bytes_read, values[i].size());
-    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
-    EXPECT_TRUE(g.pieces[i].UntouchedFrom(values[i].size())) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
+  ScatterResult g = Get(0, {KvBlockLayout(), KvBlockLayout()});
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, i, values[i]));
   // The first: the header piece full, 1000 bytes in the next, the rest untouched.
   EXPECT_TRUE(
       std::equal(g.pieces[0].bufs[0].begin(), g.pieces[0].bufs[0].end(), values[0].begin()));
@@ -732,79 +887,209 @@ TEST(RedisStoreScatterTest, AnObjectSmallerThanThePiecesFillsTheLeadingOnes) {
 
 // Many small pieces: 600 of 4 KiB, and 2000 of 1 KiB (more than IOV_MAX, 1024 on Linux, so one
 // read cannot cover them all: reading them needs several readv calls, each within the limit).
-TEST(RedisStoreScatterTest, ThousandsOfSmallPiecesLandByteExact) {
-  KVTIER_REQUIRE_REDIS();
-  RedisServer server;
-  ASSERT_TRUE(server.Start()) << server.error();
-  auto store = MustOpen(Opts(server.endpoint()));
-  ASSERT_NE(store, nullptr);
+TEST_F(RedisStoreScatterTest, ThousandsOfSmallPiecesLandByteExact) {
   const std::vector<std::vector<uint8_t>> values = {
       Pattern(50, 600 * 4096), Pattern(51, 2000 * 1024), Pattern(52, 2000 * 1024 - 100)};
-  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok());
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
   const std::vector<std::vector<size_t>> layouts = {std::vector<size_t>(600, 4096),
                                                     std::vector<size_t>(2000, 1024),
                                                     std::vector<size_t>(2100, 1024)};
   // One object at a time (a payload straight from the socket), then all three pipelined.
   for (size_t i = 0; i < values.size(); ++i) {
-    ScatterResult g = GetScattered(store.get(), i, {layouts[i]});
-    ASSERT_TRUE(g.results[0].ok()) << i << ": " << g.results[0].ToString();
-    ASSERT_EQ(g.gets[0].bytes_read, values[i].size());
-    EXPECT_TRUE(g.pieces[0].Joined(values[i].size()) == values[i]) << i;
-    EXPECT_TRUE(g.pieces[0].UntouchedFrom(values[i].size())) << i;
+    SCOPED_TRACE("object " + std::to_string(i) + " alone");
+    ASSERT_NO_FATAL_FAILURE(ExpectLanded(Get(i, {layouts[i]}), 0, values[i]));
   }
-  ScatterResult g = GetScattered(store.get(), 0, layouts);
-  for (size_t i = 0; i < values.size(); ++i) {
-    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
-    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
-  }
+  ScatterResult g = Get(0, layouts);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, i, values[i]));
 }
 
 // Scatter destinations through a Redis Cluster: every node's lane, then an ASK mid-migration
 // and a MOVED after it (both retried into the same pieces).
-TEST(RedisStoreScatterTest, ClusterRoutesAndRedirectsIntoThePieces) {
-  KVTIER_REQUIRE_REDIS();
-  testing::RedisCluster cluster(3);
-  ASSERT_TRUE(cluster.Start()) << cluster.error();
-  RedisStoreOptions o = Opts(cluster.node(0).endpoint());
-  o.cluster = true;
-  auto store = MustOpen(o);
-  ASSERT_NE(store, nullptr);
+TEST_F(RedisStoreScatterTest, ClusterRoutesAndRedirectsIntoThePieces) {
+  ASSERT_NO_FATAL_FAILURE(UseCluster());
   constexpr int kN = 24;
   std::vector<std::vector<uint8_t>> values;
   for (int i = 0; i < kN; ++i) values.push_back(Pattern(60 + i, 4096 + 32768 * (2 + i % 3)));
-  for (const Status& s : PutAll(store.get(), 0, values)) ASSERT_TRUE(s.ok()) << s.ToString();
-  for (int n = 0; n < 3; ++n) EXPECT_GT(cluster.node(n).DbSize(), 0) << "node " << n;
-  ScatterResult g =
-      GetScattered(store.get(), 0, std::vector<std::vector<size_t>>(kN, KvBlockLayout()));
-  for (int i = 0; i < kN; ++i) {
-    ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
-    EXPECT_TRUE(g.pieces[i].Joined(values[i].size()) == values[i]) << i;
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
+  for (int n = 0; n < 3; ++n) EXPECT_GT(cluster_->node(n).DbSize(), 0) << "node " << n;
+  ScatterResult g = Get(0, std::vector<std::vector<size_t>>(kN, KvBlockLayout()));
+  for (int i = 0; i < kN; ++i) ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, i, values[i]));
+
+  SlotMove move(*cluster_, Name(0));
+  ASSERT_NO_FATAL_FAILURE(move.Begin());
+  ASSERT_NO_FATAL_FAILURE(ExpectLanded(Get(0, {UnevenLayout(values[0].size())}), 0, values[0]))
+      << "ASK";
+  EXPECT_EQ(store_->Stats().redirects, 1u);
+  ASSERT_NO_FATAL_FAILURE(move.End());
+  ASSERT_NO_FATAL_FAILURE(ExpectLanded(Get(0, {UnevenLayout(values[0].size())}), 0, values[0]))
+      << "MOVED";
+  EXPECT_EQ(store_->Stats().redirects, 2u);
+}
+
+// on_landed: the same store and server as the scatter tests.
+class RedisStoreLandedTest : public RedisStoreScatterTest {};
+
+// Objects of 2 MiB + 4 KiB, 5000, 1, 0 (item 3), 70001 and 33 bytes, for one call pipelined on
+// one connection: each must be told of its own ranges.
+std::vector<std::vector<uint8_t>> PipelinedValues() {
+  std::vector<std::vector<uint8_t>> values;
+  for (size_t n : {kKvBlock, size_t{5000}, size_t{1}, size_t{0}, size_t{70001}, size_t{33}}) {
+    values.push_back(Pattern(70 + values.size(), n));
+  }
+  return values;
+}
+
+TEST_F(RedisStoreLandedTest, EveryRangeOfAContiguousDestIsToldOnceInOrder) {
+  RedisStoreOptions o = Opts(server_.endpoint());
+  o.connections_per_node = 1;
+  ASSERT_NO_FATAL_FAILURE(Open(o));
+  const std::vector<std::vector<uint8_t>> values = PipelinedValues();
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
+  std::vector<std::vector<size_t>> dests;
+  for (const auto& v : values) dests.push_back({v.size() + 100});
+  ScatterResult g = Get(0, dests, Receive::kDestLanded);
+  ASSERT_NO_FATAL_FAILURE(ExpectEachLandedAndToldOnce(g, values));
+  EXPECT_TRUE(g.landed[3].empty()) << "an empty object has no range to tell";
+}
+
+TEST_F(RedisStoreLandedTest, EveryRangeOfUnevenAndEngineSizedPiecesIsToldOnceInOrder) {
+  const std::vector<std::vector<uint8_t>> block = {Pattern(11, kKvBlock)};
+  ASSERT_NO_FATAL_FAILURE(PutValues(block));
+  for (const auto& layout : {UnevenLayout(kKvBlock), KvBlockLayout()}) {
+    SCOPED_TRACE("pieces of " + std::to_string(layout.size()));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectEachLandedAndToldOnce(Get(0, {layout}, Receive::kPiecesLanded), block));
   }
 
-  // Migrate the slot of Name(0) as redis-cli --cluster reshard does.
-  const std::string s = std::to_string(RedisHashSlot(Name(0)));
-  const int from = cluster.NodeOfSlot(RedisHashSlot(Name(0)));
-  ASSERT_GE(from, 0);
-  auto& src = cluster.node(from);
-  auto& dst = cluster.node((from + 1) % 3);
-  const std::string src_id = src.Command({"CLUSTER", "MYID"}).text;
-  const std::string dst_id = dst.Command({"CLUSTER", "MYID"}).text;
-  ASSERT_EQ(dst.Command({"CLUSTER", "SETSLOT", s, "IMPORTING", src_id}).text, "OK");
-  ASSERT_EQ(src.Command({"CLUSTER", "SETSLOT", s, "MIGRATING", dst_id}).text, "OK");
-  ASSERT_EQ(
-      src.Command({"MIGRATE", "127.0.0.1", std::to_string(dst.port()), Name(0), "0", "5000"}).text,
-      "OK");
-  g = GetScattered(store.get(), 0, {UnevenLayout(values[0].size())});  // ASK
-  ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
-  EXPECT_TRUE(g.pieces[0].Joined(values[0].size()) == values[0]);
-  EXPECT_EQ(store->Stats().redirects, 1u);
-  for (int n = 0; n < 3; ++n) {
-    ASSERT_EQ(cluster.node(n).Command({"CLUSTER", "SETSLOT", s, "NODE", dst_id}).text, "OK");
+  RedisStoreOptions o = Opts(server_.endpoint());
+  o.connections_per_node = 1;
+  ASSERT_NO_FATAL_FAILURE(Open(o));
+  const std::vector<std::vector<uint8_t>> values = PipelinedValues();
+  ASSERT_NO_FATAL_FAILURE(PutValues(values, 10));
+  std::vector<std::vector<size_t>> layouts = {KvBlockLayout()};
+  for (size_t i = 1; i < values.size(); ++i) {
+    layouts.push_back(i == 4 ? UnevenLayout(values[i].size() + 9)
+                             : CyclingLayout(values[i].size(), {1, 0, 7, 1000}));
   }
-  g = GetScattered(store.get(), 0, {UnevenLayout(values[0].size())});  // MOVED
-  ASSERT_TRUE(g.results[0].ok()) << g.results[0].ToString();
-  EXPECT_TRUE(g.pieces[0].Joined(values[0].size()) == values[0]);
-  EXPECT_EQ(store->Stats().redirects, 2u);
+  ScatterResult g = Get(10, layouts, Receive::kPiecesLanded);
+  ASSERT_NO_FATAL_FAILURE(ExpectEachLandedAndToldOnce(g, values));
+  EXPECT_TRUE(g.landed[3].empty()) << "an empty object has no range to tell";
+}
+
+// Nothing is told of an object larger than the capacity (drained, never stored) or of a missing
+// one; the object after them in the same pipeline is told of as usual.
+TEST_F(RedisStoreLandedTest, NoRangeIsToldOfAnObjectTooLargeOrMissing) {
+  const std::vector<std::vector<uint8_t>> big = {Pattern(80, kKvBlock + 1)};
+  const std::vector<std::vector<uint8_t>> fits = {Pattern(81, 4000)};
+  ASSERT_NO_FATAL_FAILURE(PutValues(big, 0));
+  ASSERT_NO_FATAL_FAILURE(PutValues(fits, 2));  // Name(1) stays missing
+  ScatterResult g =
+      Get(0, {KvBlockLayout(), KvBlockLayout(), UnevenLayout(kKvBlock)}, Receive::kPiecesLanded);
+  ExpectNothingLanded(g, 0, StatusCode::kCorruption);
+  ExpectNothingLanded(g, 1, StatusCode::kNotFound);
+  ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, 2, fits[0]));
+  ExpectToldOnce(g, 2, fits[0]);
+
+  g = Get(0, {{kKvBlock}, {kKvBlock}, {kKvBlock}}, Receive::kDestLanded);
+  ExpectNothingLanded(g, 0, StatusCode::kCorruption);
+  ExpectNothingLanded(g, 1, StatusCode::kNotFound);
+  ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, 2, fits[0]));
+  ExpectToldOnce(g, 2, fits[0]);
+}
+
+// Pieces of 1 to 7 bytes (and empty ones): 300 small objects pipelined, so that many replies
+// come in one receive and are copied out of the receive buffer across hundreds of piece
+// boundaries; then objects of 2 MiB into such pieces (a readv takes at most 1024 of them), and
+// of 8 MiB into a 1-byte piece and one large piece, which the socket delivers over several
+// reads, so that reads end inside a piece and the next range starts there.
+TEST_F(RedisStoreLandedTest, TinyPiecesAndRangesStartingInsideAPiece) {
+  RedisStoreOptions o = Opts(server_.endpoint());
+  o.connections_per_node = 1;
+  o.max_pipeline = 512;
+  ASSERT_NO_FATAL_FAILURE(Open(o));
+  const std::vector<size_t> tiny = {1, 2, 0, 3, 4, 5, 6, 7};
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<std::vector<size_t>> layouts;
+  for (size_t i = 0; i < 300; ++i) {
+    values.push_back(Pattern(100 + i, 1 + (i * 37) % 400));
+    layouts.push_back(CyclingLayout(values.back().size(), tiny));
+  }
+  values.push_back(Pattern(90, kKvBlock));
+  layouts.push_back(CyclingLayout(values.back().size(), tiny));
+  values.push_back(Pattern(91, 8 * kMiB + 5));
+  layouts.push_back({1, values.back().size() + 10});
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
+  ScatterResult g = Get(0, layouts, Receive::kPiecesLanded);
+  ASSERT_NO_FATAL_FAILURE(ExpectEachLandedAndToldOnce(g, values));
+  const size_t last = values.size() - 1;
+  size_t inside = 0;
+  for (const LandedRange& r : g.landed[last]) {
+    if (!g.pieces[last].StartsAPiece(r.offset)) ++inside;
+  }
+  EXPECT_GE(inside, 1u) << "no read of the 8 MiB object ended inside its large piece";
+}
+
+// A get tried again is told of its ranges again from offset 0: after an ASK and a MOVED (the
+// redirect reply carries no bytes, so one pass), and after the connection is lost mid-object
+// (the cluster store retries a lost node once): a partial pass, then a whole one.
+TEST_F(RedisStoreLandedTest, RangesStartAgainAtZeroWhenAClusterGetIsTriedAgain) {
+  ASSERT_NO_FATAL_FAILURE(UseCluster());
+  const std::vector<std::vector<uint8_t>> values = {Pattern(95, 4096 + 32768 * 3)};
+  ASSERT_NO_FATAL_FAILURE(PutValues(values));
+  auto check_passes = [&](const ScatterResult& g, size_t want_passes) {
+    ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, 0, values[0]));
+    const auto passes = Passes(g, 0);
+    ASSERT_EQ(passes.size(), want_passes);
+    for (size_t p = 0; p + 1 < passes.size(); ++p) {
+      SCOPED_TRACE("pass " + std::to_string(p));
+      EXPECT_LT(ExpectPass(passes[p], g.pieces[0], values[0]), values[0].size()) << "partial";
+    }
+    SCOPED_TRACE("the last pass");
+    EXPECT_EQ(ExpectPass(passes.back(), g.pieces[0], values[0]), values[0].size());
+  };
+
+  SlotMove move(*cluster_, Name(0));
+  ASSERT_NO_FATAL_FAILURE(move.Begin());
+  {
+    SCOPED_TRACE("ASK");
+    check_passes(Get(0, {UnevenLayout(values[0].size())}, Receive::kPiecesLanded), 1);
+  }
+  EXPECT_EQ(store_->Stats().redirects, 1u);
+  ASSERT_NO_FATAL_FAILURE(move.End());
+  {
+    SCOPED_TRACE("MOVED");
+    check_passes(Get(0, {KvBlockLayout()}, Receive::kPiecesLanded), 1);
+  }
+  EXPECT_EQ(store_->Stats().redirects, 2u);
+
+  // 32 MiB, far more than the socket buffers hold: when the first range is told, the server
+  // still holds most of the reply, and the connection closed then loses the rest.
+  const std::vector<std::vector<uint8_t>> large = {Pattern(96, 32 * kMiB)};
+  ASSERT_NO_FATAL_FAILURE(PutValues(large, 1));
+  const int node = cluster_->NodeOfSlot(RedisHashSlot(Name(1)));
+  ASSERT_GE(node, 0);
+  ScatterResult g = PrepareScattered(1, {UnevenLayout(large[0].size())}, Receive::kPiecesLanded);
+  bool killed = false;
+  g.gets[0].on_landed = [&, record = std::move(g.gets[0].on_landed)](
+                            uint64_t offset, std::span<const uint8_t> bytes) {
+    record(offset, bytes);
+    if (killed) return;
+    killed = true;  // the store's connections are normal clients; this command's is skipped
+    const testing::RedisReply r =
+        cluster_->node(node).Command({"CLIENT", "KILL", "TYPE", "normal"});
+    EXPECT_TRUE(r.ok && !r.IsError() && std::atoi(r.text.c_str()) >= 1) << r.text;
+  };
+  store_->Get(g.gets, In(milliseconds(20000)), g.results);
+  ASSERT_TRUE(killed);
+  ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, 0, large[0]));
+  const auto passes = Passes(g, 0);
+  ASSERT_EQ(passes.size(), 2u) << "the lost connection's pass, then the retry's";
+  {
+    SCOPED_TRACE("the pass cut short");
+    EXPECT_LT(ExpectPass(passes[0], g.pieces[0], large[0]), large[0].size());
+  }
+  SCOPED_TRACE("the retry");
+  EXPECT_EQ(ExpectPass(passes[1], g.pieces[0], large[0]), large[0].size());
 }
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include "core/log.h"
 #include "core/regular_file.h"
 #include "tier/circuit_breaker.h"
+#include "tier/piece_cursor.h"
 #include "tier/remote_store.h"
 
 namespace kvtier {
@@ -89,38 +90,18 @@ Status Errno(int err, const std::string& what) {
 Result<uint64_t> ReadIntoPieces(int fd, std::span<const std::span<uint8_t>> pieces, uint64_t size,
                                 const std::string& path) {
   uint64_t done = 0;
-  size_t index = 0;     // the piece byte `done` goes to
-  uint64_t offset = 0;  // within it
+  PieceCursor at;  // where byte `done` goes
   while (done < size) {
     iovec iov[kMaxReadIov];
-    int n = 0;
-    uint64_t want = size - done;
-    for (size_t i = index; i < pieces.size() && n < kMaxReadIov && want > 0; ++i) {
-      const uint64_t skip = i == index ? offset : 0;
-      const uint64_t len = std::min<uint64_t>(pieces[i].size() - skip, want);
-      if (len == 0) continue;
-      iov[n].iov_base = pieces[i].data() + skip;
-      iov[n].iov_len = len;
-      want -= len;
-      ++n;
-    }
-    const ssize_t r = ::preadv(fd, iov, n, static_cast<off_t>(done));
+    const ssize_t r =
+        ::preadv(fd, iov, at.ToIovecs(pieces, size - done, iov), static_cast<off_t>(done));
     if (r < 0) {
       if (errno == EINTR) continue;
       return Errno(errno, "fs store: read " + path);
     }
     if (r == 0) break;  // shorter than fstat said (truncated underneath): verification decides
     done += static_cast<uint64_t>(r);
-    for (uint64_t left = static_cast<uint64_t>(r); left > 0;) {
-      const uint64_t room = pieces[index].size() - offset;
-      if (left < room) {
-        offset += left;
-        break;
-      }
-      left -= room;
-      ++index;
-      offset = 0;
-    }
+    at.Advance(pieces, static_cast<uint64_t>(r));
   }
   return done;
 }

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "core/host_port.h"
+#include "tier/piece_cursor.h"
 
 namespace kvtier {
 namespace {
@@ -256,26 +257,6 @@ uint64_t CommandBytes(const WireCommand& c) {
 
 bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
-// Where the next payload byte of a scattered bulk reply goes: pieces[index] at `offset`.
-struct PieceCursor {
-  size_t index = 0;
-  uint64_t offset = 0;
-
-  // Moves past `n` bytes stored from here. REQUIRES: n <= the room left in the pieces.
-  void Advance(std::span<const std::span<uint8_t>> pieces, uint64_t n) {
-    while (n > 0) {
-      const uint64_t room = pieces[index].size() - offset;
-      if (n < room) {
-        offset += n;
-        return;
-      }
-      n -= room;
-      ++index;
-      offset = 0;
-    }
-  }
-};
-
 // Copies `n` payload bytes into `pieces` from `at` on, across piece boundaries, and moves `at`
 // past them. REQUIRES: n <= the room left in the pieces.
 void CopyToPieces(std::span<const std::span<uint8_t>> pieces, PieceCursor& at, const uint8_t* src,
@@ -321,17 +302,7 @@ void Landed(const WireCommand& cmd, const PieceCursor& at, uint64_t offset, uint
 ssize_t ReceiveIntoPieces(int fd, std::span<const std::span<uint8_t>> pieces, PieceCursor at,
                           uint64_t want) {
   iovec iov[kMaxRecvIov];
-  int n = 0;
-  for (size_t i = at.index; i < pieces.size() && n < kMaxRecvIov && want > 0; ++i) {
-    const uint64_t skip = i == at.index ? at.offset : 0;
-    const uint64_t len = std::min<uint64_t>(pieces[i].size() - skip, want);
-    if (len == 0) continue;
-    iov[n].iov_base = pieces[i].data() + skip;
-    iov[n].iov_len = len;
-    want -= len;
-    ++n;
-  }
-  return readv(fd, iov, n);
+  return readv(fd, iov, at.ToIovecs(pieces, want, iov));
 }
 
 }  // namespace
