@@ -153,6 +153,10 @@ def test_prefill_on_one_instance_decode_on_another_same_host_and_across_hosts(tm
         after = kv(d2)
         assert grew(before, after, "hit_blocks_g4") == want_blocks, after
         assert grew(before, after, "hit_blocks_g2") == 0, after
+        # Fetched by D2's worker straight into its KV cache (g4.direct_to_g1): the bytes moved
+        # G4 -> G1 and none went through host B's G2.
+        assert grew(before, after, "bytes_g4_to_g1") > 0, after
+        assert grew(before, after, "bytes_g4_to_g2") == 0, after
 
         # A producer's blocks corrupted at rest in G4: verification fails, D2 recomputes.
         corrupt = text(20)
