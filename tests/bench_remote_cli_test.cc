@@ -82,8 +82,9 @@ TEST(BenchHandoffCliTest, BothPathsDeliverEveryBlockByteExact) {
   KVTIER_REQUIRE_REDIS();
   CliRun r = Kvtier("bench handoff --tokens 256 --reps 1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  for (const char* key : {"\"blocks\": 16", "\"bytes_ok\": true", "\"g2_handoff_vs_memcpy\"",
-                          "\"g4_handoff_s\"", "\"memcpy_gbps\""}) {
+  for (const char* key :
+       {"\"blocks\": 16", "\"bytes_ok\": true", "\"g2_handoff_vs_memcpy\"", "\"g4_handoff_s\"",
+        "\"memcpy_gbps\"", "\"g4_handoff_direct_to_g1\": true", "\"g4_via_g2_handoff_s\""}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
 }

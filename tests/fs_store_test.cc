@@ -22,13 +22,24 @@
 
 #include "disk_test_util.h"
 #include "hang_guard.h"
+#include "scatter_test_util.h"
 #include "tier/block_format.h"
 #include "tier/remote_store.h"
 
 namespace kvtier {
 namespace {
 
+using kvtier::testing::ExpectEachLandedAndToldOnce;
+using kvtier::testing::ExpectLanded;
+using kvtier::testing::ExpectNothingLanded;
+using kvtier::testing::ExpectToldOnce;
+using kvtier::testing::GetScattered;
+using kvtier::testing::kKvBlock;
+using kvtier::testing::KvBlockLayout;
+using kvtier::testing::Receive;
+using kvtier::testing::ScatterResult;
 using kvtier::testing::TempDir;
+using kvtier::testing::UnevenLayout;
 
 RemoteDeadline Soon() { return RemoteClock::now() + std::chrono::seconds(5); }
 
@@ -470,144 +481,6 @@ std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   return v;
 }
 
-// A scatter destination: each piece a buffer of its own, filled with 0xAB.
-struct Pieces {
-  explicit Pieces(const std::vector<size_t>& sizes) {
-    for (size_t n : sizes) bufs.emplace_back(n, 0xAB);
-    for (auto& b : bufs) spans.emplace_back(b.data(), b.size());
-    for (size_t n : sizes) ends.push_back((ends.empty() ? 0 : ends.back()) + n);
-  }
-  // The first `n` bytes held by the pieces, in order.
-  std::vector<uint8_t> Joined(size_t n) const {
-    std::vector<uint8_t> out;
-    for (const auto& b : bufs) out.insert(out.end(), b.begin(), b.end());
-    out.resize(std::min(n, out.size()));
-    return out;
-  }
-  // Whether every byte from byte `from` of the joined pieces on is still 0xAB.
-  bool UntouchedFrom(size_t from) const {
-    size_t at = 0;
-    for (const auto& b : bufs) {
-      for (uint8_t x : b) {
-        if (at++ >= from && x != 0xAB) return false;
-      }
-    }
-    return true;
-  }
-  // Where byte `offset` of the joined pieces is kept, when it and the n - 1 after it are all
-  // in one piece; nullptr otherwise.
-  const uint8_t* At(uint64_t offset, uint64_t n) const {
-    const size_t k = static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), offset) -
-                                         ends.begin());  // empty pieces hold no byte
-    if (k == bufs.size() || offset + n > ends[k]) return nullptr;
-    return bufs[k].data() + (offset - (ends[k] - bufs[k].size()));
-  }
-  std::vector<std::vector<uint8_t>> bufs;
-  std::vector<std::span<uint8_t>> spans;
-  std::vector<uint64_t> ends;  // ends[k]: where piece k ends in the joined pieces
-};
-
-// A KV block as an engine holds it: a 4096-byte header, then 64 chunks of 32 KiB.
-std::vector<size_t> KvBlockLayout() {
-  std::vector<size_t> sizes = {4096};
-  sizes.insert(sizes.end(), 64, 32 << 10);
-  return sizes;
-}
-
-// Uneven pieces (empty ones too) adding up to `total`.
-std::vector<size_t> UnevenLayout(size_t total) {
-  std::vector<size_t> sizes = {4096, 0, 32 << 10, 1, 17, 0};
-  EXPECT_GE(total, 4096u + (32 << 10) + 1 + 17) << "UnevenLayout: too small a total";
-  sizes.push_back(total - (4096 + (32 << 10) + 1 + 17));
-  return sizes;
-}
-
-// One call of on_landed: where in the object, a copy of the bytes taken during the call, where
-// they were, and on which thread.
-struct LandedRange {
-  uint64_t offset;
-  std::vector<uint8_t> bytes;
-  const uint8_t* at;
-  std::thread::id thread;
-};
-
-// Gets `names` into pieces of layouts[i] in one call, and what they got. With `dest`, each
-// into a contiguous dest instead: the one piece of a one-piece layout. With `landed`, on_landed
-// is recorded.
-struct ScatterResult {
-  std::vector<Pieces> pieces;
-  std::vector<std::vector<LandedRange>> landed;  // landed[i]: item i's on_landed calls
-  std::vector<RemoteGet> gets;
-  std::vector<Status> results;
-};
-struct Receive {
-  bool dest = false;
-  bool landed = false;
-};
-ScatterResult GetScattered(RemoteStore* store, const std::vector<std::string>& names,
-                           const std::vector<std::vector<size_t>>& layouts, Receive how = {}) {
-  ScatterResult r;
-  r.landed.resize(names.size());  // never resized again: the recorders point into it
-  for (const auto& l : layouts) r.pieces.emplace_back(l);
-  for (size_t i = 0; i < names.size(); ++i) {
-    RemoteGet g{names[i], {}, 0};
-    if (how.dest) {
-      EXPECT_EQ(layouts[i].size(), 1u) << "a contiguous dest is a one-piece layout";
-      g.dest = r.pieces[i].spans[0];
-    } else {
-      g.pieces = r.pieces[i].spans;
-    }
-    if (how.landed) {
-      g.on_landed = [log = &r.landed[i]](uint64_t offset, std::span<const uint8_t> bytes) {
-        log->push_back(
-            {offset, {bytes.begin(), bytes.end()}, bytes.data(), std::this_thread::get_id()});
-      };
-    }
-    r.gets.push_back(std::move(g));
-  }
-  r.results.resize(names.size());
-  store->Get(r.gets, Soon(), r.results);
-  return r;
-}
-
-// Item i of `g` is Ok, and landed byte-exact in its pieces with nothing written after it.
-void ExpectLanded(const ScatterResult& g, size_t i, const std::vector<uint8_t>& value) {
-  ASSERT_TRUE(g.results[i].ok()) << i << ": " << g.results[i].ToString();
-  ASSERT_EQ(g.gets[i].bytes_read, value.size()) << i;
-  EXPECT_TRUE(g.pieces[i].Joined(value.size()) == value) << i;
-  EXPECT_TRUE(g.pieces[i].UntouchedFrom(value.size())) << i;
-}
-
-// Item i of `g` failed with `code`, and nothing was written or told.
-void ExpectNothingLanded(const ScatterResult& g, size_t i, StatusCode code) {
-  EXPECT_TRUE(g.results[i].Is(code)) << i << ": " << g.results[i].ToString();
-  EXPECT_EQ(g.gets[i].bytes_read, 0u) << i;
-  EXPECT_TRUE(g.pieces[i].UntouchedFrom(0)) << i;
-  EXPECT_TRUE(g.landed[i].empty())
-      << i << ": on_landed told of " << g.landed[i].size() << " ranges";
-}
-
-// Item i of `g` was told of [0, value.size()) once: ranges in order and contiguous from offset
-// 0 up to the object's end, each holding value's bytes at its offset, each being the pieces' own
-// memory at that offset (where the bytes landed, not a copy), each told on this thread.
-void ExpectToldOnce(const ScatterResult& g, size_t i, const std::vector<uint8_t>& value) {
-  SCOPED_TRACE("item " + std::to_string(i));
-  uint64_t next = 0;
-  for (size_t k = 0; k < g.landed[i].size(); ++k) {
-    const LandedRange& r = g.landed[i][k];
-    EXPECT_EQ(r.offset, next) << "range " << k;
-    ASSERT_LE(r.offset + r.bytes.size(), value.size()) << "range " << k << " past the object";
-    EXPECT_TRUE(std::equal(r.bytes.begin(), r.bytes.end(), value.begin() + r.offset))
-        << "range " << k << " at " << r.offset;
-    EXPECT_EQ(r.at, g.pieces[i].At(r.offset, r.bytes.size())) << "range " << k;
-    EXPECT_EQ(r.thread, std::this_thread::get_id()) << "range " << k;
-    next = r.offset + r.bytes.size();
-  }
-  EXPECT_EQ(next, value.size()) << "the ranges end there";
-}
-
-constexpr size_t kKvBlock = (2 << 20) + 4096;
-
 // A fresh store in a temporary directory for each test.
 class FsStoreScatter : public ::testing::Test {
  protected:
@@ -623,7 +496,8 @@ class FsStoreScatter : public ::testing::Test {
     }
   }
   ScatterResult Get(const std::vector<std::string>& names,
-                    const std::vector<std::vector<size_t>>& layouts, Receive how = {}) {
+                    const std::vector<std::vector<size_t>>& layouts,
+                    Receive how = Receive::kPieces) {
     return GetScattered(store_.get(), names, layouts, how);
   }
 
@@ -722,11 +596,8 @@ TEST_F(FsStoreLanded, EveryRangeOfADestOrOfPiecesIsToldOnceInOrder) {
       {{kKvBlock}, {5000}, {0}, {70001 + 7}, {6000}}};
   for (size_t w = 0; w < ways.size(); ++w) {
     SCOPED_TRACE(w == 0 ? "into pieces" : "into a contiguous dest");
-    ScatterResult g = Get(names, ways[w], Receive{.dest = w == 1, .landed = true});
-    for (size_t i = 0; i < values.size(); ++i) {
-      ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, i, values[i]));
-      ExpectToldOnce(g, i, values[i]);
-    }
+    ScatterResult g = Get(names, ways[w], w == 1 ? Receive::kDestLanded : Receive::kPiecesLanded);
+    ASSERT_NO_FATAL_FAILURE(ExpectEachLandedAndToldOnce(g, values));
     EXPECT_TRUE(g.landed[2].empty()) << "an empty object has no range to tell";
   }
 }
@@ -738,10 +609,9 @@ TEST_F(FsStoreLanded, NoRangeIsToldOfAnObjectTooLargeOrMissing) {
   const std::vector<std::string> names = {"big", "missing", "fits"};
   for (const bool dest : {false, true}) {
     SCOPED_TRACE(dest ? "into a contiguous dest" : "into pieces");
-    ScatterResult g = dest ? Get(names, {{kKvBlock}, {kKvBlock}, {kKvBlock}},
-                                 Receive{.dest = true, .landed = true})
+    ScatterResult g = dest ? Get(names, {{kKvBlock}, {kKvBlock}, {kKvBlock}}, Receive::kDestLanded)
                            : Get(names, {KvBlockLayout(), KvBlockLayout(), UnevenLayout(kKvBlock)},
-                                 Receive{.landed = true});
+                                 Receive::kPiecesLanded);
     ExpectNothingLanded(g, 0, StatusCode::kCorruption);
     ExpectNothingLanded(g, 1, StatusCode::kNotFound);
     ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, 2, values[1]));
@@ -781,7 +651,7 @@ TEST_F(FsStoreLanded, AFileEndingBeforeItsSizeIsToldUpToItsEnd) {
   const std::string name = RemoteObjectName(4, BlockKey{0xab00000000000000ull, 4});
   ASSERT_EQ(symlink(file.path.c_str(), dir_.sub("g4/ab/" + name).c_str()), 0)
       << std::strerror(errno);
-  ScatterResult g = Get({name}, {{1, file.size}}, Receive{.landed = true});
+  ScatterResult g = Get({name}, {{1, file.size}}, Receive::kPiecesLanded);
   ASSERT_NO_FATAL_FAILURE(ExpectLanded(g, 0, file.bytes)) << file.path;
   ExpectToldOnce(g, 0, file.bytes);
   EXPECT_EQ(g.landed[0].size(), 2u) << "one range a piece";
