@@ -147,6 +147,38 @@ TEST(ManagerG4Fs, ARepeatedLookupReusesTheG4AnswerForASecond) {
   (void)b->RequestFinished("waiting");
 }
 
+// An answer that lacked blocks is reused for 50 ms only: blocks still being written (a P/D
+// producer's write-through, its consumer asking every scheduler step) are seen soon after they
+// land, not a second later.
+TEST(ManagerG4Fs, APartialG4AnswerIsAskedAgainWithin50Ms) {
+  TempDirectory dir;
+  const Config config = PatientReads(FsConfig(dir.path() + "/g4"));
+  const std::vector<TokenId> prompt = Prompt(11, 5 * kTpb + 1);
+  auto a = MakeManager(config);
+  MiniEngine ea(a.get(), kG1Blocks);
+  // The producer has written the first 2 blocks so far.
+  ea.Run("a2", std::vector<TokenId>(prompt.begin(), prompt.begin() + 2 * kTpb + 1));
+  a->WaitForSaves();
+  auto b = MakeManager(config);
+  auto lr = b->Lookup({"waiting", prompt, "", "", {}}, 0);
+  ASSERT_TRUE(lr.ok());
+  EXPECT_EQ(lr->blocks_by_tier[kTierG4], 2u);
+  const uint64_t asked = b->Stats().g4_lookup_blocks;
+  // Asked again at once: the answer is reused (no second query).
+  lr = b->Lookup({"waiting", prompt, "", "", {}}, 0);
+  ASSERT_TRUE(lr.ok());
+  EXPECT_EQ(lr->blocks_by_tier[kTierG4], 2u);
+  EXPECT_EQ(b->Stats().g4_lookup_blocks, asked) << "a query within 50 ms";
+  // The rest lands; 60 ms on, the consumer sees all 5 (a second's reuse would still say 2).
+  ea.Run("a5", prompt);
+  a->WaitForSaves();
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  lr = b->Lookup({"waiting", prompt, "", "", {}}, 0);
+  ASSERT_TRUE(lr.ok());
+  EXPECT_EQ(lr->blocks_by_tier[kTierG4], 5u);
+  (void)b->RequestFinished("waiting");
+}
+
 // g4.load_gbps with g4.recompute_tokens_per_s: G4 blocks are offered only where loading one is
 // estimated faster than recomputing it. A fresh worker on the same G4: at a slow G4 it is not
 // asked (the engine recomputes; counted), at a fast one it is; with only one of the two keys

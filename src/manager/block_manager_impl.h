@@ -162,10 +162,12 @@ class BlockManager::Impl {
     std::chrono::steady_clock::time_point last_active{};
     std::list<std::string>::iterator by_activity;  // its place in by_activity_
     // G4: the last Lookup found blocks [g4_first, g4_first + g4_blocks) in G4, past the local
-    // prefix; asked at g4_asked_at (a repeated Lookup within kG4LookupReuse reuses the answer).
+    // prefix; asked at g4_asked_at; g4_whole: every block asked about was there (a repeated
+    // Lookup reuses a whole answer for kG4LookupReuse, a partial one for less).
     uint32_t g4_first = 0;
     uint32_t g4_blocks = 0;
     std::chrono::steady_clock::time_point g4_asked_at{};
+    bool g4_whole = false;
   };
   // One block to move into G1.
   struct PlannedLoad {
