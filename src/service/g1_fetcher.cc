@@ -128,13 +128,7 @@ FetchDone G1Fetcher::Run(const FetchCall& call) {
     const G4Fetch& item = call.items[asked[j]];
     Status st = results[j];
     if (st.ok()) {
-      ExpectedBlock e;
-      e.layout_fingerprint = layout.Fingerprint();
-      e.namespace_id = item.namespace_id;
-      e.key = item.key;
-      e.tokens = item.tokens;
-      e.payload_bytes = layout.BlockBytes();
-      e.header_bytes = header_bytes;
+      const ExpectedBlock e = ExpectedLayoutBlock(layout, item.namespace_id, item.key, item.tokens);
       const std::span<const std::span<uint8_t>> payload(gets[j].pieces.data() + 1,
                                                         gets[j].pieces.size() - 1);
       const BlockCheck check =

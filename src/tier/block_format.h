@@ -199,6 +199,20 @@ struct ExpectedBlock {
   uint32_t slot_index = 0;
 };
 
+// What a reader of a G3/G4 block of `layout` expects: the layout's fingerprint, header area
+// (BlockHeaderBytes) and payload size, with the block's namespace, key and tokens.
+inline ExpectedBlock ExpectedLayoutBlock(const KvLayout& layout, uint64_t namespace_id,
+                                         const BlockKey& key, std::span<const TokenId> tokens) {
+  ExpectedBlock e;
+  e.layout_fingerprint = layout.Fingerprint();
+  e.namespace_id = namespace_id;
+  e.key = key;
+  e.tokens = tokens;
+  e.payload_bytes = layout.BlockBytes();
+  e.header_bytes = BlockHeaderBytes(layout);
+  return e;
+}
+
 // Verifies a whole stored block (header at block[0, header_bytes), payload right after) against
 // `expected`: the header checks of DecodeBlockHeader, then slot, generation, layout (and header
 // size), key, namespace, tokens, payload length and payload checksum, in that order. Returns

@@ -372,13 +372,7 @@ void TransferEngine::RemoteGets(const RemoteBatch& batch, std::span<const uint32
     const bool pooled = m.g2_slot == BlockTransfer::kAnyStagingSlot;
     Status st = results[k];
     if (st.ok()) {
-      ExpectedBlock e;
-      e.layout_fingerprint = layout_.Fingerprint();
-      e.namespace_id = m.namespace_id;
-      e.key = m.key;
-      e.tokens = m.tokens;
-      e.payload_bytes = layout_.BlockBytes();
-      e.header_bytes = header_area;
+      const ExpectedBlock e = ExpectedLayoutBlock(layout_, m.namespace_id, m.key, m.tokens);
       const BlockCheck check = VerifyBlock({items[k].dest.data(), items[k].bytes_read}, e);
       if (check != BlockCheck::kOk) {
         st = Status::Corruption("G4 object " + items[k].name + " failed verification (" +
