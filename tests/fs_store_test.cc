@@ -198,6 +198,43 @@ TEST(FsStore, ObjectLargerThanDestinationIsCorruptionAndNotCopied) {
   EXPECT_TRUE(std::all_of(dest.begin(), dest.end(), [](uint8_t b) { return b == 0x55; }));
 }
 
+// KV is private: the store's directories are 0700 and its objects 0600, directories an older
+// kvtier left 0755 are closed at open, and a process of another uid reads nothing (finding 11
+// of issue 40: the fs G4 was readable by any local user).
+TEST(FsStore, ObjectsAndDirectoriesAreTheirOwnersAlone) {
+  TempDir dir;
+  const std::string root = dir.sub("g4");
+  ASSERT_EQ(::mkdir(root.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((root + "/ab").c_str(), 0755), 0);  // as an older kvtier made it
+  auto store = OpenOrDie(root);
+  ASSERT_NE(store, nullptr);
+  const std::string name = RemoteObjectName(7, BlockKey{0xab00000000000001ull, 1});
+  ASSERT_TRUE(PutOne(store.get(), name, Pattern(4096, 3)).ok());
+  auto mode = [](const std::string& path) {
+    struct stat st {};
+    return ::lstat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 01000u;
+  };
+  EXPECT_EQ(mode(root), 0700u);
+  EXPECT_EQ(mode(root + "/ab"), 0700u);
+  EXPECT_EQ(mode(root + "/cd"), 0700u);
+  EXPECT_EQ(mode(root + "/ab/" + name), 0600u);
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to try a read as uid 65534";
+  // The way to the store's directory is open (as /srv or a shared mount would be).
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
+    const int fd = ::open((root + "/ab/" + name).c_str(), O_RDONLY);
+    if (fd >= 0) _exit(1);  // read another uid's KV
+    _exit(errno == EACCES ? 0 : 2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "setuid(65534) is not permitted here";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "uid 65534 opened an object of the fs G4";
+}
+
 TEST(FsStore, BadNamesAreRefused) {
   TempDir dir;
   auto store = OpenOrDie(dir.sub("g4"));

@@ -415,6 +415,64 @@ TEST_F(UnixSocketTest, ParentDirectoryOfAnotherUidIsRefused) {
       << l.status().ToString();
 }
 
+// Issue 40, finding 3: a socket directory reached through a symlink is refused even when it
+// leads to a 0700 directory of the daemon's own uid (whoever owns the link could point it at a
+// directory of its own later), and so is one below a directory that others may write.
+TEST_F(UnixSocketTest, SymlinkedOrReplaceableSocketDirectoriesAreRefused) {
+  const std::string real = dir_.path() + "/real";
+  ASSERT_EQ(::mkdir(real.c_str(), 0700), 0);
+  const std::string link = dir_.path() + "/link";
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  Result<UniqueFd> l = ListenUnix(link + "/serve.sock");
+  EXPECT_EQ(l.status().code(), StatusCode::kFailedPrecondition) << l.status().ToString();
+  EXPECT_NE(l.status().message().find("symbolic link"), std::string::npos) << l.status().ToString();
+  struct stat st {};
+  EXPECT_NE(::lstat((real + "/serve.sock").c_str(), &st), 0) << "a socket was made through it";
+
+  const std::string open = dir_.path() + "/open";
+  ASSERT_EQ(::mkdir(open.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);  // writable by all, not sticky
+  l = ListenUnix(open + "/run/serve.sock");
+  EXPECT_EQ(l.status().code(), StatusCode::kFailedPrecondition) << l.status().ToString();
+  EXPECT_NE(l.status().message().find("above the socket directory"), std::string::npos)
+      << l.status().ToString();
+  ASSERT_EQ(::chmod(open.c_str(), 01777), 0);  // sticky, as /tmp: nobody else can replace run/
+  l = ListenUnix(open + "/run/serve.sock");
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+}
+
+// Issue 40, finding 11: with service.allowed_gids the socket's directory and the socket belong
+// to the group (0750, 0660), so its members can reach them; a directory that others or the
+// group may write is still refused.
+TEST_F(UnixSocketTest, AnAllowedGroupGetsTheDirectoryAndTheSocket) {
+  const gid_t group = 65534;
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a directory to group 65534";
+  Result<UniqueFd> l = ListenUnix(sock_, group);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  struct stat st {};
+  ASSERT_EQ(::lstat(run_dir_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(st.st_gid, group);
+  ASSERT_EQ(::lstat(sock_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_EQ(st.st_gid, group);
+  l = Result<UniqueFd>(Status::Unavailable("closed"));
+  const std::string other = dir_.path() + "/gw";
+  ASSERT_EQ(::mkdir(other.c_str(), 0770), 0);
+  ASSERT_EQ(::chown(other.c_str(), 0, group), 0);
+  ASSERT_EQ(::chmod(other.c_str(), 0770), 0);
+  l = ListenUnix(other + "/serve.sock", group);
+  EXPECT_EQ(l.status().code(), StatusCode::kFailedPrecondition) << l.status().ToString();
+}
+
+TEST(AuthorizePeerTest, ASupplementaryGroupCounts) {
+  PeerCred cred{1234, 4321, 4321, {100, 200}};
+  const gid_t allowed[] = {200};
+  EXPECT_TRUE(AuthorizePeer(cred, allowed).ok());
+  const gid_t other[] = {300};
+  EXPECT_EQ(AuthorizePeer(cred, other).code(), StatusCode::kFailedPrecondition);
+}
+
 TEST_F(UnixSocketTest, PathsThatCannotBeASocketAreRefused) {
   const std::string too_long = dir_.path() + "/" + std::string(120, 's');
   Result<UniqueFd> l = ListenUnix(too_long);
@@ -581,17 +639,18 @@ TEST_F(UnixSocketTest, SendFrameToAPeerThatNeverReadsTimesOut) {
 TEST(AuthorizePeerTest, SameUidOrAnAllowedGid) {
   const uid_t me = ::geteuid();
   const gid_t none[] = {0};
-  EXPECT_TRUE(AuthorizePeer(PeerCred{10, me, 12345}, {}).ok());
+  EXPECT_TRUE(AuthorizePeer(PeerCred{10, me, 12345, {}}, {}).ok());
   const uid_t other = me == 4242 ? 4243 : 4242;
-  Status s = AuthorizePeer(PeerCred{77, other, 999}, std::span<const gid_t>(none, 0));
+  Status s = AuthorizePeer(PeerCred{77, other, 999, {}}, std::span<const gid_t>(none, 0));
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(), "peer pid 77 uid " + std::to_string(other) +
                              " gid 999 is not allowed: run the engine as uid " +
-                             std::to_string(me) + " or add its gid to service.allowed_gids");
+                             std::to_string(me) +
+                             " or add one of its groups to service.allowed_gids");
   const gid_t allowed[] = {5, 999};
-  EXPECT_TRUE(AuthorizePeer(PeerCred{77, other, 999}, allowed).ok());
+  EXPECT_TRUE(AuthorizePeer(PeerCred{77, other, 999, {}}, allowed).ok());
   const gid_t others[] = {5, 6};
-  EXPECT_FALSE(AuthorizePeer(PeerCred{77, other, 999}, others).ok());
+  EXPECT_FALSE(AuthorizePeer(PeerCred{77, other, 999, {}}, others).ok());
 }
 
 TEST(GetPeerCredTest, NotASocketIsIOError) {
@@ -638,7 +697,7 @@ TEST_F(UnixSocketTest, PeerOfAnotherUidIsRefusedAndSameUidAllowed) {
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(), "peer pid " + std::to_string(nobody) +
                              " uid 65534 gid 65534 is not allowed: run the engine as uid 0 or "
-                             "add its gid to service.allowed_gids");
+                             "add one of its groups to service.allowed_gids");
   const gid_t allowed[] = {65534};
   EXPECT_TRUE(AuthorizePeer(*cred, allowed).ok());
   Result<Frame> f = RecvFrame(conn->get(), In(5000));

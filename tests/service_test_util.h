@@ -48,10 +48,11 @@ struct Engine {
   std::unique_ptr<BlockManager> manager;
 };
 
-// `model`: the model id (each model and layout is a pool of its own in the daemon).
-inline Result<Engine> TryMakeEngine(const std::string& socket, const std::string& name,
-                                    const std::string& model = "service-test",
-                                    uint32_t blocks = 64) {
+// `model`: the model id (each model and layout is a pool of its own in the daemon). `config`:
+// more settings for the engine (after the defaults below).
+inline Result<Engine> TryMakeEngine(
+    const std::string& socket, const std::string& name, const std::string& model = "service-test",
+    uint32_t blocks = 64, const std::vector<std::pair<std::string, std::string>>& config = {}) {
   Engine e;
   const KvLayout layout = TestLayout();
   e.g1_bytes.assign(uint64_t{blocks} * layout.BlockBytes(), 0);
@@ -65,6 +66,7 @@ inline Result<Engine> TryMakeEngine(const std::string& socket, const std::string
   EXPECT_TRUE(o.config.Set("service.instance", name).ok());
   EXPECT_TRUE(o.config.Set("service.reattach_ms", "100").ok());
   EXPECT_TRUE(o.config.Set("service.call_timeout_ms", "2000").ok());
+  for (const auto& [k, v] : config) EXPECT_TRUE(o.config.Set(k, v).ok()) << k;
   KVTIER_ASSIGN_OR_RETURN(e.manager, BlockManager::Create(o));
   EXPECT_TRUE(e.manager->attached());
   KVTIER_RETURN_IF_ERROR(e.manager->RegisterDeviceMemory(e.g1));
@@ -219,6 +221,7 @@ class Daemon {
     }
     FAIL() << "kvtier serve did not listen on " << socket_ << " within 20 s";
   }
+  pid_t pid() const { return pid_; }
   // Returns the exit status (for SIGTERM: 0 when it shut down cleanly).
   int Kill(int sig) {
     if (pid_ <= 0) return -1;

@@ -328,9 +328,27 @@ std::vector<ConfigFieldSpec> BaseSchema() {
       {"service.allowed_gids",
        T::kString,
        "",
-       "the daemon: comma-separated group ids whose processes may attach besides its own uid",
+       "the daemon: comma-separated group ids whose processes (primary or supplementary "
+       "group) may attach besides its own uid; the socket's directory and the socket then "
+       "belong to the first of them (0750, 0660)",
        0,
        UINT64_MAX,
+       {}},
+      {"service.daemon_uid",
+       T::kString,
+       "",
+       "attached engines: the uid kvtier serve runs as (empty: the engine's own); an engine "
+       "sends nothing to a listener of another uid (SO_PEERCRED)",
+       0,
+       UINT64_MAX,
+       {}},
+      {"service.max_connections",
+       T::kUint,
+       "256",
+       "the daemon: connections open at once (each has a thread); past it a new one is refused "
+       "and counted, never the daemon's end",
+       4,
+       65536,
        {}},
       // KV events on the wire in vLLM's format (docs/events.md).
       {"events.endpoint",

@@ -114,7 +114,10 @@ class BlockManager::Impl {
   Status OrderAfterEngineStream(CopyDirection dir, uintptr_t engine_stream) {
     return engine_->OrderAfterEngineStream(dir, engine_stream);
   }
-  void WaitForSaves() EXCLUDES(mu_);
+  // `instance` (the daemon: the calling engine's) waits for that engine's saves only, and for
+  // the pool's demotions and G4 writes, which no engine holds up: an engine that stopped
+  // answering its copies never delays another's WaitForSaves. kAllInstances: every save.
+  void WaitForSaves(uint32_t instance = kAllInstances) EXCLUDES(mu_);
   void WaitForRequestSaves(const std::string& request_id) EXCLUDES(mu_);
   // What ended for `instance`'s requests since its last call.
   FinishedRequests Finished(uint32_t instance = 0) EXCLUDES(mu_);

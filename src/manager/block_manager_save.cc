@@ -319,7 +319,32 @@ Status BlockManager::Impl::StartSave(uint32_t instance) {
   return Status::Ok();
 }
 
-void BlockManager::Impl::WaitForSaves() {
+void BlockManager::Impl::WaitForSaves(uint32_t instance) {
+  if (instance != kAllInstances) {
+    for (;;) {
+      {
+        MutexLock lock(&mu_);
+        for (;;) {
+          // A request's save holds are its deferred, queued and submitted saves.
+          uint64_t holds = 0, waiting = 0;
+          for (const auto& [id, r] : requests_)
+            holds += r.instance == instance ? r.saves_in_flight : 0;
+          for (const DeferredSave& d : deferred_saves_) waiting += d.instance == instance;
+          for (const PendingSave& p : pending_saves_) waiting += p.instance == instance;
+          const bool pool_busy =
+              demotions_in_flight_.load() != 0 || g4_writes_in_flight_.load() != 0;
+          if (holds <= waiting && !pool_busy) {
+            if (waiting == 0) return;
+            break;
+          }
+          // Woken by a request's holds reaching 0; demotions and G4 writes are polled.
+          CondWaitFor(&request_saves_cv_, &mu_, std::chrono::milliseconds(5));
+        }
+      }
+      Status s = StartSave(instance);
+      if (!s.ok()) KVTIER_LOG(kWarn) << "WaitForSaves: " << s.ToString();
+    }
+  }
   for (;;) {
     {
       MutexLock lock(&mu_);

@@ -30,8 +30,8 @@ void AttachedManager::EventsLoop() {
       std::lock_guard lock(events_mu_);
       if (events_stop_) return;
     }
-    Result<Handshake> opened = OpenConnection(socket_path_, MakeHello(Role::kEvents), ++seq_,
-                                              Clock::now() + call_timeout_);
+    Result<Handshake> opened = OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kEvents),
+                                              ++seq_, Clock::now() + call_timeout_);
     if (opened.ok()) {
       std::unique_lock lock(events_mu_);
       if (events_stop_) return;
@@ -119,12 +119,22 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
     stats_.late_batches++;
     return Status::TimedOut("the copy's lease ended before it could run");
   };
+  // Checked inside each pass (FenceCopies): once this engine detached, the daemon may have
+  // lent the batch's slots to another engine.
+  auto stopped = [&] {
+    return copies_stopped_.load() ? Status::Unavailable("this engine detached from kvtier serve")
+                                  : Status::Ok();
+  };
   {
     std::lock_guard lock(mu_);
     stats_.copy_batches++;
   }
   if (Clock::now() >= deadline) {
     (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, late());
+    return;
+  }
+  if (Status s = stopped(); !s.ok()) {
+    (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, s);
     return;
   }
   if (device_) {
@@ -134,16 +144,29 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
     }
     const uint64_t batch = call.batch;
     const bool load = call.dir == 1;
+    // FenceCopies waits for this batch's done callback (the device's copies have ended then).
+    {
+      std::lock_guard lock(device_mu_);
+      ++device_batches_;
+    }
+    auto ended = [this] {
+      std::lock_guard lock(device_mu_);
+      if (--device_batches_ == 0) device_cv_.notify_all();
+    };
     Status s = device_->Submit(
         load ? CopyDirection::kHostToDevice : CopyDirection::kDeviceToHost, copies,
         [this, fd, batch, load](uint32_t layer) {
           if (load) (void)SendReport(fd, MsgType::kCopyLayer, batch, layer, Status::Ok());
         },
-        [this, fd, batch](const Status& st) {
+        [this, fd, batch, ended](const Status& st) {
+          ended();
           (void)SendReport(fd, MsgType::kCopyDone, batch, 0, st);
         },
         load);
-    if (!s.ok()) (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, s);
+    if (!s.ok()) {
+      ended();
+      (void)SendReport(fd, MsgType::kCopyDone, call.batch, 0, s);
+    }
     return;
   }
   Status status;
@@ -155,6 +178,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
           status = late();
           break;
         }
+        if (status = stopped(); !status.ok()) break;
         for (const auto& [block, offset] : call.copies) {
           ScatterLayer(*g1_, arena_->base() + offset, block, l);
         }
@@ -170,6 +194,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
         status = late();
         break;
       }
+      if (status = stopped(); !status.ok()) break;
       GatherBlock(*g1_, block, arena_->base() + offset);
     }
   }
@@ -249,7 +274,18 @@ void AttachedManager::DataLoop(int fd) {
       break;
     }
   }
-  // Device batches still running report into a closed socket; their callbacks end first.
+  fetcher.reset();  // its fetches end before this engine detaches
+  // A data connection that ended while attached (the daemon's writer gave up at the lease, a
+  // bad frame, a cut connection) leaves no way to load or save: detach, so lookups are misses
+  // and the next call attaches again with a new data connection. After a Detach, the
+  // destructor or a new attach this is a no-op (attached_ is false by then).
+  bool lost;
+  {
+    std::lock_guard lock(mu_);
+    lost = attached_ && data_fd_.get() == fd;
+    if (lost) stats_.data_lost++;
+  }
+  if (lost) Detach("its data connection ended");
 }
 
 }  // namespace kvtier::service

@@ -31,6 +31,7 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
     m->instance_name_ = "pid-" + std::to_string(::getpid()) + "-" +
                         std::to_string(reinterpret_cast<uintptr_t>(m.get()) & 0xffffff);
   }
+  KVTIER_ASSIGN_OR_RETURN(m->daemon_uid_, ExpectedDaemonUid(cfg));
   m->call_timeout_ = std::chrono::milliseconds(cfg.GetUint("service.call_timeout_ms"));
   m->reattach_ = std::chrono::milliseconds(cfg.GetUint("service.reattach_ms"));
   m->device_factory_ = std::move(device_backend);
@@ -92,8 +93,8 @@ Status AttachedManager::AttachLocked(bool* refused) {
     last_attempt_ = Clock::now();
     if (attached_) return Status::Ok();
   }
-  Result<Handshake> opened = OpenConnection(socket_path_, MakeHello(Role::kCall), ++seq_,
-                                            Clock::now() + call_timeout_, refused);
+  Result<Handshake> opened = OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kCall),
+                                            ++seq_, Clock::now() + call_timeout_, refused);
   if (!opened.ok()) return opened.status();
   UniqueFd fd = std::move(opened->fd);
   const HelloReply& hr = opened->reply;
@@ -132,8 +133,9 @@ Status AttachedManager::OpenDataLocked() {
   arena_.reset();
 
   const auto deadline = Clock::now() + call_timeout_;
-  KVTIER_ASSIGN_OR_RETURN(Handshake opened,
-                          OpenConnection(socket_path_, MakeHello(Role::kData), ++seq_, deadline));
+  KVTIER_ASSIGN_OR_RETURN(
+      Handshake opened,
+      OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kData), ++seq_, deadline));
   UniqueFd fd = std::move(opened.fd);
   const HelloReply& hr = opened.reply;
   if (!opened.passed) {
@@ -179,6 +181,7 @@ Status AttachedManager::OpenDataLocked() {
   }
   data_fd_ = std::move(fd);
   const int data = data_fd_.get();
+  copies_stopped_.store(false);
   data_thread_ = std::thread([this, data] { DataLoop(data); });
   return Status::Ok();
 }
@@ -201,24 +204,38 @@ bool AttachedManager::EnsureAttached() {
 }
 
 void AttachedManager::Detach(const std::string& why) {
-  std::lock_guard lock(mu_);
-  if (!attached_) return;
-  attached_ = false;
-  stats_.attached = false;
-  stats_.detaches++;
-  last_attempt_ = Clock::now();
-  idle_.clear();
-  // What the engine waits for can no longer come from the daemon: report it as ended.
-  for (const std::string& id : kept_) orphan_saves_done_.push_back(id);
-  for (const std::string& id : loading_) orphan_loads_done_.push_back(id);
-  kept_.clear();
-  loading_.clear();
-  finished_.clear();
-  // request_epoch_ stays: those requests' later calls are misses (their epoch is gone).
-  pending_sync_ = started_sync_ = false;
-  if (data_fd_) ::shutdown(data_fd_.get(), SHUT_RDWR);
+  int data = -1;
+  {
+    std::lock_guard lock(mu_);
+    if (!attached_) return;
+    attached_ = false;
+    stats_.attached = false;
+    stats_.detaches++;
+    last_attempt_ = Clock::now();
+    idle_.clear();
+    // What the engine waits for can no longer come from the daemon: report it as ended.
+    for (const std::string& id : kept_) orphan_saves_done_.push_back(id);
+    for (const std::string& id : loading_) orphan_loads_done_.push_back(id);
+    kept_.clear();
+    loading_.clear();
+    finished_.clear();
+    // request_epoch_ stays: those requests' later calls are misses (their epoch is gone).
+    pending_sync_ = started_sync_ = false;
+    data = data_fd_.get();
+  }
+  // The daemon takes back the slots lent to this engine when its data connection ends, and
+  // lends them to the next engine: no copy of ours may write them after that.
+  FenceCopies();
+  if (data >= 0) ::shutdown(data, SHUT_RDWR);
   KVTIER_LOG(kWarn) << "kvtier: kvtier serve at " << socket_path_ << " went away (" << why
                     << "); lookups are misses until it is back";
+}
+
+void AttachedManager::FenceCopies() {
+  copies_stopped_.store(true);
+  Barrier();  // the block or layer being copied now ends; later ones see copies_stopped_
+  std::unique_lock lock(device_mu_);
+  device_cv_.wait(lock, [&] { return device_batches_ == 0; });
 }
 
 Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
@@ -239,8 +256,8 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
   }();
   if (!fd) {
     // One more call connection for this call in flight.
-    Result<Handshake> opened =
-        OpenConnection(socket_path_, MakeHello(Role::kCall), ++seq_, Clock::now() + call_timeout_);
+    Result<Handshake> opened = OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kCall),
+                                              ++seq_, Clock::now() + call_timeout_);
     Status s = opened.status();
     if (s.ok() && opened->reply.epoch != epoch) s = Status::Unavailable("kvtier serve restarted");
     if (s.ok()) fd = std::move(opened->fd);

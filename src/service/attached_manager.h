@@ -84,6 +84,7 @@ class AttachedManager {
     uint32_t instance = 0;
     uint64_t attaches = 0;        // successful attaches (the first included)
     uint64_t detaches = 0;        // times the daemon went away
+    uint64_t data_lost = 0;       // of those: the data connection ended while attached
     uint64_t failed_calls = 0;    // calls answered as misses because the daemon was gone
     uint64_t copy_batches = 0;    // kCopy batches run
     uint64_t late_batches = 0;    // batches (or loads' layers) refused past their lease
@@ -106,8 +107,13 @@ class AttachedManager {
   Status AttachLocked(bool* refused = nullptr);
   Hello MakeHello(Role role) const;
   Status OpenDataLocked();
-  // The daemon went away (or stopped answering): miss mode, see the header.
+  // The daemon went away (or stopped answering): miss mode, see the header. Returns once no
+  // copy of this engine writes the daemon's G2 any more (FenceCopies), and only then ends the
+  // data connection: the daemon gives a lent slot back when that connection ends.
   void Detach(const std::string& why);
+  // Stops the copies: a copy in progress ends at its next block or layer, a device batch
+  // submitted is waited for, and none starts until the next data connection opens.
+  void FenceCopies();
   // One call: request frame, reply frame. Transport failures detach and return Unavailable;
   // `reply` is positioned after the reply's status, which is returned as the call's own.
   Status Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
@@ -126,6 +132,7 @@ class AttachedManager {
   const ManagerOptions options_;
   std::string socket_path_;
   std::string instance_name_;
+  uid_t daemon_uid_ = 0;  // service.daemon_uid: who must answer on the socket
   Clock::duration call_timeout_;
   Clock::duration reattach_;
   DeviceBackendFactory device_factory_;
@@ -167,6 +174,12 @@ class AttachedManager {
   std::unique_ptr<DeviceCopyBackend> device_;  // device G1 only
   std::atomic<uint64_t> seq_{0};
   std::chrono::milliseconds copy_stall_{0};  // KVTIER_TEST_ATTACHED_COPY_STALL_MS
+  // Set by FenceCopies, cleared when a data connection opens: RunCopy checks it inside each
+  // pass, before each block or layer.
+  std::atomic<bool> copies_stopped_{false};
+  std::mutex device_mu_;
+  std::condition_variable device_cv_;
+  int device_batches_ = 0;  // device batches submitted whose done callback has not run
 };
 
 }  // namespace kvtier::service

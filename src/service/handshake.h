@@ -4,11 +4,14 @@
 // ServiceLookup's lookup connections.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "core/unique_fd.h"
+#include "kvtier/config.h"
 #include "kvtier/status.h"
 #include "service/protocol.h"
 
@@ -20,13 +23,22 @@ struct Handshake {
   UniqueFd passed;  // the descriptor sent with the reply (a data connection's G2), if any
 };
 
-// Connects to `socket_path` and exchanges Hello with `seq`, all before `deadline`. Errors:
+// The uid an engine expects kvtier serve to run as: service.daemon_uid, or the engine's own
+// effective uid when it is empty. InvalidArgument when it is not a number.
+Result<uid_t> ExpectedDaemonUid(const Config& config);
+
+// Connects to `socket_path`, checks that the listener runs as `daemon_uid` (VerifyDaemon:
+// before anything is sent), and exchanges Hello with `seq`, all before `deadline`. Errors:
+//   - a listener of another uid: FailedPrecondition with `*refused` set (nothing was sent);
 //   - transport (ConnectUnix, SendFrame, RecvFrame): their statuses (Unavailable, TimedOut, ...);
 //     `*refused` is left false;
 //   - the daemon's refusal: the status it answered (FailedPrecondition for a peer it does not
-//     allow, ResourceExhausted when it holds no room for this engine, ...), with `*refused` set;
+//     allow or an instance name another live process holds, ResourceExhausted when it holds no
+//     room for this engine, ...), with `*refused` set; an Unavailable answer (try again) or a
+//     connection refused for want of room (seq 0) leaves it false;
 //   - a reply that is not a kReply of `seq` or does not decode: InvalidArgument.
-Result<Handshake> OpenConnection(const std::string& socket_path, const Hello& hello, uint64_t seq,
+Result<Handshake> OpenConnection(const std::string& socket_path, uid_t daemon_uid,
+                                 const Hello& hello, uint64_t seq,
                                  std::chrono::steady_clock::time_point deadline,
                                  bool* refused = nullptr);
 

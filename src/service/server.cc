@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <random>
+#include <system_error>
 
 #include "core/log.h"
 #include "service/server_state.h"
@@ -46,10 +47,17 @@ Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options) {
                           ParseGids(options.config.GetString("service.allowed_gids")));
   state->lease = std::chrono::milliseconds(options.config.GetUint("service.lease_ms"));
   state->max_pools = static_cast<uint32_t>(options.config.GetUint("service.max_pools"));
+  state->max_connections = options.config.GetUint("service.max_connections");
   state->g2_total = options.config.GetBytes("g2.capacity_bytes");
   std::random_device rd;
   state->epoch = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
-  KVTIER_ASSIGN_OR_RETURN(state->listen_fd, ListenUnix(state->socket_path));
+  // With service.allowed_gids the socket and its directory belong to the first group, so its
+  // members can reach them; the daemon still checks each peer (AuthorizePeer).
+  KVTIER_ASSIGN_OR_RETURN(
+      state->listen_fd,
+      ListenUnix(state->socket_path, state->allowed_gids.empty()
+                                         ? std::nullopt
+                                         : std::optional<gid_t>(state->allowed_gids.front())));
   State* s = state.get();
   state->acceptor = std::thread([s] { s->AcceptLoop(); });
   KVTIER_LOG(kInfo) << "kvtier serve: listening on " << state->socket_path << " (lease "
@@ -134,23 +142,75 @@ void Server::State::ReapDone() {
   }
 }
 
+namespace {
+// Answers a peer the daemon will not serve with `why` (seq 0: nothing of it was read), waiting
+// at most a few milliseconds for room in its socket buffer.
+void RefuseUnread(int fd, const Status& why) {
+  WireWriter w;
+  EncodeStatus(&w, why);
+  (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), 0, w.data(), -1,
+                  Clock::now() + std::chrono::milliseconds(20));
+}
+}  // namespace
+
 void Server::State::AcceptLoop() {
   while (!stopping.load()) {
     Result<UniqueFd> fd = AcceptUnix(listen_fd.get(), 100);
     ReapDone();
     if (!fd.ok()) {
       if (fd.status().code() != StatusCode::kTimedOut) {
+        // EMFILE, ENFILE, ENOMEM: the connections that end free room; never the daemon's end.
         KVTIER_LOG(kWarn) << "kvtier serve: accept: " << fd.status().ToString();
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       continue;
     }
+    // Who it is is known at accept (SO_PEERCRED): a peer that may not attach is refused here,
+    // before a thread or a byte of it is taken.
+    Result<PeerCred> cred = GetPeerCred(fd->get());
+    Status allowed = cred.ok() ? AuthorizePeer(*cred, allowed_gids) : cred.status();
+    if (!allowed.ok()) {
+      KVTIER_LOG(kWarn) << "kvtier serve: refused a peer: " << allowed.ToString();
+      RefuseUnread(fd->get(), allowed);
+      std::lock_guard lock(mu);
+      ++stats.refused;
+      continue;
+    }
     auto conn = std::make_shared<Conn>();
     conn->fd = std::move(*fd);
+    conn->cred = std::move(*cred);
     std::lock_guard lock(mu);
     ++stats.connections;
+    if (conns.size() >= max_connections) {
+      ++stats.refused_connections;
+      if (stats.refused_connections == 1 || stats.refused_connections % 1000 == 0) {
+        KVTIER_LOG(kWarn) << "kvtier serve: " << conns.size()
+                          << " connections are open (service.max_connections); refused pid "
+                          << conn->cred.pid << " (" << stats.refused_connections
+                          << " refused so far)";
+      }
+      RefuseUnread(
+          conn->fd.get(),
+          Status::ResourceExhausted(
+              "kvtier serve has service.max_connections=" + std::to_string(max_connections) +
+              " connections open; try again later, or raise service.max_connections"));
+      continue;
+    }
+    try {
+      conn->reader = std::thread([this, conn] { Serve(conn); });
+    } catch (const std::system_error& e) {
+      // No thread to be had (RLIMIT_NPROC, memory): this connection is refused, the daemon
+      // and every engine it serves go on.
+      ++stats.refused_connections;
+      KVTIER_LOG(kWarn) << "kvtier serve: no thread for a new connection (" << e.what()
+                        << "); refused";
+      RefuseUnread(conn->fd.get(),
+                   Status::ResourceExhausted("kvtier serve could not start a thread for this "
+                                             "connection (" +
+                                             std::string(e.what()) + "); try again later"));
+      continue;
+    }
     conns.push_back(conn);
-    conn->reader = std::thread([this, conn] { Serve(conn); });
   }
 }
 
@@ -213,9 +273,10 @@ void Server::State::WriterLoop(const std::shared_ptr<Conn>& conn) {
 void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   const int fd = conn->fd.get();
   auto finish = [&] { conn->done.store(true); };
-  Result<PeerCred> cred = GetPeerCred(fd);
-  Status allowed = cred.ok() ? AuthorizePeer(*cred, allowed_gids) : cred.status();
-  Result<Frame> first = RecvFrame(fd, Clock::now() + std::chrono::seconds(5));
+  const PeerCred* cred = &conn->cred;  // authorized by AcceptLoop
+  // A Hello is a few KiB (a model id, a name, a layout): a larger first frame is not read.
+  Result<Frame> first =
+      RecvFrame(fd, Clock::now() + std::chrono::seconds(5), kMaxHelloPayloadBytes);
   auto refuse = [&](const Status& why, uint64_t seq) {
     WireWriter w;
     EncodeStatus(&w, why);
@@ -225,12 +286,11 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     ++stats.refused;
   };
   if (!first.ok()) {
-    finish();
-    return;
-  }
-  if (!allowed.ok()) {
-    KVTIER_LOG(kWarn) << "kvtier serve: refused a peer: " << allowed.ToString();
-    refuse(allowed, first->header.seq);
+    if (first.status().code() == StatusCode::kInvalidArgument) {
+      refuse(Status::InvalidArgument("service protocol: a bad first frame: " +
+                                     first.status().message()),
+             0);
+    }
     finish();
     return;
   }
@@ -250,8 +310,10 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     finish();
     return;
   }
-  Result<std::shared_ptr<Pool>> pool =
-      hello.role == Role::kLookup ? JoinLookup(conn.get(), hello) : GetPool(hello);
+  Result<std::shared_ptr<Pool>> pool = hello.role == Role::kLookup
+                                           ? JoinLookup(conn.get(), hello, *cred)
+                                       : hello.role == Role::kEvents ? JoinEvents(hello, *cred)
+                                                                     : GetPool(hello);
   if (!pool.ok()) {
     refuse(pool.status(), first->header.seq);
     finish();
@@ -261,7 +323,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   const bool joins = hello.role == Role::kCall || hello.role == Role::kData;
   if (joins) {
     std::lock_guard lock(mu);
-    Result<Instance*> joined = JoinInstance(hello, pool->get());
+    Result<Instance*> joined = JoinInstance(hello, pool->get(), *cred);
     if (joined.ok() && hello.role == Role::kData && (*joined)->data != nullptr) {
       --(*joined)->connections;
       joined = Status::FailedPrecondition("instance '" + hello.instance_name +
@@ -302,11 +364,29 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     }
   }
   if (hello.role == Role::kEvents) {
-    conn->role = Role::kEvents;
+    {
+      std::lock_guard lock(mu);  // MakeRoomForPool reads the roles of every connection
+      conn->role = Role::kEvents;
+    }
     Subscribe(pool->get(), conn);
   }
   if (conn->role == Role::kData || conn->role == Role::kEvents) {
-    conn->writer = std::thread([this, conn] { WriterLoop(conn); });
+    try {
+      conn->writer = std::thread([this, conn] { WriterLoop(conn); });
+    } catch (const std::system_error& e) {
+      // No thread for its writer: this connection ends (the engine sees the daemon gone and
+      // attaches again later); the daemon goes on.
+      KVTIER_LOG(kWarn) << "kvtier serve: no thread for a connection's writer (" << e.what()
+                        << "); closing it";
+      {
+        std::lock_guard lock(mu);
+        ++stats.refused_connections;
+      }
+      Unsubscribe(conn);
+      LeaveInstance(conn);
+      finish();
+      return;
+    }
   }
   const uint32_t instance = conn->instance;
   Pool* p = pool->get();  // kept alive by `pool` until this connection ends

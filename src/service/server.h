@@ -45,7 +45,9 @@ struct ServeOptions {
 struct ServerStats {
   uint64_t connections = 0;  // accepted since start
   uint64_t refused = 0;      // peers refused (credentials, bad Hello, no instance free)
-  uint64_t bad_frames = 0;   // frames that failed to decode (the connection was closed)
+  // Connections refused for want of room: service.max_connections open, or no thread.
+  uint64_t refused_connections = 0;
+  uint64_t bad_frames = 0;  // frames that failed to decode (the connection was closed)
   uint64_t instances_live = 0;
   uint64_t instances_ended = 0;
   uint64_t pools = 0;

@@ -121,7 +121,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
     }
     case MsgType::kWaitForSaves:
       KVTIER_RETURN_IF_ERROR(r.Done());
-      impl.WaitForSaves();
+      impl.WaitForSaves(instance);  // its own saves: a stuck engine holds up nobody else
       EncodeStatus(out, Status::Ok());
       return Status::Ok();
     case MsgType::kWaitForRequestSaves: {

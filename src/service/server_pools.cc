@@ -1,34 +1,136 @@
 // kvtier serve's pools (one per model and layout, within service.max_pools), the instances
 // that join them, and the events connections that hear them (docs/service.md).
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/log.h"
+#include "core/sha256.h"
 #include "service/server_state.h"
 
 namespace kvtier::service {
+namespace server_internal {
+
+std::string PoolIdentityText(const std::string& model_id, const KvLayout& layout) {
+  char fields[160];
+  std::snprintf(fields, sizeof(fields),
+                "layers=%u planes=%u kv_heads=%u head_dim=%u tokens_per_block=%u dtype=%s",
+                layout.num_layers, layout.num_planes, layout.num_kv_heads, layout.head_dim,
+                layout.tokens_per_block, DTypeName(layout.dtype));
+  // The id's length first: an id holding a newline cannot pass for another id and layout.
+  return "kvtier pool identity 1\nmodel_id " + std::to_string(model_id.size()) + "\n" + model_id +
+         "\n" + fields + "\n";
+}
+
+std::string PoolKey(const std::string& model_id, const KvLayout& layout) {
+  const std::string identity = PoolIdentityText(model_id, layout);
+  uint8_t digest[32];
+  Sha256(identity.data(), identity.size(), digest);
+  char hex[33];
+  for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+  // The tail of a path names the model better than its head (/srv/models/org/...).
+  std::string safe;
+  for (char c : model_id.substr(0, model_id.find('|'))) {
+    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.') ? c : '_';
+  }
+  if (safe.size() > 32) safe = safe.substr(safe.size() - 32);
+  while (!safe.empty() && (safe[0] == '.' || safe[0] == '_')) safe.erase(0, 1);
+  return (safe.empty() ? std::string("model") : safe) + "-" + hex;
+}
+
+bool SameIdentity(const Pool& pool, const std::string& model_id, const KvLayout& layout) {
+  const KvLayout& l = pool.layout;
+  return pool.model_id == model_id && l.num_layers == layout.num_layers &&
+         l.num_planes == layout.num_planes && l.num_kv_heads == layout.num_kv_heads &&
+         l.head_dim == layout.head_dim && l.tokens_per_block == layout.tokens_per_block &&
+         l.dtype == layout.dtype;
+}
+
+}  // namespace server_internal
+
+namespace {
+
+// A pool's G3 directory records the whole identity it holds (IDENTITY, 0600): a directory
+// that holds another identity's blocks (a name collision, a directory copied or renamed by
+// hand) is refused, never read. Creates the directory (0700) and the file when missing.
+Status CheckG3Identity(const std::string& dir, const std::string& identity) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("cannot create G3 directory " + dir + ": " + ec.message());
+  const std::string path = dir + "/IDENTITY";
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return Status::FromErrno(errno, "cannot create " + path);
+    const ssize_t n = ::write(fd, identity.data(), identity.size());
+    const int err = errno;
+    ::fsync(fd);
+    ::close(fd);
+    if (n != static_cast<ssize_t>(identity.size())) {
+      ::unlink(path.c_str());
+      return Status::FromErrno(err, "cannot write " + path);
+    }
+    return Status::Ok();
+  }
+  if (fd < 0) return Status::FromErrno(errno, "cannot open " + path + " (a symlink is refused)");
+  std::string have;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0 && have.size() <= identity.size()) {
+    have.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (have != identity) {
+    return Status::FailedPrecondition(
+        "G3 directory " + dir +
+        " holds the blocks of another model or layout (its IDENTITY "
+        "file differs from this engine's); kvtier serve will not read them: move the directory "
+        "away or point g3.dir elsewhere");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
   const std::string key = PoolKey(hello.model_id, hello.layout);
+  // The key names the pool; the whole identity decides (a key is a hash: never trusted alone).
+  auto found = [&]() -> Result<std::shared_ptr<Pool>> {
+    auto it = pools.find(key);
+    if (it == pools.end()) return std::shared_ptr<Pool>();
+    if (!SameIdentity(*it->second, hello.model_id, hello.layout)) {
+      return Status::FailedPrecondition(
+          "kvtier serve: model '" + hello.model_id + "' (" + hello.layout.ToString() +
+          ") has the pool name " + key + " of model '" + it->second->model_id + "' (" +
+          it->second->layout.ToString() + "); refused rather than mixed: rename the model");
+    }
+    return it->second;
+  };
   {
     std::lock_guard lock(mu);
-    auto it = pools.find(key);
-    if (it != pools.end()) return it->second;
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, found());
+    if (pool != nullptr) return pool;
   }
   // Made outside mu (pre-faulting G2 and recovering G3 take a while), one at a time (two
   // Hellos racing for one new pool must not both open its G3).
   std::lock_guard creating(pool_create_mu);
   {
     std::lock_guard lock(mu);
-    auto it = pools.find(key);
-    if (it != pools.end()) return it->second;
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, found());
+    if (pool != nullptr) return pool;
   }
   KVTIER_RETURN_IF_ERROR(MakeRoomForPool(key, hello.model_id));
   auto pool = std::make_shared<Pool>();
   pool->key = key;
   pool->model_id = hello.model_id;
+  pool->layout = hello.layout;
   ManagerOptions mo;
   mo.layout = hello.layout;
   mo.model_id = hello.model_id;
@@ -41,6 +143,7 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
     KVTIER_RETURN_IF_ERROR(mo.config.Set(
         "g3.dir", dir,
         mo.config.IsSet("g3.dir") ? ConfigSource::kOverride : ConfigSource::kDefault));
+    KVTIER_RETURN_IF_ERROR(CheckG3Identity(dir, PoolIdentityText(hello.model_id, hello.layout)));
   }
   bool first;
   {
@@ -145,7 +248,15 @@ Status Server::State::MakeRoomForPool(const std::string& key, const std::string&
     std::lock_guard lock(closing->sub_mu);
     listeners = closing->subscribers;
   }
-  // Its events connections end with it (their readers unsubscribe and finish).
+  {
+    // And the lookup connections of its ended instances, which would hold its G2 share and
+    // its G3 directory's LOCK for as long as their scheduler keeps them open.
+    std::lock_guard lock(mu);
+    for (const auto& c : conns) {
+      if (c->role == Role::kLookup && c->pool == closing.get()) listeners.push_back(c);
+    }
+  }
+  // Its events and lookup connections end with it (their readers unsubscribe and finish).
   for (auto& c : listeners) ::shutdown(c->fd.get(), SHUT_RDWR);
   // Its memory goes before the new pool's is made: wait (bounded) for the connections that
   // still hold it to end.
@@ -208,7 +319,8 @@ void Server::State::Unsubscribe(const std::shared_ptr<Conn>& conn) {
   subs.erase(std::remove(subs.begin(), subs.end(), conn), subs.end());
 }
 
-Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool) {
+Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool,
+                                              const PeerCred& peer) {
   auto current = pools.find(pool->key);
   if (current == pools.end() || current->second.get() != pool) {
     // Closed (MakeRoomForPool) between GetPool and here: the engine attaches again.
@@ -222,6 +334,24 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool) {
       return Status::InvalidArgument("instance '" + hello.instance_name +
                                      "' is attached with another model or layout (" +
                                      inst->pool->key + "); give each engine its own name");
+    }
+    if ((inst->owner.pid != peer.pid || inst->owner.uid != peer.uid) && inst->owner.pid > 0 &&
+        ::kill(inst->owner.pid, 0) != 0 && errno == ESRCH) {
+      // The engine that held the name is gone (a restart under the same name); its
+      // connections end in a moment, and with them its instance.
+      return Status::Unavailable("instance '" + hello.instance_name +
+                                 "' is still ending its last life (pid " +
+                                 std::to_string(inst->owner.pid) + " exited); attach again");
+    }
+    if (inst->owner.pid != peer.pid || inst->owner.uid != peer.uid) {
+      // Two engines under one name would share one instance: the second's loads would run
+      // in the first one's G1, its saves would be refused (one data connection an instance).
+      return Status::FailedPrecondition(
+          "instance name '" + hello.instance_name + "' is in use by another engine process (pid " +
+          std::to_string(inst->owner.pid) + ", uid " + std::to_string(inst->owner.uid) +
+          ") attached to this kvtier serve; this process is pid " + std::to_string(peer.pid) +
+          ": give each engine its own service.instance (a config copied to two replicas names "
+          "both the same)");
     }
     ++inst->connections;
     return inst;
@@ -241,6 +371,7 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool) {
     inst->name = hello.instance_name;
     inst->pool = pool;
     inst->connections = 1;
+    inst->owner = peer;
     Instance* raw = inst.get();
     instances[id] = std::move(inst);
     by_name[hello.instance_name] = id;
@@ -250,7 +381,8 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool) {
                                    " engine instances attached; no more can attach");
 }
 
-Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const Hello& hello) {
+Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const Hello& hello,
+                                                        const PeerCred& peer) {
   // A scheduler process joins an engine instance that is attached already, by its name.
   std::lock_guard lock(mu);
   auto named = by_name.find(hello.instance_name);
@@ -260,12 +392,33 @@ Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const Hello&
                             "attached engine's instance (the engine attaches first)");
   }
   const Instance& joined = *instances.at(named->second);
+  if (joined.owner.uid != peer.uid) {
+    return Status::FailedPrecondition("engine instance '" + hello.instance_name + "' runs as uid " +
+                                      std::to_string(joined.owner.uid) +
+                                      "; a lookup connection of uid " + std::to_string(peer.uid) +
+                                      " may not join it (run the scheduler as the engine's uid)");
+  }
   conn->instance = joined.id;
   conn->instance_serial = joined.serial;
   conn->role = Role::kLookup;
+  conn->pool = joined.pool;  // so a pool closed to make room ends it (MakeRoomForPool)
   auto it = pools.find(joined.pool->key);
   if (it == pools.end()) return Status::Unavailable("engine instance's pool is closing");
   return it->second;
+}
+
+Result<std::shared_ptr<Pool>> Server::State::JoinEvents(const Hello& hello, const PeerCred& peer) {
+  KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, GetPool(hello));
+  if (peer.uid == ::geteuid()) return pool;
+  std::lock_guard lock(mu);
+  for (const auto& [id, inst] : instances) {
+    if (inst->pool == pool.get() && inst->owner.uid == peer.uid) return pool;
+  }
+  return Status::FailedPrecondition("an events connection of uid " + std::to_string(peer.uid) +
+                                    " hears the KV events of "
+                                    "model '" +
+                                    hello.model_id +
+                                    "' only while an engine of that uid is attached with it");
 }
 
 Pool* Server::State::LookupPool(const Conn& conn) {

@@ -34,7 +34,8 @@ struct Conn;
 
 struct Pool {
   std::string key;
-  std::string model_id;
+  std::string model_id;  // whole, as the first engine's Hello said it
+  KvLayout layout;       // the first engine's
   // Events connections (Role::kEvents), fed by one subscription to impl's events. Declared
   // before impl: impl's destructor may still emit events (the G3 flush).
   std::mutex sub_mu;
@@ -52,6 +53,7 @@ struct Pool {
 
 struct Conn {
   UniqueFd fd;
+  PeerCred cred;  // the peer as the kernel saw it at connect (SO_PEERCRED), authorized
   Role role = Role::kCall;
   uint32_t instance = 0;
   uint64_t instance_serial = 0;  // lookup connections: the Instance they joined (ids are reused)
@@ -64,7 +66,7 @@ struct Conn {
   // connections: kEvents.
   std::deque<std::pair<MsgType, std::vector<uint8_t>>> out;
   bool closing = false;
-  Pool* pool = nullptr;  // events connections: the pool they hear
+  Pool* pool = nullptr;  // events connections: the pool they hear; lookup ones: they ask
   uint64_t dropped = 0;  // events connections: events dropped since the last frame queued
 };
 
@@ -80,16 +82,26 @@ struct Instance {
   int connections = 0;
   std::shared_ptr<Conn> data;
   uint32_t g1_blocks = kMaxG1Blocks - 1;  // RegisterG1's count bounds the block ids it may name
+  // The process that attached it (SO_PEERCRED of its first call or data connection): only it
+  // may open more call and data connections under this name, and only its uid may join the
+  // instance's lookups.
+  PeerCred owner;
 };
 
-inline std::string PoolKey(const std::string& model_id, const KvLayout& layout) {
-  char fp[17];
-  std::snprintf(fp, sizeof(fp), "%016llx", static_cast<unsigned long long>(layout.Fingerprint()));
-  std::string safe;
-  for (char c : model_id)
-    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '_';
-  return (safe.empty() ? std::string("model") : safe.substr(0, 64)) + "-" + fp;
-}
+// A pool's name: a readable prefix of the model id, then a hash of the whole identity (the
+// model id and every layout field that changes the stored bytes), then the layout's
+// fingerprint. Names the pool's G3 directory too. The name is never trusted alone: GetPool
+// compares the full model id and layout with the pool's (SameIdentity), and the G3 directory
+// keeps the full identity in a file it checks at open.
+std::string PoolKey(const std::string& model_id, const KvLayout& layout);
+
+// The identity a pool serves, as its G3 directory records it: the whole model id and the
+// layout's stored-bytes fields.
+std::string PoolIdentityText(const std::string& model_id, const KvLayout& layout);
+
+// True when an engine of `model_id` and `layout` may use `pool`: the same model id, byte for
+// byte, and a layout that stores the same bytes (the G1 arrangement may differ).
+bool SameIdentity(const Pool& pool, const std::string& model_id, const KvLayout& layout);
 
 inline std::string Rid(uint32_t instance, const std::string& id) {
   return std::to_string(instance) + "/" + id;
@@ -131,6 +143,7 @@ class Server::State {
   std::list<std::shared_ptr<Conn>> conns;
   ServerStats stats;
   uint32_t max_pools = 1;
+  uint64_t max_connections = 256;  // service.max_connections
   uint64_t g2_total = 0;
 
   void AcceptLoop();
@@ -145,9 +158,16 @@ class Server::State {
   bool PoolIdle(const Pool* pool);
   void WriterLoop(const std::shared_ptr<Conn>& conn);
   Result<std::shared_ptr<Pool>> GetPool(const Hello& hello);
-  Result<Instance*> JoinInstance(const Hello& hello, Pool* pool);  // REQUIRES: mu held
-  // Role::kLookup: the live instance named in the Hello; NotFound when there is none.
-  Result<std::shared_ptr<Pool>> JoinLookup(Conn* conn, const Hello& hello);
+  // REQUIRES: mu held. The instance named in the Hello, made on its first connection and bound
+  // to `peer`'s process. FailedPrecondition when the name is live in another process (two
+  // engines given one service.instance) or with another pool.
+  Result<Instance*> JoinInstance(const Hello& hello, Pool* pool, const PeerCred& peer);
+  // Role::kLookup: the live instance named in the Hello; NotFound when there is none,
+  // FailedPrecondition when `peer` runs as another uid than the instance's engine.
+  Result<std::shared_ptr<Pool>> JoinLookup(Conn* conn, const Hello& hello, const PeerCred& peer);
+  // Role::kEvents: the pool of the Hello's identity, for a peer of the daemon's own uid or of
+  // the uid of an engine attached to that pool (another uid would hear other engines' prompts).
+  Result<std::shared_ptr<Pool>> JoinEvents(const Hello& hello, const PeerCred& peer);
   // A lookup connection's instance, when it is still the live one it joined.
   Pool* LookupPool(const Conn& conn);  // REQUIRES: mu held
   void LeaveInstance(const std::shared_ptr<Conn>& conn);

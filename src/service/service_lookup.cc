@@ -25,6 +25,7 @@ class ServiceLookup::Impl {
  public:
   std::string socket_path;
   std::string instance_name;
+  uid_t daemon_uid = 0;  // service.daemon_uid
   Clock::duration call_timeout{};
   Clock::duration reattach{};
 
@@ -61,7 +62,7 @@ Status ServiceLookup::Impl::Join(UniqueFd* out) {
   }
   KVTIER_ASSIGN_OR_RETURN(
       service::Handshake opened,
-      service::OpenConnection(socket_path, hello, seq, Clock::now() + call_timeout));
+      service::OpenConnection(socket_path, daemon_uid, hello, seq, Clock::now() + call_timeout));
   *out = std::move(opened.fd);
   return Status::Ok();
 }
@@ -180,6 +181,7 @@ Result<std::unique_ptr<ServiceLookup>> ServiceLookup::Create(const Config& confi
                                    std::to_string(service::kMaxNameBytes));
   }
   impl->instance_name = instance_name;
+  KVTIER_ASSIGN_OR_RETURN(impl->daemon_uid, service::ExpectedDaemonUid(config));
   impl->call_timeout = std::chrono::milliseconds(config.GetUint("service.call_timeout_ms"));
   impl->reattach = std::chrono::milliseconds(config.GetUint("service.reattach_ms"));
   return std::unique_ptr<ServiceLookup>(new ServiceLookup(std::move(impl)));

@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 namespace kvtier::service {
@@ -81,20 +82,66 @@ std::string ParentDir(const std::string& path) {
   return path.substr(0, slash);
 }
 
-// Creates `dir` (0700) when missing; then requires it to be a directory owned by the
-// effective uid with no group or other permission bits.
-Status EnsurePrivateDir(const std::string& dir) {
+// Every directory above `dir` (its real path) must be one that no other user can change: owned
+// by root or the effective uid, and writable by group or others only with the sticky bit (as
+// /tmp), so nobody else can rename or replace what lies below it.
+Status CheckAncestors(const std::string& dir) {
+  char real[PATH_MAX];
+  const std::string parent = ParentDir(dir);
+  if (::realpath(parent.c_str(), real) == nullptr) {
+    return Status::FromErrno(errno, "cannot resolve the directories above " + dir);
+  }
+  const uid_t euid = ::geteuid();
+  std::string at = real;
+  for (;;) {
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0) return Status::FromErrno(errno, "stat of " + at);
+    const bool owner_ok = st.st_uid == 0 || st.st_uid == euid;
+    const bool others_write = (st.st_mode & 022) != 0;
+    if (!owner_ok || (others_write && (st.st_mode & S_ISVTX) == 0)) {
+      return Status::FailedPrecondition(
+          "directory " + at + " above the socket directory " + dir + " is owned by uid " +
+          std::to_string(st.st_uid) + " with mode " + OctalMode(st.st_mode) +
+          ": another user could replace the socket directory; choose a socket path under "
+          "directories owned by root or uid " +
+          std::to_string(euid) + " (writable by others only when sticky, as /tmp)");
+    }
+    if (at == "/") break;
+    at = ParentDir(at);
+  }
+  return Status::Ok();
+}
+
+// Creates `dir` (0700, or 0750 with `group`) when missing; then requires it to be a real
+// directory (not a symlink) owned by the effective uid, with no permission for others and,
+// without `group`, none for its group either; with `group`, its group must be that gid and
+// may read and search it, never write it. The directories above it are checked too.
+Status EnsurePrivateDir(const std::string& dir, std::optional<gid_t> group) {
+  KVTIER_RETURN_IF_ERROR(CheckAncestors(dir));
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
+  if (::lstat(dir.c_str(), &st) != 0) {
     if (errno != ENOENT) return Status::FromErrno(errno, "stat of socket directory " + dir);
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       return Status::FromErrno(errno, "cannot create socket directory " + dir);
     }
-    if (::stat(dir.c_str(), &st) != 0) {
+    if (::lstat(dir.c_str(), &st) != 0) {
       return Status::FromErrno(errno, "stat of socket directory " + dir);
+    }
+    if (group && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid()) {
+      if (::chown(dir.c_str(), static_cast<uid_t>(-1), *group) != 0 ||
+          ::chmod(dir.c_str(), 0750) != 0 || ::lstat(dir.c_str(), &st) != 0) {
+        return Status::FromErrno(
+            errno, "cannot give socket directory " + dir + " to group " + std::to_string(*group));
+      }
     }
   }
   const uid_t euid = ::geteuid();
+  if (S_ISLNK(st.st_mode)) {
+    return Status::FailedPrecondition("socket directory " + dir +
+                                      " is a symbolic link: kvtier serve follows none (whoever "
+                                      "owns the link could point it elsewhere later); use the "
+                                      "real directory's path");
+  }
   if (!S_ISDIR(st.st_mode)) {
     return Status::FailedPrecondition("socket directory " + dir +
                                       " is not a directory: choose a socket path whose parent "
@@ -107,10 +154,17 @@ Status EnsurePrivateDir(const std::string& dir) {
         ", not by uid " + std::to_string(euid) + " that runs kvtier serve: chown " +
         std::to_string(euid) + " " + dir + ", or choose a socket path in a directory of its own");
   }
-  if ((st.st_mode & 077) != 0) {
+  if (!group && (st.st_mode & 077) != 0) {
     return Status::FailedPrecondition("socket directory " + dir + " has mode " +
                                       OctalMode(st.st_mode) +
                                       "; only its owner may have access: chmod 700 " + dir);
+  }
+  if (group && ((st.st_mode & 027) != 0 || st.st_gid != *group)) {
+    return Status::FailedPrecondition(
+        "socket directory " + dir + " has mode " + OctalMode(st.st_mode) + " and group " +
+        std::to_string(st.st_gid) + "; with service.allowed_gids its group must be " +
+        std::to_string(*group) + ", which may read and search it, nobody else: chgrp " +
+        std::to_string(*group) + " " + dir + " && chmod 750 " + dir);
   }
   return Status::Ok();
 }
@@ -147,12 +201,12 @@ Status ClearStaleSocket(const std::string& path, const sockaddr_un& addr) {
 
 }  // namespace
 
-Result<UniqueFd> ListenUnix(const std::string& path) {
+Result<UniqueFd> ListenUnix(const std::string& path, std::optional<gid_t> group) {
   KVTIER_ASSIGN_OR_RETURN(const sockaddr_un addr, UnixAddress(path));
   if (path.back() == '/') {
     return Status::InvalidArgument("socket path " + path + " ends in '/': it must name a file");
   }
-  KVTIER_RETURN_IF_ERROR(EnsurePrivateDir(ParentDir(path)));
+  KVTIER_RETURN_IF_ERROR(EnsurePrivateDir(ParentDir(path), group));
   KVTIER_RETURN_IF_ERROR(ClearStaleSocket(path, addr));
 
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -164,10 +218,11 @@ Result<UniqueFd> ListenUnix(const std::string& path) {
     return Status::FromErrno(errno, "bind " + path);
   }
   // From here the file is ours: remove it again when the socket cannot be set up.
-  if (::chmod(path.c_str(), 0600) != 0) {
+  if ((group && ::chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0) ||
+      ::chmod(path.c_str(), group ? 0660 : 0600) != 0) {
     const int err = errno;
     ::unlink(path.c_str());
-    return Status::FromErrno(err, "chmod 0600 " + path);
+    return Status::FromErrno(err, group ? "chgrp and chmod 0660 " + path : "chmod 0600 " + path);
   }
   if (::listen(fd.get(), 128) != 0) {
     const int err = errno;
@@ -374,13 +429,19 @@ Status RecvExact(int fd, uint8_t* buf, size_t n, Clock::time_point deadline, Uni
 
 }  // namespace
 
-Result<Frame> RecvFrame(int fd, Clock::time_point deadline) {
+Result<Frame> RecvFrame(int fd, Clock::time_point deadline, uint32_t max_payload) {
   Frame frame;
   size_t frame_read = 0;
   uint8_t header[kFrameHeaderBytes];
   KVTIER_RETURN_IF_ERROR(
       RecvExact(fd, header, kFrameHeaderBytes, deadline, &frame.fd, &frame_read));
   KVTIER_ASSIGN_OR_RETURN(frame.header, DecodeHeader(header));
+  if (frame.header.payload_bytes > max_payload) {
+    return Status::InvalidArgument("a frame of type " + std::to_string(frame.header.type) +
+                                   " announces " + std::to_string(frame.header.payload_bytes) +
+                                   " payload bytes; at most " + std::to_string(max_payload) +
+                                   " are read here");
+  }
   frame.payload.resize(frame.header.payload_bytes);
   if (!frame.payload.empty()) {
     KVTIER_RETURN_IF_ERROR(RecvExact(fd, frame.payload.data(), frame.payload.size(), deadline,
@@ -395,19 +456,46 @@ Result<PeerCred> GetPeerCred(int fd) {
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
     return Status::FromErrno(errno, "SO_PEERCRED");
   }
-  return PeerCred{cred.pid, cred.uid, cred.gid};
+  PeerCred out{cred.pid, cred.uid, cred.gid, {}};
+  // The supplementary groups as the kernel saw them at connect (Linux 4.13+); a kernel without
+  // SO_PEERGROUPS leaves the primary gid alone to decide.
+  std::vector<gid_t> groups(64);
+  for (int tries = 0; tries < 4; ++tries) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      out.groups = std::move(groups);
+      break;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(bytes / sizeof(gid_t) + 1);
+  }
+  return out;
 }
 
 Status AuthorizePeer(const PeerCred& cred, std::span<const gid_t> allowed_gids) {
   const uid_t euid = ::geteuid();
   if (cred.uid == euid) return Status::Ok();
-  if (std::find(allowed_gids.begin(), allowed_gids.end(), cred.gid) != allowed_gids.end()) {
+  auto allowed = [&](gid_t g) {
+    return std::find(allowed_gids.begin(), allowed_gids.end(), g) != allowed_gids.end();
+  };
+  if (allowed(cred.gid) || std::any_of(cred.groups.begin(), cred.groups.end(), allowed)) {
     return Status::Ok();
   }
   return Status::FailedPrecondition(
       "peer pid " + std::to_string(cred.pid) + " uid " + std::to_string(cred.uid) + " gid " +
       std::to_string(cred.gid) + " is not allowed: run the engine as uid " + std::to_string(euid) +
-      " or add its gid to service.allowed_gids");
+      " or add one of its groups to service.allowed_gids");
+}
+
+Status VerifyDaemon(int fd, uid_t expected_uid, const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(const PeerCred cred, GetPeerCred(fd));
+  if (cred.uid == expected_uid) return Status::Ok();
+  return Status::FailedPrecondition(
+      "the process listening on " + path + " (pid " + std::to_string(cred.pid) + ") runs as uid " +
+      std::to_string(cred.uid) + ", not uid " + std::to_string(expected_uid) +
+      " as kvtier serve must (service.daemon_uid): nothing was sent to it; check who owns the "
+      "socket's directory, or set service.daemon_uid to the daemon's uid");
 }
 
 }  // namespace kvtier::service

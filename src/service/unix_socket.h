@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,18 +38,23 @@ struct Frame {
 
 // Creates a listening socket at `path` (SOCK_STREAM, SOCK_CLOEXEC, backlog 128). The listening
 // descriptor is non-blocking (AcceptUnix waits with poll); accepted connections are blocking.
-//   - The parent directory is created (mode 0700; only the last component, not its parents)
-//     when missing, and must be a directory owned by the effective uid with no group or other
-//     permission bits; otherwise FailedPrecondition, saying what to change.
+//   - Every directory above the parent must be owned by root or the effective uid and writable
+//     by others only when sticky (as /tmp); otherwise FailedPrecondition naming it.
+//   - The parent directory is created when missing (0700; with `group`, 0750 and that group;
+//     only the last component, not its parents), and must be a directory, not a symlink,
+//     owned by the effective uid, with no permission for others and, without `group`, none for
+//     its group; with `group`, its group must be `group` and may not write it. Otherwise
+//     FailedPrecondition, saying what to change.
 //   - An existing socket file at `path` that nobody accepts on (connect gets ECONNREFUSED: a
 //     daemon that died) is removed. One that answers gives AlreadyExists ("another kvtier serve
 //     listens on PATH"); the probe connection it made is closed at once, so the live daemon
 //     accepts one connection that ends without a frame. Anything but a socket at `path` is left
 //     alone: FailedPrecondition.
-//   - The socket file is chmod 0600 after bind (the 0700 directory keeps others out meanwhile).
+//   - The socket file is chmod 0600 after bind (0660 and `group` with `group`); the directory
+//     keeps others out meanwhile.
 // InvalidArgument for an empty path, one ending in '/', or one longer than sun_path holds;
 // IOError for a failing system call (with its errno text).
-Result<UniqueFd> ListenUnix(const std::string& path);
+Result<UniqueFd> ListenUnix(const std::string& path, std::optional<gid_t> group = std::nullopt);
 
 // Waits up to `timeout_ms` (negative: without limit) for a connection on `listen_fd` (poll),
 // then accepts it with accept4(SOCK_CLOEXEC). TimedOut when none came in time; IOError when
@@ -78,27 +84,37 @@ Status SendFrame(
 // Reads one frame: poll + recvmsg(MSG_CMSG_CLOEXEC), exactly the frame's bytes (never a byte of
 // the next frame). The first descriptor passed during the frame is kept in Frame::fd; any others
 // are closed. The payload is allocated only after the header validated (so at most
-// kMaxPayloadBytes). Returns the frame, or:
+// kMaxPayloadBytes, and at most `max_payload`). Returns the frame, or:
 //   TimedOut         `deadline` passed. When nothing of a frame had arrived the stream is still
 //                    usable; when part of one had, it is not (close it). The message says which.
 //   Unavailable      end of stream before a complete frame ("peer closed"), or ECONNRESET
-//   InvalidArgument  a bad header (DecodeHeader's message); the stream is unusable
+//   InvalidArgument  a bad header (DecodeHeader's message) or a payload over `max_payload`;
+//                    the stream is unusable
 //   IOError          any other failure of recvmsg or poll
-Result<Frame> RecvFrame(int fd, std::chrono::steady_clock::time_point deadline);
+Result<Frame> RecvFrame(int fd, std::chrono::steady_clock::time_point deadline,
+                        uint32_t max_payload = kMaxPayloadBytes);
 
 // The process at the other end of a connected Unix socket, as the kernel saw it at connect().
 struct PeerCred {
-  pid_t pid = 0;
+  pid_t pid = 0;  // 0 when the peer's pid has no number in this process's pid namespace
   uid_t uid = 0;
   gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups (SO_PEERGROUPS); empty when not known
 };
 
 // The peer's credentials (SO_PEERCRED). IOError when `fd` is not a connected Unix socket.
 Result<PeerCred> GetPeerCred(int fd);
 
-// Ok when the peer runs as the daemon's own effective uid, or its gid is one of `allowed_gids`.
-// Otherwise FailedPrecondition: "peer pid P uid U gid G is not allowed: run the engine as uid X
-// or add its gid to service.allowed_gids". Only the peer's primary gid is considered.
+// Ok when the peer runs as the daemon's own effective uid, or its primary gid or one of its
+// supplementary groups is one of `allowed_gids`. Otherwise FailedPrecondition: "peer pid P uid
+// U gid G is not allowed: run the engine as uid X or add one of its groups to
+// service.allowed_gids".
 Status AuthorizePeer(const PeerCred& cred, std::span<const gid_t> allowed_gids);
+
+// The engine's side: Ok when the process at the other end of `fd` (connected to `path`) runs
+// as `expected_uid`; otherwise FailedPrecondition naming the pid and uid found. Call it before
+// sending anything: a listener of another uid on the path (a socket directory that another
+// user could swap) must hear nothing of the engine. IOError when `fd` is not a Unix socket.
+Status VerifyDaemon(int fd, uid_t expected_uid, const std::string& path);
 
 }  // namespace kvtier::service

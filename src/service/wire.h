@@ -37,6 +37,9 @@ inline constexpr uint32_t kWireMagic = 0x5354564b;  // "KVTS" little-endian
 // an engine's G1).
 inline constexpr uint16_t kWireVersion = 2;
 inline constexpr uint32_t kMaxPayloadBytes = 64u << 20;
+// The largest Hello kvtier serve reads: a model id, an instance name and a layout take a few
+// KiB; a peer announcing more is refused before its payload is read.
+inline constexpr uint32_t kMaxHelloPayloadBytes = 64u << 10;
 inline constexpr size_t kFrameHeaderBytes = 24;
 
 struct FrameHeader {

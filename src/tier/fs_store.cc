@@ -244,8 +244,10 @@ class FsStore final : public RemoteStore {
 
   // Creates the fan-out directories, checks that the directory takes writes, removes stale
   // temporary files.
+  // KV is private (a prompt can be read back from its KV): directories are 0700 and objects
+  // 0600, and directories an older kvtier made 0755 are closed again when they are this uid's.
   Status Init() {
-    if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
       return Errno(errno, "fs store: cannot create directory " + dir_);
     }
     struct stat st;
@@ -254,15 +256,20 @@ class FsStore final : public RemoteStore {
       return Status::InvalidArgument("fs store: " + dir_ +
                                      " is not a directory; give g4.dir a directory");
     }
+    if (st.st_uid == ::geteuid() && (st.st_mode & 077) != 0) ::chmod(dir_.c_str(), 0700);
     for (int b = 0; b < 256; ++b) {
       const std::string sub = dir_ + "/" + kHex[b >> 4] + kHex[b & 0xf];
-      if (::mkdir(sub.c_str(), 0755) != 0 && errno != EEXIST) {
+      if (::mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) {
         return Errno(errno, "fs store: cannot create directory " + sub);
+      }
+      struct stat sst;
+      if (::lstat(sub.c_str(), &sst) == 0 && sst.st_uid == ::geteuid() && (sst.st_mode & 077)) {
+        ::chmod(sub.c_str(), 0700);
       }
     }
     // A directory that refuses writes is refused now, not at the first put.
     const std::string probe = dir_ + "/" + TempName("probe");
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return Errno(errno, "fs store: cannot write in " + dir_);
     ::close(fd);
     ::unlink(probe.c_str());
@@ -310,11 +317,11 @@ class FsStore final : public RemoteStore {
     KVTIER_RETURN_IF_ERROR(CheckName(item.name));
     const std::string sub = dir_ + "/" + FanOut(item.name);
     const std::string tmp = sub + "/" + TempName(item.name);
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 && errno == ENOENT) {
       // The fan-out directory was removed underneath (an operator cleaning up): recreate it.
-      if (::mkdir(sub.c_str(), 0755) == 0 || errno == EEXIST) {
-        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (::mkdir(sub.c_str(), 0700) == 0 || errno == EEXIST) {
+        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       }
     }
     if (fd < 0) return Errno(errno, "fs store: create " + tmp);
