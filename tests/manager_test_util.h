@@ -96,9 +96,13 @@ class MiniEngine {
     g1.layout = layout_;
     g1.num_blocks = g1_blocks;
     g1.on_device = on_device;
-    const uint64_t chunk = layout_.ChunkBytes();
-    for (uint32_t r = 0; r < layout_.num_layers * layout_.num_planes; ++r) {
-      g1.regions.push_back({mem_.data() + r * chunk * g1_blocks, chunk});
+    if (layout_.g1_arrangement == G1Arrangement::kBlockContiguous) {
+      g1.regions.push_back({mem_.data(), layout_.BlockBytes()});
+    } else {
+      const uint64_t chunk = layout_.ChunkBytes();
+      for (uint32_t r = 0; r < layout_.num_layers * layout_.num_planes; ++r) {
+        g1.regions.push_back({mem_.data() + r * chunk * g1_blocks, chunk});
+      }
     }
     g1_ = g1;
     free_.resize(g1_blocks);
@@ -118,7 +122,22 @@ class MiniEngine {
   // Thread-safe: threads run their own requests (distinct ids) at once.
   Outcome Run(const std::string& id, const std::vector<TokenId>& prompt,
               const std::string& salt = "", bool wait_saves = true) {
+    RequestSpec spec;
+    spec.request_id = id;
+    spec.prompt = prompt;
+    spec.cache_salt = salt;
+    return RunSpec(spec, Keys(prompt, salt), wait_saves);
+  }
+
+  // Run with the whole of a request's identity in `spec` (salt, adapter, per-block extras,
+  // tiers); `keys` are the keys the test expects for its prompt (computed by the test, not
+  // asked of the manager): loaded bytes are checked against them, computed blocks made from
+  // them.
+  Outcome RunSpec(const RequestSpec& spec, const std::vector<BlockKey>& keys,
+                  bool wait_saves = true) {
     Outcome out;
+    const std::string& id = spec.request_id;
+    const std::vector<TokenId> prompt(spec.prompt.begin(), spec.prompt.end());
     const uint32_t tpb = layout_.tokens_per_block;
     const uint32_t nblocks = static_cast<uint32_t>((prompt.size() + tpb - 1) / tpb);
     std::vector<uint32_t> blocks = Alloc(nblocks);
@@ -126,7 +145,7 @@ class MiniEngine {
       ADD_FAILURE() << "test G1 too small";
       return out;
     }
-    auto lr = manager_->Lookup({id, prompt, salt, "", {}}, 0);
+    auto lr = manager_->Lookup(spec, 0);
     EXPECT_TRUE(lr.ok()) << lr.status().ToString();
     out.offered_tokens = lr->num_tokens;
     auto planned = manager_->PrepareLoad(id, blocks, lr->num_tokens);
@@ -138,7 +157,6 @@ class MiniEngine {
     }
     out.loaded_tokens = manager_->LoadedTokens(id);
     EXPECT_LE(out.loaded_tokens, out.planned_tokens);
-    const std::vector<BlockKey> keys = Keys(prompt, salt);
     std::vector<uint8_t> expect(layout_.BlockBytes()), got(layout_.BlockBytes());
     for (uint32_t i = 0; i < out.loaded_tokens / tpb; ++i) {
       KeyContent(keys[i], expect.data(), expect.size());

@@ -213,6 +213,66 @@ TEST(RemoteG1BackendFetch, ShutdownEndsWhatIsOpen) {
   EXPECT_TRUE(ended[0].second.Is(StatusCode::kUnavailable)) << ended[0].second.ToString();
 }
 
+// The daemon's side of a kCopy lease (docs/service.md, "Leases"): a load its engine has not
+// finished by the deadline fails TimedOut (the engine recomputes); a save never does while the
+// engine lives (a slot handed back while the engine may still write it could corrupt the next
+// block stored there), so it ends only with the engine's answer.
+TEST(RemoteG1BackendCopy, ALateLoadFailsAtItsDeadlineALateSaveWaitsForItsEngine) {
+  std::mutex mu;
+  std::vector<CopyCall> sent;
+  RemoteG1Backend backend(
+      [&](uint32_t, const CopyCall& call) {
+        std::lock_guard lock(mu);
+        sent.push_back(call);
+        return Status::Ok();
+      },
+      std::chrono::milliseconds(50), 4);
+  std::vector<uint8_t> g2(1 << 16);
+  ASSERT_TRUE(backend.RegisterHost(g2.data(), g2.size()).ok());
+  struct Ending {
+    std::mutex mu;
+    bool done = false;
+    Status status;
+  };
+  Ending load, save;
+  auto submit = [&](CopyDirection dir, Ending* end) {
+    const DeviceBlockCopy copy{(1u << kInstanceShift) | 3, g2.data() + 8192};
+    return backend.Submit(
+        dir, {&copy, 1}, [](uint32_t) {},
+        [end](const Status& s) {
+          std::lock_guard lock(end->mu);
+          end->done = true;
+          end->status = s;
+        },
+        dir == CopyDirection::kHostToDevice);
+  };
+  auto ended = [](Ending& e) {
+    std::lock_guard lock(e.mu);
+    return e.done;
+  };
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(submit(CopyDirection::kHostToDevice, &load).ok());
+  ASSERT_TRUE(submit(CopyDirection::kDeviceToHost, &save).ok());
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].dir, 1u);  // the load
+  EXPECT_EQ(sent[1].dir, 0u);  // the save
+  while (!ended(load) && Clock::now() - t0 < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(ended(load)) << "a load its engine never finished did not fail at its deadline";
+  EXPECT_TRUE(load.status.Is(StatusCode::kTimedOut)) << load.status.ToString();
+  EXPECT_EQ(backend.stats().lease_expired, 1u);
+  // Four more leases: the save is still the engine's.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(ended(save)) << "a live engine's save was failed at its deadline: "
+                            << save.status.ToString();
+  // The engine answers: the save ends with its answer, Ok, late as it is.
+  backend.OnDone(1, sent[1].batch, Status::Ok());
+  ASSERT_TRUE(ended(save));
+  EXPECT_TRUE(save.status.ok()) << save.status.ToString();
+  EXPECT_EQ(backend.stats().lease_expired, 1u);
+}
+
 // The engine's side of the lease rule: Barrier waits for the G1 writes begun before it, and
 // only for those (a stream of later fetches must not starve it).
 TEST(CopyGateTest, BarrierWaitsForEarlierPassesOnly) {

@@ -6,9 +6,12 @@
 // corrupt object, a paused server (the fetch's deadline) and a killed one.
 #include <algorithm>
 
+#include "core/host_port.h"
 #include "redis_test_util.h"
 #include "service/g1_fetcher.h"
 #include "service_test_util.h"
+#include "tier/block_format.h"
+#include "tier/remote_store.h"
 
 namespace kvtier {
 namespace {
@@ -377,6 +380,85 @@ TEST(G1FetcherTest, RefusesBlocksOutsideItsG1AndDeviceMemory) {
   Result<std::unique_ptr<service::G1Fetcher>> refused =
       service::G1Fetcher::Create(config, device, &gate, [](const service::FetchDone&) {});
   EXPECT_TRUE(refused.status().Is(StatusCode::kInvalidArgument)) << refused.status().ToString();
+}
+
+// An object whose header names the key the fetch asks for, but whose stored tokens are not the
+// fetch's (what a key collision would look like: another prompt's block under this key): the
+// engine verifies the tokens it was sent against the header, so the object is refused
+// (Corruption), though its key, namespace, layout and payload checksum are all right. The same
+// object fetched with its own tokens lands byte-exact (the control).
+TEST(G1FetcherTest, RefusesAnObjectWhoseStoredTokensAreNotTheFetchs) {
+  KVTIER_REQUIRE_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start()) << redis.error();
+  const KvLayout l = SplitLayout();
+  std::unique_ptr<SplitEngine> e = std::make_unique<SplitEngine>();
+  e->g1.layout = l;
+  e->g1.num_blocks = 2;
+  for (uint32_t r = 0; r < l.num_layers * l.num_planes; ++r) {
+    e->regions.emplace_back(2 * l.ChunkBytes(), 0);
+    e->g1.regions.push_back(G1Region{e->regions.back().data(), l.ChunkBytes()});
+  }
+
+  // The object, written as the daemon's G4 writes do: header, then the payload.
+  const std::vector<TokenId> stored = Prompt(61, l.tokens_per_block);
+  std::vector<TokenId> asked = stored;
+  asked[3] += 1;  // the fetch's tokens: one differs
+  BlockHeaderFields f;
+  f.layout_fingerprint = l.Fingerprint();
+  f.namespace_id = 0x5eed;
+  f.key = BlockKey{0x1234, 0x5678};
+  f.parent = BlockKey{0x9abc, 0xdef0};
+  const uint64_t header_bytes = BlockHeaderBytes(l);
+  std::vector<uint8_t> object(header_bytes + l.BlockBytes());
+  FillBlock(object.data() + header_bytes, l.BlockBytes(), 61, 0);
+  ASSERT_TRUE(EncodeBlockHeader(f, stored, l.BlockBytes(),
+                                PayloadChecksum(object.data() + header_bytes, l.BlockBytes()),
+                                object.data())
+                  .ok());
+  RedisStoreOptions ro;
+  ro.endpoints = SplitEndpoints(redis.endpoint());
+  Result<std::unique_ptr<RemoteStore>> store = OpenRedisStore(ro);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const RemotePut put{"kvt1:forged", object};
+  Status put_status;
+  (*store)->Put({&put, 1}, Clock::now() + std::chrono::seconds(5), {&put_status, 1});
+  ASSERT_TRUE(put_status.ok()) << put_status.ToString();
+
+  service::G4Config config;
+  config.endpoints = redis.endpoint();
+  config.connections = 1;
+  service::CopyGate gate;
+  Result<std::unique_ptr<service::G1Fetcher>> fetcher =
+      service::G1Fetcher::Create(config, e->g1, &gate, [](const service::FetchDone&) {});
+  ASSERT_TRUE(fetcher.ok()) << fetcher.status().ToString();
+  service::FetchCall call;
+  call.batch = 1;
+  call.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         (Clock::now() + std::chrono::seconds(5)).time_since_epoch())
+                         .count();
+  G4Fetch item;
+  item.g1_block = 0;
+  item.name = put.name;
+  item.namespace_id = f.namespace_id;
+  item.key = f.key;
+  item.tokens = asked;
+  call.items = {item};
+  service::FetchDone done = (*fetcher)->Run(call);
+  ASSERT_EQ(done.statuses.size(), 1u);
+  EXPECT_TRUE(done.statuses[0].Is(StatusCode::kCorruption))
+      << "an object whose stored tokens differ from the fetch's was served: "
+      << done.statuses[0].ToString();
+  EXPECT_NE(done.statuses[0].message().find("wrong-tokens"), std::string::npos)
+      << done.statuses[0].ToString();
+
+  item.g1_block = 1;
+  item.tokens = stored;
+  call.items = {item};
+  done = (*fetcher)->Run(call);
+  ASSERT_EQ(done.statuses.size(), 1u);
+  EXPECT_TRUE(done.statuses[0].ok()) << done.statuses[0].ToString();
+  EXPECT_TRUE(BlockIs(e->Block(1).data(), l.BlockBytes(), 61, 0));
 }
 
 }  // namespace

@@ -164,6 +164,14 @@ std::vector<ConfigFieldSpec> BaseSchema() {
        1,
        604800000,
        {}},
+      {"manager.max_namespaces",
+       T::kUint,
+       "1024",
+       "(cache_salt, adapter) namespaces whose key hasher is kept; past it the least recently "
+       "used one is dropped and made again (the same keys) when a request names it",
+       1,
+       1u << 20,
+       {}},
       // G4: networked storage shared by workers (docs/g4.md).
       {"g4.backend",
        T::kChoice,

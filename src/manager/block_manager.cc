@@ -77,6 +77,8 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
 Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   const Config& cfg = options_.config;
   KVTIER_ASSIGN_OR_RETURN(algorithm_, ParseHashAlgorithm(cfg.GetString("hash.algorithm")));
+  hashers_ = std::make_unique<HasherCache>(options_.model_id, layout_.Fingerprint(), tpb_,
+                                           algorithm_, cfg.GetUint("manager.max_namespaces"));
 
   HostArena::Config g2;
   g2.capacity_bytes = cfg.GetBytes("g2.capacity_bytes");
@@ -295,19 +297,6 @@ Status BlockManager::Impl::InitEventPublisher() {
   return Status::Ok();
 }
 
-Result<const BlockHasher*> BlockManager::Impl::HasherFor(const std::string& salt,
-                                                         const std::string& adapter) {
-  MutexLock lock(&hashers_mu_);
-  auto& slot = hashers_[{salt, adapter}];
-  if (!slot) {
-    KeyNamespace ns{options_.model_id, layout_.Fingerprint(), salt, adapter};
-    KVTIER_ASSIGN_OR_RETURN(BlockHasher h, BlockHasher::Create(ns, tpb_, algorithm_));
-    slot = std::make_unique<BlockHasher>(std::move(h));
-    namespace_names_[slot->root().hi] = {adapter, salt};
-  }
-  return slot.get();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Events
 
@@ -331,13 +320,11 @@ KvEvent BlockManager::Impl::StoredEvent(const BlockKey& key, const BlockKey& par
   // namespace_id is the root key's first half (Request::namespace_id): a first block's parent.
   e.parent_is_root = parent.hi == namespace_id;
   e.token_ids.assign(tokens.begin(), tokens.end());
-  MutexLock lock(&hashers_mu_);
-  auto it = namespace_names_.find(namespace_id);
-  if (it == namespace_names_.end()) {
-    e.namespace_known = false;
+  if (auto names = hashers_->Names(namespace_id)) {
+    e.lora_name = std::move(names->first);
+    e.cache_salt = std::move(names->second);
   } else {
-    e.lora_name = it->second.first;
-    e.cache_salt = it->second.second;
+    e.namespace_known = false;
   }
   return e;
 }

@@ -48,6 +48,7 @@
 #include "index/first_sighting_gate.h"
 #include "kvtier/connector.h"
 #include "manager/g4_remover.h"
+#include "manager/hasher_cache.h"
 #include "manager/manager_metrics.h"
 #include "manager/rejected_keys.h"
 #include "tier/disk_tier.h"
@@ -133,13 +134,15 @@ class BlockManager::Impl {
   // Requests tracked for `instance` now.
   size_t InstanceRequests(uint32_t instance) EXCLUDES(mu_);
   ManagerStats Stats();
+  // Namespaces (cache_salt, adapter) whose hasher is kept now (manager.max_namespaces at most).
+  size_t CachedNamespaces() const { return hashers_->size(); }
   void SubscribeEvents(KvEventCallback callback) EXCLUDES(events_mu_);
   const KvLayout& layout() const { return layout_; }
 
  private:
   struct Request {
-    uint32_t instance = 0;  // the engine it belongs to (kAllInstances)
-    const BlockHasher* hasher = nullptr;
+    uint32_t instance = 0;                      // the engine it belongs to (kAllInstances)
+    std::shared_ptr<const BlockHasher> hasher;  // of its namespace (kept if hashers_ drops it)
     uint64_t namespace_id = 0;
     std::vector<TokenId> tokens;           // the prompt, then what Commit reported
     std::vector<BlockKey> keys;            // keys of the full blocks of `tokens`
@@ -239,8 +242,10 @@ class BlockManager::Impl {
 
   Impl(const ManagerOptions& options);
   Status Init(const DiskTier::OpenOptions& g3_open);
-  Result<const BlockHasher*> HasherFor(const std::string& salt, const std::string& adapter)
-      EXCLUDES(hashers_mu_);
+  Result<std::shared_ptr<const BlockHasher>> HasherFor(const std::string& salt,
+                                                       const std::string& adapter) {
+    return hashers_->Get(salt, adapter);
+  }
   // What a G2 slot is for (AllocateG2Slot). A save can wait for one (deferred) while StartSave
   // or a demotion frees one; a load's staging slot is needed now, or the block is recomputed.
   enum class SlotUse { kSave, kStaging };
@@ -293,14 +298,13 @@ class BlockManager::Impl {
   KvEvent Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent, TierId tier) const;
   // A kStored event with what a consumer needs to compute its own hashes: the block's tokens,
   // the block size, whether it is a first block, and its namespace's adapter and salt (when a
-  // request of this process has used that namespace). Only the key, parent and tier when no
-  // one listens (no subscriber, no publisher) unless `always`.
+  // request of this process has used that namespace and it is still in hashers_). Only the key,
+  // parent and tier when no one listens (no subscriber, no publisher) unless `always`.
   KvEvent StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
-                      uint64_t namespace_id, std::span<const TokenId> tokens, bool always = false)
-      EXCLUDES(hashers_mu_);
+                      uint64_t namespace_id, std::span<const TokenId> tokens, bool always = false);
   // StoredEvent of the block the G2 slot holds (its namespace and tokens from the slot's record).
   KvEvent G2StoredEvent(uint32_t slot, const BlockKey& key, const BlockKey& parent)
-      EXCLUDES(slot_mu_, hashers_mu_);
+      EXCLUDES(slot_mu_);
   // Starts the publisher when events.endpoint is set. InvalidArgument for a bad address.
   Status InitEventPublisher();
   // Moves the ids of `instance` (kAllInstances: all) from `from` to `to`, in order.
@@ -409,12 +413,9 @@ class BlockManager::Impl {
   // engine_ (whose callbacks queue into it), before g4_.
   std::unique_ptr<G4Remover> g4_remover_;
 
-  Mutex hashers_mu_;
-  std::map<std::pair<std::string, std::string>, std::unique_ptr<BlockHasher>> hashers_
-      GUARDED_BY(hashers_mu_);
-  // namespace_id -> (adapter, salt) of the namespaces HasherFor has made, for events.
-  std::unordered_map<uint64_t, std::pair<std::string, std::string>> namespace_names_
-      GUARDED_BY(hashers_mu_);
+  // The hashers of the namespaces (salt, adapter) requests named lately, and their names for
+  // events; at most manager.max_namespaces. Set once, first in Init.
+  std::unique_ptr<HasherCache> hashers_;
 
   uint32_t staging_slots_ = 0;  // the pool's size, set once in Init
 

@@ -33,7 +33,8 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
         "Lookup: num_computed_tokens = " + std::to_string(num_computed_tokens) +
         " is not a multiple of the block size " + std::to_string(tpb_));
   }
-  KVTIER_ASSIGN_OR_RETURN(const BlockHasher* hasher, HasherFor(spec.cache_salt, spec.adapter_id));
+  KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const BlockHasher> hasher,
+                          HasherFor(spec.cache_salt, spec.adapter_id));
   c_.lookups.fetch_add(1, std::memory_order_relaxed);
   const ScopedLatency latency(metrics_ ? metrics_->lookup : nullptr);
 
