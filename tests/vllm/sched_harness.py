@@ -241,11 +241,13 @@ class Harness:
 
     # ---- the loop ----
 
-    def step(self) -> None:
+    def step(self, idle_sleep: bool = True) -> None:
         """One engine step. In async mode the next step is scheduled before the previous
-        step's output is processed, as vLLM's engine core does with a batch queue of 2."""
+        step's output is processed, as vLLM's engine core does with a batch queue of 2.
+        idle_sleep=False: a step that scheduled nothing does not sleep, as vLLM's engine core,
+        which runs its loop as fast as it can while requests wait."""
         so = self.scheduler.schedule()
-        if so.total_num_scheduled_tokens == 0:
+        if so.total_num_scheduled_tokens == 0 and idle_sleep:
             time.sleep(0.001)  # waiting for transfers: let them run (a bound on idle spins)
         if self.async_scheduling:
             if self._in_flight is not None:

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
@@ -177,6 +178,111 @@ def test_pd_decode_waits_for_blocks_still_in_flight_then_recomputes_what_never_c
         done_right(c2, ["lost"])
         assert c2.scheduler_counters["pd_missing_tokens"] == 80, c2.scheduler_counters
         assert c2.scheduler_counters["pd_waited_microseconds"] >= 200_000
+        for h in (p, c, c2):
+            h.shutdown()
+    finally:
+        daemon.stop()
+
+
+def daemon_lookups(h: Harness) -> int:
+    """Lookups the consumer's scheduler sent to the daemon (kvtier.ServiceLookup's counter)."""
+    return sum(cl.stats()["lookups"] for cl in h.connector._clients)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spin_until(h: Harness, rid: str, timeout_s: float = 20.0) -> int:
+    """vLLM's engine loop while requests wait: steps back to back, no sleep, until `rid` is
+    scheduled (the runner saw it). Returns the number of steps."""
+    steps = 0
+    deadline = time.monotonic() + timeout_s
+    while rid not in h.reqs:
+        assert time.monotonic() < deadline, f"{rid} not scheduled within {timeout_s} s"
+        h.step(idle_sleep=False)
+        steps += 1
+    return steps
+
+
+# Once backed off, a waiting consumer looks up at most once per this long (docs/pd.md).
+POLL_CAP_S = 0.020
+POLL_RAMP = 8  # the lookups of the ramp up to the cap (1, 2, 4, 8, 16 ms), and slack
+
+
+def test_pd_consumer_waiting_for_blocks_backs_off_its_lookups(tmp: Path) -> None:
+    # While a consumer waits for its producer's blocks, vLLM's engine loop spins (nothing else
+    # to run). Each lookup sends the whole prompt to the daemon, which hashes it: thousands a
+    # second, on the core the producer may need. It must back off, and still notice the blocks
+    # soon after they land, and still stop waiting at pd_wait_ms.
+    daemon = Daemon(tmp, "host", {})
+    try:
+        # 1. Blocks that never come, pd_wait_ms 500.
+        c2 = Harness(MODEL, {"service.socket": daemon.socket, "pd_wait_ms": 500},
+                     engine_id="decode-never", kv_transfer_overrides={"kv_role": "kv_consumer"})
+        lost = prompt(6, 90)
+        n0, cpu0 = daemon_lookups(c2), cpu_seconds(daemon.proc.pid)
+        t0 = time.monotonic()
+        c2.add("lost", lost, max_tokens=4,
+               kv_transfer_params={"do_remote_prefill": True, "kvtier": {"expect_tokens": 80}})
+        steps = spin_until(c2, "lost")
+        waited = time.monotonic() - t0
+        n, cpu = daemon_lookups(c2) - n0, cpu_seconds(daemon.proc.pid) - cpu0
+        print(f"\nnever: waited {waited * 1e3:.0f} ms, {steps} steps, {n} lookups "
+              f"({n / waited:.0f}/s), daemon CPU {cpu / waited * 100:.0f}% of a core")
+        assert 0.5 <= waited < 0.5 + 0.3, waited  # the wait still ends at pd_wait_ms
+        assert n <= waited / POLL_CAP_S + POLL_RAMP, \
+            f"{n} lookups in {waited:.2f} s of waiting ({n / waited:.0f}/s, {steps} steps)"
+        assert steps > 3 * n, f"the loop did not spin ({steps} steps, {n} lookups)"
+        c2.run()
+        done_right(c2, ["lost"])
+        assert c2.scheduler_counters["pd_waits"] == 1
+        assert c2.scheduler_counters["pd_missing_tokens"] == 80, c2.scheduler_counters
+        assert c2.scheduler_counters["pd_waited_microseconds"] >= 500_000
+
+        # 2. Blocks that land while the consumer spins: it looks them up within the cap.
+        p, c = pair(tmp, daemon.socket, daemon.socket)
+        late = prompt(7, 120)
+        n0 = daemon_lookups(c)
+        t0 = time.monotonic()
+        c.add("late", late, max_tokens=4,
+              kv_transfer_params={"do_remote_prefill": True, "kvtier": {"expect_tokens": 112}})
+        for _ in range(200):
+            c.step(idle_sleep=False)
+        assert c.outputs["late"] == [], "the consumer computed before the blocks arrived"
+        landed: Dict[str, float] = {}
+        errors: List[BaseException] = []
+
+        def produce() -> None:
+            try:
+                prefill(p, {"late": late})  # returns once the saves landed
+                landed["t"] = time.monotonic()
+            except BaseException as e:  # re-raised below
+                errors.append(e)
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        steps = 200 + spin_until(c, "late")
+        scheduled = time.monotonic()
+        producer.join()
+        assert not errors, errors
+        waited = scheduled - t0
+        n = daemon_lookups(c) - n0
+        latency = scheduled - landed["t"]
+        print(f"late: waited {waited * 1e3:.0f} ms, {steps} steps, {n} lookups "
+              f"({n / waited:.0f}/s), found {latency * 1e3:.1f} ms after the saves landed")
+        assert n <= waited / POLL_CAP_S + POLL_RAMP, \
+            f"{n} lookups in {waited:.2f} s of waiting ({n / waited:.0f}/s, {steps} steps)"
+        # The cap, plus a step and the thread switch on a busy machine.
+        assert latency < POLL_CAP_S + 0.2, latency
+        c.run()
+        done_right(c, ["late"])
+        assert stats(c)["hit_blocks"]["G2"] == (120 - 1) // BS
+        assert c.scheduler_counters["pd_waits"] == 1
+        assert c.scheduler_counters["pd_missing_tokens"] == 0
         for h in (p, c, c2):
             h.shutdown()
     finally:

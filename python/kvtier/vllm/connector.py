@@ -127,6 +127,13 @@ _MAX_STATE_PROBES = 32
 # A sliding-window group is probed for the window's blocks alone at the prompt's last this many
 # boundaries (below them it must hold every block from the engine's own hit).
 _MAX_WINDOW_PROBES = 4
+# A P/D consumer's request waiting for its producer's blocks is looked up again after 1 ms,
+# then 2, 4, 8, 16, then every 20 ms until they are there or pd_wait_ms is over (docs/pd.md):
+# vLLM asks at every pass of its loop, which spins while requests wait (thousands a second),
+# and each lookup sends and hashes the whole prompt. Between lookups the answer is None, with
+# no lookup. The cap bounds what it adds to the wait once the blocks have landed.
+_PD_POLL_FIRST_S = 0.001
+_PD_POLL_MAX_S = 0.020
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,6 +217,8 @@ class _SchedReq:
     consumer: bool = False  # P/D decode side: loads the producer's blocks, saves no prompt
     producer: bool = False  # P/D prefill side: announces what it saved (expect_tokens)
     pd_wait_since: Optional[float] = None  # when it began waiting for the producer's blocks
+    pd_poll_s: float = 0.0  # while it waits: the current interval between its lookups
+    pd_next_lookup: float = 0.0  # while it waits: no lookup before this (time.monotonic())
     group_block_ids: List[List[int]] = dataclasses.field(default_factory=list)  # hybrid
     query: Optional[Tuple[Any, ...]] = None  # hybrid: the last lookup's, for LoadSpec.query
 
@@ -387,6 +396,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         c = state.controls
         if state.refused or extras is None:
             return 0, False  # neither loaded nor saved
+        if (state.pd_wait_since is not None and state.pending_lookup is None
+                and time.monotonic() < state.pd_next_lookup):
+            return None, False  # waiting for a producer's blocks: not yet time to look again
         # Still looked up when nothing may load: the lookup tells the workers what the request
         # is, so that its blocks are saved.
         load_tiers = c.load_tiers
@@ -538,9 +550,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _pd_wait(self, state: _SchedReq, found_end: int) -> bool:
         """A consumer's request whose producer announced `expect_tokens`: True while fewer
-        have arrived and pd_wait_ms has not passed since the first lookup (vLLM asks again
-        next step). Once they are all there, or the wait is over, the lookup's answer stands
-        and the shortfall is counted; the missing blocks are computed."""
+        have arrived and pd_wait_ms has not passed since the first lookup (vLLM asks again at
+        every step; the next lookup waits for state.pd_next_lookup: _PD_POLL_FIRST_S doubling
+        to _PD_POLL_MAX_S). Once they are all there, or the wait is over, the lookup's answer
+        stands and the shortfall is counted; the missing blocks are computed."""
         req = state.request
         bs = self._block_size
         # At most the prompt's full blocks before its last token (vLLM computes that one).
@@ -550,13 +563,19 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 self._sched_counts["pd_waited_microseconds"] += int(
                     (time.monotonic() - state.pd_wait_since) * 1e6)
                 state.pd_wait_since = None
+                state.pd_poll_s = state.pd_next_lookup = 0.0
             self._sched_counts["pd_expected_tokens"] += target
             return False
         now = time.monotonic()
         if state.pd_wait_since is None:
             state.pd_wait_since = now
             self._sched_counts["pd_waits"] += 1
-        if now - state.pd_wait_since < self._settings.pd_wait_ms / 1000.0:
+        deadline = state.pd_wait_since + self._settings.pd_wait_ms / 1000.0
+        if now < deadline:
+            # The next lookup: after the interval, doubled up to the cap, and at the latest
+            # when pd_wait_ms is over.
+            state.pd_poll_s = min(_PD_POLL_MAX_S, max(_PD_POLL_FIRST_S, 2 * state.pd_poll_s))
+            state.pd_next_lookup = min(now + state.pd_poll_s, deadline)
             return True
         logger.warning("kvtier: request %s: %d of the %d tokens its producer saved arrived "
                        "within pd_wait_ms (%d ms); the rest is computed", req.request_id,
@@ -565,6 +584,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched_counts["pd_expected_tokens"] += target
         self._sched_counts["pd_missing_tokens"] += target - found_end
         state.pd_wait_since = None
+        state.pd_poll_s = state.pd_next_lookup = 0.0
         return False
 
     def _forget_lookup(self, state: _SchedReq) -> None:
