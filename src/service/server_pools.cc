@@ -358,7 +358,7 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool,
   }
   // The lowest number neither live nor still holding requests from its last life.
   for (uint32_t id = 1; id <= kMaxInstances; ++id) {
-    if (instances.count(id) != 0) continue;
+    if (instances.count(id) != 0 || leaving.count(id) != 0) continue;
     auto old = ended.find(id);
     if (old != ended.end()) {
       if (old->second->impl->InstanceRequests(id) != 0) continue;
@@ -444,6 +444,7 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
       by_name.erase(inst->name);
       instances.erase(it);
       ended[conn->instance] = pool;
+      leaving.insert(conn->instance);
       ++stats.instances_ended;
     }
   }
@@ -466,6 +467,8 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
     size_t n = pool->impl->ForgetInstance(conn->instance);
     KVTIER_LOG(kInfo) << "kvtier serve: instance " << conn->instance << " ended (" << n
                       << " requests finished)";
+    std::lock_guard lock(mu);
+    leaving.erase(conn->instance);  // its number may now be reused
   }
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,6 +140,9 @@ class Server::State {
   std::map<uint32_t, std::unique_ptr<Instance>> instances;  // live, by id
   std::map<std::string, uint32_t> by_name;
   std::map<uint32_t, Pool*> ended;  // ended ids whose requests may still be tracked
+  // Ids whose LeaveInstance is still failing their batches and forgetting their requests
+  // (outside mu): not reused until it is done, or it would fail and forget the new engine's.
+  std::set<uint32_t> leaving;
   uint64_t next_serial = 0;
   std::list<std::shared_ptr<Conn>> conns;
   ServerStats stats;
