@@ -545,9 +545,21 @@ TEST(ServiceHostile, ClosingAPoolEndsItsLookupConnections) {
     if (b.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  EXPECT_LT(took, 3.0) << "model-b waited for the closed pool's lookup connection";
+  // Attached for real: what it saves, it loads (an attach that timed out would be misses).
+  bool bytes_ok = false;
+  uint32_t loaded = 0;
+  while (Clock::now() - t0 < std::chrono::seconds(15)) {
+    ComputeAndSave(*b, "b-req", 81, 2);
+    loaded = LookupAndLoad(*b, "b-load", 81, 2, 8, &bytes_ok);
+    if (loaded == 2u * 16) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(loaded, 2u * 16);
+  EXPECT_TRUE(bytes_ok);
+  EXPECT_LT(took, 3.0) << "model-b waited " << took
+                       << " s for the closed pool's lookup connection";
 }
 
 }  // namespace
