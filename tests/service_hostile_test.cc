@@ -484,6 +484,11 @@ uint64_t RssKiB(pid_t pid) {
 // Finding 6: 10,000 distinct 4 KiB salts, as API clients may send them, leave the daemon's
 // memory where it was (within 16 MiB); a salt seen before still hits.
 TEST(ServiceHostile, TenThousandDistinctSaltsKeepTheDaemonsMemoryBounded) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // ASan's quarantine keeps freed memory resident and TSan's shadow grows with what is
+  // touched: RSS says nothing there. HasherCacheBound (identity_test) checks the bound itself.
+  GTEST_SKIP() << "the daemon's RSS is not its heap under a sanitizer";
+#endif
   const std::string dir = TempDir("salts");
   const std::string socket = dir + "/sock/kvtier.sock";
   Daemon daemon(socket);
