@@ -8,16 +8,17 @@
 #include "service/attached_manager.h"
 #include "service/g1_fetcher.h"
 #include "service/handshake.h"
+#include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 
 namespace kvtier::service {
 
 void AttachedManager::SubscribeEvents(KvEventCallback callback) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     callbacks_.push_back(std::move(callback));
   }
-  std::lock_guard lock(events_mu_);
+  MutexLock lock(&events_mu_);
   if (!events_thread_.joinable() && !events_stop_) {
     events_thread_ = std::thread([this] { EventsLoop(); });
   }
@@ -27,20 +28,20 @@ void AttachedManager::EventsLoop() {
   bool warned = false;
   for (;;) {
     {
-      std::lock_guard lock(events_mu_);
+      MutexLock lock(&events_mu_);
       if (events_stop_) return;
     }
     Result<Handshake> opened = OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kEvents),
                                               ++seq_, Clock::now() + call_timeout_);
     if (opened.ok()) {
-      std::unique_lock lock(events_mu_);
+      MutexLock lock(&events_mu_);
       if (events_stop_) return;
       events_fd_ = opened->fd.get();
     }
     if (opened.ok()) {
       warned = false;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         stats_.events_connects++;
       }
       const int fd = opened->fd.get();
@@ -61,7 +62,7 @@ void AttachedManager::EventsLoop() {
         }
         std::vector<KvEventCallback> callbacks;
         {
-          std::lock_guard lock(mu_);
+          MutexLock lock(&mu_);
           callbacks = callbacks_;
           stats_.events += ev.events.size();
           stats_.events_dropped += ev.dropped;
@@ -72,7 +73,7 @@ void AttachedManager::EventsLoop() {
         }
         for (const auto& cb : callbacks) cb(ev.events);
       }
-      std::lock_guard lock(events_mu_);
+      MutexLock lock(&events_mu_);
       events_fd_ = -1;
     } else if (!warned) {
       KVTIER_LOG(kDebug) << "kvtier: events from kvtier serve at " << socket_path_ << ": "
@@ -81,8 +82,11 @@ void AttachedManager::EventsLoop() {
                          << " ms";
       warned = true;
     }
-    std::unique_lock lock(events_mu_);
-    events_cv_.wait_for(lock, reattach_, [&] { return events_stop_; });
+    MutexLock lock(&events_mu_);
+    const auto until = Clock::now() + reattach_;
+    while (!events_stop_ && Clock::now() < until) {
+      CondWaitFor(&events_cv_, &events_mu_, until - Clock::now());
+    }
   }
 }
 
@@ -95,7 +99,7 @@ Status AttachedManager::SendReport(int fd, MsgType type, uint64_t batch, uint32_
   } else {
     EncodeStatus(&w, status);
   }
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(&send_mu_);
   return SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
                    Clock::now() + call_timeout_);
 }
@@ -115,7 +119,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
   }
   const auto deadline = Clock::time_point(std::chrono::nanoseconds(call.deadline_ns));
   auto late = [&] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stats_.late_batches++;
     return Status::TimedOut("the copy's lease ended before it could run");
   };
@@ -126,7 +130,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
                                   : Status::Ok();
   };
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stats_.copy_batches++;
   }
   if (Clock::now() >= deadline) {
@@ -146,11 +150,11 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
     const bool load = call.dir == 1;
     // FenceCopies waits for this batch's done callback (the device's copies have ended then).
     {
-      std::lock_guard lock(device_mu_);
+      MutexLock lock(&device_mu_);
       ++device_batches_;
     }
     auto ended = [this] {
-      std::lock_guard lock(device_mu_);
+      MutexLock lock(&device_mu_);
       if (--device_batches_ == 0) device_cv_.notify_all();
     };
     Status s = device_->Submit(
@@ -202,7 +206,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
 }
 
 Status AttachedManager::SendFrameLocked(int fd, MsgType type, const WireWriter& w) {
-  std::lock_guard lock(send_mu_);
+  MutexLock lock(&send_mu_);
   return SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
                    Clock::now() + call_timeout_);
 }
@@ -218,7 +222,7 @@ std::unique_ptr<G1Fetcher> AttachedManager::OpenFetcher(int fd, const G4Config& 
   EncodeStatus(&w, opened.status());
   (void)SendFrameLocked(fd, MsgType::kG4Ready, w);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stats_.fetches_g4 = opened.ok();
   }
   if (!opened.ok()) {
@@ -246,7 +250,7 @@ void AttachedManager::DataLoop(int fd) {
       decoded = DecodeFetch(&r, &call);
       if (decoded.ok()) {
         {
-          std::lock_guard lock(mu_);
+          MutexLock lock(&mu_);
           stats_.fetch_batches++;
         }
         if (fetcher) {
@@ -281,7 +285,7 @@ void AttachedManager::DataLoop(int fd) {
   // destructor or a new attach this is a no-op (attached_ is false by then).
   bool lost;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     lost = attached_ && data_fd_.get() == fd;
     if (lost) stats_.data_lost++;
   }

@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "service/handshake.h"
+#include "tier/cond_wait.h"
 
 namespace kvtier::service {
 
@@ -41,7 +42,7 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
     m->copy_stall_ = std::chrono::milliseconds(std::atoi(stall));
   }
   {
-    std::lock_guard attach(m->attach_mu_);
+    MutexLock attach(&m->attach_mu_);
     bool refused = false;
     Status s = m->AttachLocked(&refused);
     if (refused) {
@@ -61,14 +62,14 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
 
 AttachedManager::~AttachedManager() {
   {
-    std::lock_guard lock(events_mu_);
+    MutexLock lock(&events_mu_);
     events_stop_ = true;
     if (events_fd_ >= 0) ::shutdown(events_fd_, SHUT_RDWR);
   }
   events_cv_.notify_all();
   if (events_thread_.joinable()) events_thread_.join();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     attached_ = false;
     idle_.clear();
   }
@@ -89,7 +90,7 @@ Hello AttachedManager::MakeHello(Role role) const {
 
 Status AttachedManager::AttachLocked(bool* refused) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     last_attempt_ = Clock::now();
     if (attached_) return Status::Ok();
   }
@@ -99,7 +100,7 @@ Status AttachedManager::AttachLocked(bool* refused) {
   UniqueFd fd = std::move(opened->fd);
   const HelloReply& hr = opened->reply;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     epoch_ = hr.epoch;
     instance_ = hr.instance;
     lease_ms_ = hr.lease_ms;
@@ -108,12 +109,12 @@ Status AttachedManager::AttachLocked(bool* refused) {
   if (g1_) {
     Status data = OpenDataLocked();
     if (!data.ok()) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       idle_.clear();
       return data;
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   attached_ = true;
   stats_.attaches++;
   stats_.attached = true;
@@ -126,9 +127,15 @@ Status AttachedManager::AttachLocked(bool* refused) {
 Status AttachedManager::OpenDataLocked() {
   // The previous data connection (a daemon that went away) ends first: its thread may still
   // be copying through the old mapping.
-  if (data_fd_) ::shutdown(data_fd_.get(), SHUT_RDWR);
+  {
+    MutexLock lock(&mu_);
+    if (data_fd_) ::shutdown(data_fd_.get(), SHUT_RDWR);
+  }
   if (data_thread_.joinable()) data_thread_.join();
-  data_fd_.reset();
+  {
+    MutexLock lock(&mu_);  // Detach reads it from other threads
+    data_fd_.reset();
+  }
   device_.reset();
   arena_.reset();
 
@@ -161,7 +168,7 @@ Status AttachedManager::OpenDataLocked() {
   reg.U32(g1_->num_blocks);
   UniqueFd call;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!idle_.empty()) {
       call = std::move(idle_.back());
       idle_.pop_back();
@@ -176,11 +183,15 @@ Status AttachedManager::OpenDataLocked() {
   KVTIER_RETURN_IF_ERROR(DecodeStatus(&rr, &status));
   KVTIER_RETURN_IF_ERROR(status);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     idle_.push_back(std::move(call));
   }
-  data_fd_ = std::move(fd);
-  const int data = data_fd_.get();
+  int data;
+  {
+    MutexLock lock(&mu_);
+    data_fd_ = std::move(fd);
+    data = data_fd_.get();
+  }
   copies_stopped_.store(false);
   data_thread_ = std::thread([this, data] { DataLoop(data); });
   return Status::Ok();
@@ -188,13 +199,13 @@ Status AttachedManager::OpenDataLocked() {
 
 bool AttachedManager::EnsureAttached() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (attached_) return true;
     if (Clock::now() - last_attempt_ < reattach_) return false;
   }
-  std::lock_guard attach(attach_mu_);
+  MutexLock attach(&attach_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (attached_) return true;
     if (Clock::now() - last_attempt_ < reattach_) return false;
   }
@@ -206,7 +217,7 @@ bool AttachedManager::EnsureAttached() {
 void AttachedManager::Detach(const std::string& why) {
   int data = -1;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!attached_) return;
     attached_ = false;
     stats_.attached = false;
@@ -234,8 +245,8 @@ void AttachedManager::Detach(const std::string& why) {
 void AttachedManager::FenceCopies() {
   copies_stopped_.store(true);
   Barrier();  // the block or layer being copied now ends; later ones see copies_stopped_
-  std::unique_lock lock(device_mu_);
-  device_cv_.wait(lock, [&] { return device_batches_ == 0; });
+  MutexLock lock(&device_mu_);
+  while (device_batches_ != 0) CondWait(&device_cv_, &device_mu_);
 }
 
 Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
@@ -243,7 +254,7 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
   (void)status_end;
   UniqueFd fd;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!attached_) return Status::Unavailable("not attached to kvtier serve");
     if (!idle_.empty()) {
       fd = std::move(idle_.back());
@@ -251,7 +262,7 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
     }
   }
   const uint64_t epoch = [&] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     return epoch_;
   }();
   if (!fd) {
@@ -263,7 +274,7 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
     if (s.ok()) fd = std::move(opened->fd);
     if (!s.ok()) {
       Detach(s.message());
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       stats_.failed_calls++;
       return Status::Unavailable(s.message());
     }
@@ -281,12 +292,12 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
   }
   if (!s.ok()) {
     Detach(std::string(MsgTypeName(static_cast<uint16_t>(type))) + ": " + s.message());
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stats_.failed_calls++;
     return Status::Unavailable(s.message());
   }
   *reply_payload = std::move(reply->payload);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (attached_ && epoch_ == epoch) idle_.push_back(std::move(fd));
   return Status::Ok();
 }
@@ -301,7 +312,7 @@ struct Reply {
 }  // namespace
 
 bool AttachedManager::Current(const std::string& request_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = request_epoch_.find(request_id);
   // A request this manager never looked up (its scheduler asked the daemon directly, through
   // ServiceLookup) goes to the daemon, which knows it or answers as for an unknown one.
@@ -342,7 +353,7 @@ Result<LookupResult> AttachedManager::Lookup(const RequestSpec& request,
     Detach(decoded.message());
     return LookupResult{};
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (attached_) request_epoch_[request.request_id] = epoch_;
   finished_.erase(request.request_id);
   return result;
@@ -352,7 +363,7 @@ Result<uint32_t> AttachedManager::PrepareLoad(const std::string& request_id,
                                               std::span<const uint32_t> g1_block_ids,
                                               uint32_t num_external_tokens, bool async_load) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!attached_) return 0u;
     // A request of a daemon that went away: nothing of it can load. (One this manager never
     // looked up goes to the daemon, which says NotFound, as the in-process manager does.)
@@ -375,7 +386,7 @@ Result<uint32_t> AttachedManager::PrepareLoad(const std::string& request_id,
     return 0u;
   }
   if (n > 0) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     loading_.insert(request_id);
     if (!async_load) pending_sync_ = true;
   }
@@ -385,7 +396,7 @@ Result<uint32_t> AttachedManager::PrepareLoad(const std::string& request_id,
 Status AttachedManager::Commit(const std::string& request_id, std::span<const TokenId> tokens,
                                std::span<const uint32_t> g1_block_ids) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = request_epoch_.find(request_id);
     // Detached, or a request of an earlier daemon: nothing is saved (a miss, not an error).
     if (!attached_ || (it != request_epoch_.end() && it->second != epoch_)) return Status::Ok();
@@ -406,7 +417,7 @@ bool AttachedManager::RequestFinished(const std::string& request_id) {
     uint8_t v = 0;
     kept = reply.status.ok() && reply.reader->U8("kept", &v).ok() && v != 0;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (kept) kept_.insert(request_id);
   auto known = request_epoch_.find(request_id);
   if (known != request_epoch_.end() && known->second != epoch_) {
@@ -439,12 +450,12 @@ Status AttachedManager::RegisterDeviceMemory(const G1Memory& g1) {
                                       probe.message());
     }
   }
-  std::lock_guard attach(attach_mu_);
+  MutexLock attach(&attach_mu_);
   if (g1_) return Status::FailedPrecondition("G1 is registered already; one per engine");
   g1_ = g1;
   bool attached;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     attached = attached_;
   }
   if (attached) {
@@ -459,7 +470,7 @@ Status AttachedManager::RegisterDeviceMemory(const G1Memory& g1) {
 
 Status AttachedManager::StartLoad() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     started_sync_ = started_sync_ || pending_sync_;
     pending_sync_ = false;
     if (!attached_) return Status::Ok();
@@ -488,7 +499,7 @@ Status AttachedManager::WaitLayer(uint32_t layer) {
   }
   bool lost = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     lost = !orphan_loads_done_.empty();
     if (!started_sync_) {
       return lost ? Status::Unavailable("kvtier serve went away with loads in flight")
@@ -499,7 +510,7 @@ Status AttachedManager::WaitLayer(uint32_t layer) {
   WireWriter w;
   w.U32(layer);
   Reply reply;
-  const auto timeout = call_timeout_ + std::chrono::milliseconds(lease_ms_);
+  const auto timeout = call_timeout_ + std::chrono::milliseconds(lease_ms_.load());
   Status s = KVTIER_CALL(MsgType::kWaitLayer, w, timeout, reply)
                  ? reply.status
                  : Status::Unavailable("kvtier serve went away with loads in flight");
@@ -513,7 +524,7 @@ uint32_t AttachedManager::LoadedTokens(const std::string& request_id) {
   w.String(request_id);
   Reply reply;
   uint32_t n = 0;
-  const auto timeout = call_timeout_ + std::chrono::milliseconds(lease_ms_);
+  const auto timeout = call_timeout_ + std::chrono::milliseconds(lease_ms_.load());
   if (KVTIER_CALL(MsgType::kLoadedTokens, w, timeout, reply) && reply.status.ok()) {
     if (!reply.reader->U32("loaded_tokens", &n).ok()) n = 0;
   }
@@ -542,7 +553,7 @@ Status AttachedManager::StartSave(uintptr_t engine_stream) {
 void AttachedManager::WaitForSaves() {
   Reply reply;
   (void)KVTIER_CALL(MsgType::kWaitForSaves, WireWriter(),
-                    call_timeout_ + 4 * std::chrono::milliseconds(lease_ms_), reply);
+                    call_timeout_ + 4 * std::chrono::milliseconds(lease_ms_.load()), reply);
 }
 
 void AttachedManager::WaitForRequestSaves(const std::string& request_id) {
@@ -551,7 +562,7 @@ void AttachedManager::WaitForRequestSaves(const std::string& request_id) {
   w.String(request_id);
   Reply reply;
   (void)KVTIER_CALL(MsgType::kWaitForRequestSaves, w,
-                    call_timeout_ + 2 * std::chrono::milliseconds(lease_ms_), reply);
+                    call_timeout_ + 2 * std::chrono::milliseconds(lease_ms_.load()), reply);
 }
 
 FinishedRequests AttachedManager::Finished() {
@@ -559,7 +570,7 @@ FinishedRequests AttachedManager::Finished() {
   Reply reply;
   bool have = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     have = attached_;
   }
   if (have && KVTIER_CALL(MsgType::kFinished, WireWriter(), call_timeout_, reply) &&
@@ -572,7 +583,7 @@ FinishedRequests AttachedManager::Finished() {
     EnsureAttached();
   }
   Barrier();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const std::string& id : out.saves_done) kept_.erase(id);
   for (const std::string& id : out.loads_done) loading_.erase(id);
   for (auto* list : {&out.saves_done, &out.loads_done}) {
@@ -645,7 +656,7 @@ ManagerStats AttachedManager::Stats() {
   ManagerStats fetched;
   bool ok = KVTIER_CALL(MsgType::kStats, WireWriter(), call_timeout_, reply) && reply.status.ok() &&
             DecodeStats(reply.reader.get(), &fetched).ok();
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!ok) return last_stats_;
   if (epoch_ != stats_epoch_) {
     if (stats_epoch_ != 0) {
@@ -678,7 +689,7 @@ ManagerStats AttachedManager::Stats() {
 }
 
 AttachedManager::ClientStats AttachedManager::client_stats() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 

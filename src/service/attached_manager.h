@@ -21,7 +21,6 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -29,6 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "core/unique_fd.h"
 #include "kvtier/connector.h"
 #include "service/copy_gate.h"
@@ -101,34 +102,36 @@ class AttachedManager {
   using Clock = std::chrono::steady_clock;
 
   // Attaches when detached and the last attempt is old enough. True when attached.
-  bool EnsureAttached();
-  // REQUIRES: attach_mu_ held. Connects the call side (and the data side, with a G1).
+  bool EnsureAttached() EXCLUDES(attach_mu_, mu_);
+  // Connects the call side (and the data side, with a G1).
   // `refused`: set when the daemon answered the Hello with an error (see OpenConnection).
-  Status AttachLocked(bool* refused = nullptr);
+  Status AttachLocked(bool* refused = nullptr) REQUIRES(attach_mu_) EXCLUDES(mu_);
   Hello MakeHello(Role role) const;
-  Status OpenDataLocked();
+  Status OpenDataLocked() REQUIRES(attach_mu_) EXCLUDES(mu_);
   // The daemon went away (or stopped answering): miss mode, see the header. Returns once no
   // copy of this engine writes the daemon's G2 any more (FenceCopies), and only then ends the
   // data connection: the daemon gives a lent slot back when that connection ends.
-  void Detach(const std::string& why);
+  void Detach(const std::string& why) EXCLUDES(mu_);
   // Stops the copies: a copy in progress ends at its next block or layer, a device batch
   // submitted is waited for, and none starts until the next data connection opens.
-  void FenceCopies();
+  void FenceCopies() EXCLUDES(device_mu_);
   // One call: request frame, reply frame. Transport failures detach and return Unavailable;
   // `reply` is positioned after the reply's status, which is returned as the call's own.
   Status Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
-              std::vector<uint8_t>* reply_payload, size_t* status_end);
+              std::vector<uint8_t>* reply_payload, size_t* status_end) EXCLUDES(mu_);
   // The request is not of an earlier daemon (looked up here in this epoch, or not here at all).
-  bool Current(const std::string& request_id);
+  bool Current(const std::string& request_id) EXCLUDES(mu_);
   void Barrier() { copy_gate_.Barrier(); }
-  void DataLoop(int fd);
-  void RunCopy(int fd, const CopyCall& call);
+  void DataLoop(int fd) EXCLUDES(mu_);
+  void RunCopy(int fd, const CopyCall& call) EXCLUDES(mu_, device_mu_);
   // kG4Config on the data connection: opens this engine's G4 fetcher (or says why not).
   std::unique_ptr<class G1Fetcher> OpenFetcher(int fd, const G4Config& config);
-  Status SendFrameLocked(int fd, MsgType type, const WireWriter& w);
-  Status SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer, const Status& status);
-  void EventsLoop();
+  Status SendFrameLocked(int fd, MsgType type, const WireWriter& w) EXCLUDES(send_mu_);
+  Status SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer, const Status& status)
+      EXCLUDES(send_mu_);
+  void EventsLoop() EXCLUDES(events_mu_, mu_);
 
+  // Set by Create before the manager is handed out; read-only after.
   const ManagerOptions options_;
   std::string socket_path_;
   std::string instance_name_;
@@ -137,49 +140,60 @@ class AttachedManager {
   Clock::duration reattach_;
   DeviceBackendFactory device_factory_;
 
-  std::mutex attach_mu_;  // serializes attaching; held while connecting
-  std::mutex mu_;         // everything below but the data plane
-  bool attached_ = false;
-  uint64_t epoch_ = 0;
-  uint32_t instance_ = 0;
-  uint32_t lease_ms_ = 0;
-  Clock::time_point last_attempt_{};
-  std::vector<UniqueFd> idle_;  // call connections not in use
-  std::unordered_map<std::string, uint64_t> request_epoch_;
-  std::set<std::string> kept_, loading_, finished_;
-  std::vector<std::string> orphan_saves_done_, orphan_loads_done_;
-  bool pending_sync_ = false, started_sync_ = false;
-  ClientStats stats_;
+  Mutex attach_mu_ ACQUIRED_BEFORE(mu_);  // serializes attaching; held while connecting
+  Mutex mu_;                              // the call side's state below
+  bool attached_ GUARDED_BY(mu_) = false;
+  uint64_t epoch_ GUARDED_BY(mu_) = 0;
+  uint32_t instance_ GUARDED_BY(mu_) = 0;
+  // Written under mu_ at attach; atomic because calls read it for their timeouts without mu_.
+  std::atomic<uint32_t> lease_ms_{0};
+  Clock::time_point last_attempt_ GUARDED_BY(mu_){};
+  std::vector<UniqueFd> idle_ GUARDED_BY(mu_);  // call connections not in use
+  std::unordered_map<std::string, uint64_t> request_epoch_ GUARDED_BY(mu_);
+  std::set<std::string> kept_ GUARDED_BY(mu_), loading_ GUARDED_BY(mu_), finished_ GUARDED_BY(mu_);
+  std::vector<std::string> orphan_saves_done_ GUARDED_BY(mu_), orphan_loads_done_ GUARDED_BY(mu_);
+  bool pending_sync_ GUARDED_BY(mu_) = false, started_sync_ GUARDED_BY(mu_) = false;
+  ClientStats stats_ GUARDED_BY(mu_);
   // Stats(): the last answer, the counters of earlier daemons, the current one's last answer.
-  ManagerStats last_stats_, base_stats_, epoch_last_;
-  uint64_t stats_epoch_ = 0;
+  ManagerStats last_stats_ GUARDED_BY(mu_), base_stats_ GUARDED_BY(mu_),
+      epoch_last_ GUARDED_BY(mu_);
+  uint64_t stats_epoch_ GUARDED_BY(mu_) = 0;
+  // Set once by RegisterDeviceMemory (under attach_mu_), before the data thread that reads it
+  // starts; the engine registers G1 before it calls StartLoad/StartSave(engine_stream).
   std::optional<G1Memory> g1_;
-  std::vector<KvEventCallback> callbacks_;
+  std::vector<KvEventCallback> callbacks_ GUARDED_BY(mu_);
 
   // Events: one connection, read by events_thread_ (started by the first SubscribeEvents).
-  std::mutex events_mu_;
+  Mutex events_mu_;
   std::condition_variable events_cv_;
-  bool events_stop_ = false;
-  int events_fd_ = -1;  // the open events connection (shut down to stop the thread)
-  std::thread events_thread_;
+  bool events_stop_ GUARDED_BY(events_mu_) = false;
+  // The open events connection (shut down to stop the thread).
+  int events_fd_ GUARDED_BY(events_mu_) = -1;
+  std::thread events_thread_ GUARDED_BY(events_mu_);
 
   // Data plane.
   // Every write into G1 (a layer or block copied, a G4 fetch) is a pass of it; Barrier waits
   // for those begun before it. See the header.
   CopyGate copy_gate_;
-  std::mutex send_mu_;  // one report at a time on the data connection
-  UniqueFd data_fd_;
-  std::thread data_thread_;
+  Mutex send_mu_;  // one report at a time on the data connection (guards the socket, no member)
+  // Replaced by OpenDataLocked (attach_mu_ held too); Detach and DataLoop read it.
+  UniqueFd data_fd_ GUARDED_BY(mu_);
+  std::thread data_thread_ GUARDED_BY(attach_mu_);
+  // arena_ and device_ change only in OpenDataLocked (attach_mu_ held), after the previous
+  // data thread was joined and before the next one starts: the data thread reads them unlocked.
+  // StartLoad/StartSave(engine_stream) read device_ unlocked too, which races with an attach
+  // that another thread runs meanwhile (known; left for its own change).
   std::unique_ptr<HostArena> arena_;           // this process's mapping of G2
   std::unique_ptr<DeviceCopyBackend> device_;  // device G1 only
   std::atomic<uint64_t> seq_{0};
-  std::chrono::milliseconds copy_stall_{0};  // KVTIER_TEST_ATTACHED_COPY_STALL_MS
+  std::chrono::milliseconds copy_stall_{0};  // KVTIER_TEST_ATTACHED_COPY_STALL_MS (Create)
   // Set by FenceCopies, cleared when a data connection opens: RunCopy checks it inside each
   // pass, before each block or layer.
   std::atomic<bool> copies_stopped_{false};
-  std::mutex device_mu_;
+  Mutex device_mu_;
   std::condition_variable device_cv_;
-  int device_batches_ = 0;  // device batches submitted whose done callback has not run
+  // Device batches submitted whose done callback has not run.
+  int device_batches_ GUARDED_BY(device_mu_) = 0;
 };
 
 }  // namespace kvtier::service

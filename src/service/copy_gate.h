@@ -8,8 +8,11 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <set>
+
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
+#include "tier/cond_wait.h"
 
 namespace kvtier::service {
 
@@ -18,14 +21,14 @@ class CopyGate {
   // One write into G1: begins at construction, ends at destruction.
   class Pass {
    public:
-    explicit Pass(CopyGate& gate) : gate_(gate) {
-      std::lock_guard lock(gate_.mu_);
+    explicit Pass(CopyGate& gate) EXCLUDES(gate.mu_) : gate_(gate) {
+      MutexLock lock(&gate_.mu_);
       ticket_ = gate_.next_++;
       gate_.active_.insert(ticket_);
     }
     ~Pass() {
       {
-        std::lock_guard lock(gate_.mu_);
+        MutexLock lock(&gate_.mu_);
         gate_.active_.erase(ticket_);
       }
       gate_.cv_.notify_all();
@@ -39,17 +42,17 @@ class CopyGate {
   };
 
   // Waits until every pass begun before this call has ended.
-  void Barrier() {
-    std::unique_lock lock(mu_);
+  void Barrier() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     const uint64_t upto = next_;
-    cv_.wait(lock, [&] { return active_.empty() || *active_.begin() >= upto; });
+    while (!active_.empty() && *active_.begin() < upto) CondWait(&cv_, &mu_);
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  uint64_t next_ = 1;
-  std::set<uint64_t> active_;  // tickets of the passes in progress
+  uint64_t next_ GUARDED_BY(mu_) = 1;
+  std::set<uint64_t> active_ GUARDED_BY(mu_);  // tickets of the passes in progress
 };
 
 }  // namespace kvtier::service

@@ -5,6 +5,7 @@
 
 #include "core/host_port.h"
 #include "tier/block_format.h"
+#include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 
 namespace kvtier::service {
@@ -38,7 +39,7 @@ G1Fetcher::G1Fetcher(const G1Memory& g1, CopyGate* gate, Report report,
 G1Fetcher::~G1Fetcher() {
   std::deque<FetchCall> left;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     left.swap(queue_);
   }
@@ -56,7 +57,7 @@ G1Fetcher::~G1Fetcher() {
 
 void G1Fetcher::Enqueue(FetchCall call) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(std::move(call));
   }
   cv_.notify_one();
@@ -66,8 +67,8 @@ void G1Fetcher::Worker() {
   for (;;) {
     FetchCall call;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) CondWait(&cv_, &mu_);
       if (stop_) return;
       call = std::move(queue_.front());
       queue_.pop_front();

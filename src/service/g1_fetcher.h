@@ -17,10 +17,11 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "kvtier/g1_memory.h"
 #include "service/copy_gate.h"
 #include "service/protocol.h"
@@ -44,23 +45,24 @@ class G1Fetcher {
   ~G1Fetcher();
 
   // Queues a batch; a worker fetches it and reports. Never blocks.
-  void Enqueue(FetchCall call);
+  void Enqueue(FetchCall call) EXCLUDES(mu_);
 
   // Runs one batch on the calling thread and returns its answer (the workers' body; tests).
   FetchDone Run(const FetchCall& call);
 
  private:
   G1Fetcher(const G1Memory& g1, CopyGate* gate, Report report, std::unique_ptr<RemoteStore> store);
-  void Worker();
+  void Worker() EXCLUDES(mu_);
 
   const G1Memory& g1_;
   CopyGate* const gate_;
   const Report report_;
   const std::unique_ptr<RemoteStore> store_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<FetchCall> queue_;
-  bool stop_ = false;
+  std::deque<FetchCall> queue_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  // Filled by Create before the fetcher is handed out, joined by the destructor: never shared.
   std::vector<std::thread> workers_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "tier/cond_wait.h"
 
 namespace kvtier::service {
 
@@ -16,7 +17,7 @@ RemoteG1Backend::~RemoteG1Backend() {
   std::vector<std::shared_ptr<Batch>> open;
   std::map<uint64_t, FetchBatch> fetches;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     fetches.swap(open_fetches_);
     for (auto& [id, b] : open_) {
@@ -33,12 +34,12 @@ RemoteG1Backend::~RemoteG1Backend() {
 }
 
 bool RemoteG1Backend::CanFetch(uint32_t g1_block) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return fetchers_.count(g1_block >> kInstanceShift) != 0;
 }
 
 void RemoteG1Backend::SetFetcher(uint32_t instance, bool fetches) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (fetches) {
     fetchers_.insert(instance);
   } else {
@@ -78,7 +79,7 @@ Status RemoteG1Backend::Fetch(std::vector<G4Fetch> items,
                                       " does not fetch from G4 (any more)");
     uint64_t id = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (fetchers_.count(batches[k].instance) != 0 && send_fetch_) {
         id = next_batch_++;
         open_fetches_[id] = batches[k];
@@ -89,7 +90,7 @@ Status RemoteG1Backend::Fetch(std::vector<G4Fetch> items,
       calls[k].batch = id;
       sent = send_fetch_(batches[k].instance, calls[k]);
       if (sent.ok()) continue;
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       // The frame was never queued, so no answer can come; unless the instance's connection
       // ended meanwhile and FailInstance took the batch already.
       if (open_fetches_.erase(id) == 0) continue;
@@ -102,7 +103,7 @@ Status RemoteG1Backend::Fetch(std::vector<G4Fetch> items,
 void RemoteG1Backend::OnFetchDone(uint32_t instance, const FetchDone& done) {
   FetchBatch b;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = open_fetches_.find(done.batch);
     if (it == open_fetches_.end() || it->second.instance != instance) {
       ++stats_.stray_reports;
@@ -165,7 +166,7 @@ Status RemoteG1Backend::Submit(CopyDirection dir, std::span<const DeviceBlockCop
   batch->on_done = std::move(on_done);
   for (uint32_t instance : instances) batch->parts.push_back(Part{instance, 0, false});
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     batch->id = next_batch_++;
     open_[batch->id] = batch;
     ++stats_.batches;
@@ -178,7 +179,7 @@ Status RemoteG1Backend::Submit(CopyDirection dir, std::span<const DeviceBlockCop
             .count();
     Status sent = send_(instances[k], calls[k]);
     if (!sent.ok()) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       EndPart(batch.get(), &batch->parts[k], sent);
     }
   }
@@ -209,13 +210,13 @@ uint32_t RemoteG1Backend::ReadyLayers(const Batch& b) const {
 }
 
 void RemoteG1Backend::Deliver(const std::shared_ptr<Batch>& batch) {
-  std::lock_guard callbacks(batch->callback_mu);
+  MutexLock callbacks(&batch->callback_mu);
   for (;;) {
     uint32_t layer = 0;
     bool run_layer = false, run_done = false;
     Status status;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (batch->done_called) return;
       if (batch->reported < ReadyLayers(*batch)) {
         layer = batch->reported++;
@@ -241,7 +242,7 @@ void RemoteG1Backend::Deliver(const std::shared_ptr<Batch>& batch) {
 void RemoteG1Backend::OnLayer(uint32_t instance, uint64_t batch_id, uint32_t layer) {
   std::shared_ptr<Batch> batch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = open_.find(batch_id);
     Part* part = nullptr;
     if (it != open_.end()) {
@@ -262,7 +263,7 @@ void RemoteG1Backend::OnLayer(uint32_t instance, uint64_t batch_id, uint32_t lay
 void RemoteG1Backend::OnDone(uint32_t instance, uint64_t batch_id, const Status& status) {
   std::shared_ptr<Batch> batch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = open_.find(batch_id);
     Part* part = nullptr;
     if (it != open_.end()) {
@@ -292,7 +293,7 @@ void RemoteG1Backend::FailInstance(uint32_t instance, const Status& why) {
   std::vector<std::shared_ptr<Batch>> touched;
   std::vector<FetchBatch> fetches;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     fetchers_.erase(instance);
     for (auto it = open_fetches_.begin(); it != open_fetches_.end();) {
       if (it->second.instance == instance) {
@@ -316,11 +317,11 @@ void RemoteG1Backend::FailInstance(uint32_t instance, const Status& why) {
 }
 
 void RemoteG1Backend::Watchdog() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
-    cv_.wait_for(lock,
-                 std::min<std::chrono::milliseconds>(lease_ / 4 + std::chrono::milliseconds(1),
-                                                     std::chrono::milliseconds(50)));
+    CondWaitFor(&cv_, &mu_,
+                std::min<std::chrono::milliseconds>(lease_ / 4 + std::chrono::milliseconds(1),
+                                                    std::chrono::milliseconds(50)));
     if (stop_) break;
     const auto now = std::chrono::steady_clock::now();
     std::vector<std::shared_ptr<Batch>> expired;
@@ -355,12 +356,12 @@ void RemoteG1Backend::Watchdog() {
       }
     }
     if (expired.empty() && stale.empty()) continue;
-    lock.unlock();
+    mu_.Unlock();  // Deliver and the fetch callbacks run without mu_
     for (auto& b : expired) Deliver(b);
     for (const FetchBatch& f : stale) {
       EndFetch(f, Status::TimedOut("the engine did not answer a G4 fetch within its deadline"));
     }
-    lock.lock();
+    mu_.Lock();
   }
 }
 
@@ -380,7 +381,7 @@ Result<DeviceCopyBackend::PlainCopyTime> RemoteG1Backend::TimePlainCopy(CopyDire
 }
 
 RemoteG1Backend::Stats RemoteG1Backend::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 

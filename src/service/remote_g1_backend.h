@@ -23,11 +23,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "service/protocol.h"
 #include "transfer/device_backend.h"
 
@@ -65,26 +66,26 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   Result<PlainCopyTime> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t,
                                       uint32_t) override;
   // True when the engine of the block's instance said it fetches G4 blocks itself (kG4Ready).
-  bool CanFetch(uint32_t g1_block) const override;
+  bool CanFetch(uint32_t g1_block) const override EXCLUDES(mu_);
   // One kFetch frame per instance the items name. Items of an instance that no longer fetches,
   // or whose frame cannot be queued, end at once (Unavailable). An engine that never answers:
   // its items end TimedOut a lease after their deadline.
   Status Fetch(std::vector<G4Fetch> items, std::chrono::steady_clock::time_point deadline,
-               FetchCallback on_item) override;
+               FetchCallback on_item) override EXCLUDES(mu_);
   void StallNextLoadAfterLayerForTest(uint32_t) override {}
   void ReleaseStallForTest() override {}
 
   // From the engine's data connection: layer `layer` of its part of `batch` landed / the part
   // ended. Reports for unknown or ended batches, or out of order, are ignored (counted).
-  void OnLayer(uint32_t instance, uint64_t batch, uint32_t layer);
-  void OnDone(uint32_t instance, uint64_t batch, const Status& status);
+  void OnLayer(uint32_t instance, uint64_t batch, uint32_t layer) EXCLUDES(mu_);
+  void OnDone(uint32_t instance, uint64_t batch, const Status& status) EXCLUDES(mu_);
   // The engine's data connection ended: every part of a batch it held fails with `why`.
-  void FailInstance(uint32_t instance, const Status& why);
+  void FailInstance(uint32_t instance, const Status& why) EXCLUDES(mu_);
   // From the engine's data connection: whether it fetches G4 blocks itself (kG4Ready).
-  void SetFetcher(uint32_t instance, bool fetches);
+  void SetFetcher(uint32_t instance, bool fetches) EXCLUDES(mu_);
   // From the engine's data connection: a kFetch batch ended. A count that does not match the
   // batch fails every item of it (IOError); an unknown batch is ignored (counted).
-  void OnFetchDone(uint32_t instance, const FetchDone& done);
+  void OnFetchDone(uint32_t instance, const FetchDone& done) EXCLUDES(mu_);
 
   struct Stats {
     uint64_t batches = 0;
@@ -94,7 +95,7 @@ class RemoteG1Backend final : public DeviceCopyBackend {
     uint64_t fetch_batches = 0;  // kFetch frames sent
     uint64_t fetch_expired = 0;  // kFetch batches the engine never answered
   };
-  Stats stats() const;
+  Stats stats() const EXCLUDES(mu_);
 
  private:
   struct Part {
@@ -102,6 +103,9 @@ class RemoteG1Backend final : public DeviceCopyBackend {
     uint32_t layers_done = 0;
     bool ended = false;
   };
+  // parts, status, reported and done_called are guarded by RemoteG1Backend::mu_ (an outer
+  // class's mutex, which clang's annotations cannot name from a nested struct); the rest is set
+  // in Submit before the batch is shared.
   struct Batch {
     uint64_t id = 0;
     CopyDirection dir = CopyDirection::kDeviceToHost;
@@ -112,15 +116,16 @@ class RemoteG1Backend final : public DeviceCopyBackend {
     Status status;             // the first failure
     uint32_t reported = 0;     // layers handed to on_layer
     bool done_called = false;  // on_done ran (or runs)
-    std::mutex callback_mu;    // one thread runs a batch's callbacks at a time, in order
+    Mutex callback_mu;         // one thread runs a batch's callbacks at a time, in order
   };
   // Runs the callbacks that `batch`'s state allows now, in order; forgets it once ended.
-  void Deliver(const std::shared_ptr<Batch>& batch);
-  // REQUIRES: mu_ held. Marks `part` ended with `status`.
-  void EndPart(Batch* batch, Part* part, const Status& status);
+  void Deliver(const std::shared_ptr<Batch>& batch) EXCLUDES(mu_);
+  // Marks `part` ended with `status`.
+  void EndPart(Batch* batch, Part* part, const Status& status) REQUIRES(mu_);
+  // REQUIRES: mu_ held (static: the annotation cannot name it).
   static bool Ended(const Batch& b);
-  uint32_t ReadyLayers(const Batch& b) const;
-  void Watchdog();
+  uint32_t ReadyLayers(const Batch& b) const REQUIRES(mu_);
+  void Watchdog() EXCLUDES(mu_);
   struct FetchBatch {
     uint32_t instance = 0;
     std::chrono::steady_clock::time_point deadline;
@@ -133,18 +138,20 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   const SendCopy send_;
   const std::chrono::milliseconds lease_;
   const uint32_t num_layers_;
+  // Set once by RegisterHost, before the transfer engine submits its first batch.
   uint8_t* host_base_ = nullptr;
   uint64_t host_bytes_ = 0;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;  // a batch ended (destructor), or stop_
-  std::map<uint64_t, std::shared_ptr<Batch>> open_;
-  SendFetch send_fetch_;
-  std::set<uint32_t> fetchers_;                  // instances that fetch G4 blocks themselves
-  std::map<uint64_t, FetchBatch> open_fetches_;  // by batch id (shared with open_'s ids)
-  uint64_t next_batch_ = 1;
-  Stats stats_;
-  bool stop_ = false;
-  std::thread watchdog_;
+  std::map<uint64_t, std::shared_ptr<Batch>> open_ GUARDED_BY(mu_);
+  SendFetch send_fetch_;  // set once by SetFetchSender, before the backend is used
+  std::set<uint32_t> fetchers_ GUARDED_BY(mu_);  // instances that fetch G4 blocks themselves
+  // By batch id (shared with open_'s ids).
+  std::map<uint64_t, FetchBatch> open_fetches_ GUARDED_BY(mu_);
+  uint64_t next_batch_ GUARDED_BY(mu_) = 1;
+  Stats stats_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread watchdog_;  // started by the constructor, joined by the destructor
 };
 
 }  // namespace kvtier::service

@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "service/server_state.h"
+#include "tier/cond_wait.h"
 
 namespace kvtier::service {
 namespace {
@@ -74,7 +75,7 @@ Server::~Server() {
   // at once) and G3 writes its snapshot.
   std::map<std::string, std::shared_ptr<Pool>> pools;
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(&state_->mu);
     pools.swap(state_->pools);
   }
   pools.clear();
@@ -86,13 +87,13 @@ void Server::Stop() {
   if (s.acceptor.joinable()) s.acceptor.join();
   std::list<std::shared_ptr<Conn>> conns;
   {
-    std::lock_guard lock(s.mu);
+    MutexLock lock(&s.mu);
     conns = s.conns;
   }
   for (auto& c : conns) {
     ::shutdown(c->fd.get(), SHUT_RDWR);
     {
-      std::lock_guard lock(c->out_mu);
+      MutexLock lock(&c->out_mu);
       c->closing = true;
     }
     c->out_cv.notify_all();
@@ -101,13 +102,13 @@ void Server::Stop() {
     if (c->reader.joinable()) c->reader.join();
     if (c->writer.joinable()) c->writer.join();
   }
-  std::lock_guard lock(s.mu);
+  MutexLock lock(&s.mu);
   s.conns.clear();
   ::unlink(s.socket_path.c_str());
 }
 
 ServerStats Server::Stats() const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(&state_->mu);
   ServerStats out = state_->stats;
   out.instances_live = state_->instances.size();
   out.pools = state_->pools.size();
@@ -115,7 +116,7 @@ ServerStats Server::Stats() const {
     RemoteG1Backend::Stats b = pool->backend->stats();
     out.lease_expired += b.lease_expired;
     out.copy_batches += b.batches;
-    std::lock_guard sub(pool->sub_mu);
+    MutexLock sub(&pool->sub_mu);
     out.event_subscribers += pool->subscribers.size();
   }
   return out;
@@ -126,7 +127,7 @@ const std::string& Server::socket_path() const { return state_->socket_path; }
 void Server::State::ReapDone() {
   std::list<std::shared_ptr<Conn>> done;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     for (auto it = conns.begin(); it != conns.end();) {
       if ((*it)->done.load()) {
         done.push_back(*it);
@@ -172,14 +173,14 @@ void Server::State::AcceptLoop() {
     if (!allowed.ok()) {
       KVTIER_LOG(kWarn) << "kvtier serve: refused a peer: " << allowed.ToString();
       RefuseUnread(fd->get(), allowed);
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       ++stats.refused;
       continue;
     }
     auto conn = std::make_shared<Conn>();
     conn->fd = std::move(*fd);
     conn->cred = std::move(*cred);
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     ++stats.connections;
     if (conns.size() >= max_connections) {
       ++stats.refused_connections;
@@ -215,7 +216,7 @@ void Server::State::AcceptLoop() {
 }
 
 std::shared_ptr<Conn> Server::State::DataConn(uint32_t instance) {
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   auto it = instances.find(instance);
   return it != instances.end() ? it->second->data : nullptr;
 }
@@ -236,7 +237,7 @@ Status Server::State::Queue(const std::shared_ptr<Conn>& conn, MsgType type,
                             std::vector<uint8_t> payload) {
   if (conn == nullptr) return Status::Unavailable("the engine instance has no data connection");
   {
-    std::lock_guard lock(conn->out_mu);
+    MutexLock lock(&conn->out_mu);
     if (conn->closing) return Status::Unavailable("the engine's data connection is closing");
     conn->out.emplace_back(type, std::move(payload));
   }
@@ -250,8 +251,8 @@ void Server::State::WriterLoop(const std::shared_ptr<Conn>& conn) {
     std::vector<uint8_t> payload;
     MsgType type;
     {
-      std::unique_lock lock(conn->out_mu);
-      conn->out_cv.wait(lock, [&] { return conn->closing || !conn->out.empty(); });
+      MutexLock lock(&conn->out_mu);
+      while (!conn->closing && conn->out.empty()) CondWait(&conn->out_cv, &conn->out_mu);
       if (conn->closing) return;
       type = conn->out.front().first;
       payload = std::move(conn->out.front().second);
@@ -282,7 +283,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     EncodeStatus(&w, why);
     (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), seq, w.data(), -1,
                     Clock::now() + std::chrono::seconds(1));
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     ++stats.refused;
   };
   if (!first.ok()) {
@@ -322,7 +323,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   Instance* inst = nullptr;
   const bool joins = hello.role == Role::kCall || hello.role == Role::kData;
   if (joins) {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     Result<Instance*> joined = JoinInstance(hello, pool->get(), *cred);
     if (joined.ok() && hello.role == Role::kData && (*joined)->data != nullptr) {
       --(*joined)->connections;
@@ -365,7 +366,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   }
   if (hello.role == Role::kEvents) {
     {
-      std::lock_guard lock(mu);  // MakeRoomForPool reads the roles of every connection
+      MutexLock lock(&mu);  // MakeRoomForPool reads the roles of every connection
       conn->role = Role::kEvents;
     }
     Subscribe(pool->get(), conn);
@@ -379,7 +380,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       KVTIER_LOG(kWarn) << "kvtier serve: no thread for a connection's writer (" << e.what()
                         << "); closing it";
       {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         ++stats.refused_connections;
       }
       Unsubscribe(conn);
@@ -402,7 +403,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       if (frame.status().code() == StatusCode::kInvalidArgument) {
         KVTIER_LOG(kWarn) << "kvtier serve: instance " << instance
                           << " sent a bad frame: " << frame.status().ToString();
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         ++stats.bad_frames;
       }
       break;
@@ -410,7 +411,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     if (conn->role == Role::kEvents) {
       KVTIER_LOG(kWarn) << "kvtier serve: an events connection sent "
                         << MsgTypeName(frame->header.type) << "; it carries nothing back";
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       ++stats.bad_frames;
       break;
     }
@@ -451,7 +452,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       }
       if (!ok.ok()) {
         KVTIER_LOG(kWarn) << "kvtier serve: instance " << instance << ": " << ok.ToString();
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         ++stats.bad_frames;
         break;
       }
@@ -463,7 +464,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       const auto type = static_cast<MsgType>(frame->header.type);
       bool live;
       {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         live = LookupPool(*conn) != nullptr;
       }
       if (type != MsgType::kLookup && type != MsgType::kStats) {
@@ -492,7 +493,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       EncodeStatus(&w, handled);
       (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq, w.data(), -1,
                       Clock::now() + std::chrono::seconds(1));
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       ++stats.bad_frames;
       break;
     }
@@ -502,7 +503,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   }
   if (conn->role == Role::kData || conn->role == Role::kEvents) {
     {
-      std::lock_guard lock(conn->out_mu);
+      MutexLock lock(&conn->out_mu);
       conn->closing = true;
     }
     conn->out_cv.notify_all();

@@ -12,7 +12,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
   WireReader r(frame.payload);
   uint32_t g1_limit = kMaxG1Blocks - 1;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     auto it = instances.find(instance);
     if (it != instances.end()) g1_limit = it->second->g1_blocks;
   }
@@ -89,7 +89,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
         return Status::Ok();
       }
       {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         auto it = instances.find(instance);
         if (it != instances.end()) it->second->g1_blocks = blocks;
       }

@@ -102,7 +102,7 @@ Status CheckG3Identity(const std::string& dir, const std::string& identity) {
 Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
   const std::string key = PoolKey(hello.model_id, hello.layout);
   // The key names the pool; the whole identity decides (a key is a hash: never trusted alone).
-  auto found = [&]() -> Result<std::shared_ptr<Pool>> {
+  auto found = [&]() REQUIRES(mu) -> Result<std::shared_ptr<Pool>> {
     auto it = pools.find(key);
     if (it == pools.end()) return std::shared_ptr<Pool>();
     if (!SameIdentity(*it->second, hello.model_id, hello.layout)) {
@@ -114,15 +114,15 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
     return it->second;
   };
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, found());
     if (pool != nullptr) return pool;
   }
   // Made outside mu (pre-faulting G2 and recovering G3 take a while), one at a time (two
   // Hellos racing for one new pool must not both open its G3).
-  std::lock_guard creating(pool_create_mu);
+  MutexLock creating(&pool_create_mu);
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, found());
     if (pool != nullptr) return pool;
   }
@@ -147,7 +147,7 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
   }
   bool first;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     first = pools.empty();
   }
   if (!first && !mo.config.GetString("events.endpoint").empty()) {
@@ -197,7 +197,7 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
     offer.pipeline_bytes = mo.config.GetUint("g4.redis_pipeline_kib") << 10;
     pool->g4_offer = offer;
   }
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   auto [it, inserted] = pools.emplace(key, std::move(pool));
   if (inserted) {
     KVTIER_LOG(kInfo) << "kvtier serve: pool " << key << " (" << hello.layout.ToString() << ", "
@@ -220,7 +220,7 @@ Status Server::State::MakeRoomForPool(const std::string& key, const std::string&
   std::shared_ptr<Pool> closing;
   std::vector<std::shared_ptr<Conn>> listeners;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (pools.size() < max_pools) return Status::Ok();
     // The pool no engine has used for longest would be best; any idle one frees the room.
     for (auto it = pools.begin(); it != pools.end(); ++it) {
@@ -245,13 +245,13 @@ Status Server::State::MakeRoomForPool(const std::string& key, const std::string&
     }
   }
   {
-    std::lock_guard lock(closing->sub_mu);
+    MutexLock lock(&closing->sub_mu);
     listeners = closing->subscribers;
   }
   {
     // And the lookup connections of its ended instances, which would hold its G2 share and
     // its G3 directory's LOCK for as long as their scheduler keeps them open.
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     for (const auto& c : conns) {
       if (c->role == Role::kLookup && c->pool == closing.get()) listeners.push_back(c);
     }
@@ -275,7 +275,7 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
   conn->pool = pool;
   bool first = false;
   {
-    std::lock_guard lock(pool->sub_mu);
+    MutexLock lock(&pool->sub_mu);
     pool->subscribers.push_back(conn);
     first = !pool->subscribed;
     pool->subscribed = true;
@@ -286,7 +286,7 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
   pool->impl->SubscribeEvents([pool](std::span<const KvEvent> events) {
     std::vector<std::shared_ptr<Conn>> subs;
     {
-      std::lock_guard lock(pool->sub_mu);
+      MutexLock lock(&pool->sub_mu);
       subs = pool->subscribers;
     }
     if (subs.empty() || events.empty()) return;
@@ -295,7 +295,7 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
       at += part.size();
       for (auto& c : subs) {
         {
-          std::lock_guard lock(c->out_mu);
+          MutexLock lock(&c->out_mu);
           if (c->closing) continue;
           if (c->out.size() >= kMaxQueuedEventFrames) {
             c->dropped += part.size();
@@ -314,7 +314,7 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
 
 void Server::State::Unsubscribe(const std::shared_ptr<Conn>& conn) {
   if (conn->pool == nullptr) return;
-  std::lock_guard lock(conn->pool->sub_mu);
+  MutexLock lock(&conn->pool->sub_mu);
   auto& subs = conn->pool->subscribers;
   subs.erase(std::remove(subs.begin(), subs.end(), conn), subs.end());
 }
@@ -384,7 +384,7 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool,
 Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const Hello& hello,
                                                         const PeerCred& peer) {
   // A scheduler process joins an engine instance that is attached already, by its name.
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   auto named = by_name.find(hello.instance_name);
   if (named == by_name.end()) {
     return Status::NotFound("no engine instance named '" + hello.instance_name +
@@ -410,7 +410,7 @@ Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const Hello&
 Result<std::shared_ptr<Pool>> Server::State::JoinEvents(const Hello& hello, const PeerCred& peer) {
   KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, GetPool(hello));
   if (peer.uid == ::geteuid()) return pool;
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   for (const auto& [id, inst] : instances) {
     if (inst->pool == pool.get() && inst->owner.uid == peer.uid) return pool;
   }
@@ -433,7 +433,7 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
   Pool* pool = nullptr;
   bool last = false;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     auto it = instances.find(conn->instance);
     if (it == instances.end()) return;
     Instance* inst = it->second.get();
@@ -452,7 +452,7 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
     // Outside mu: failing batches runs the manager's callbacks, which may send copies.
     Pool* p = pool;
     if (p == nullptr) {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       auto e = ended.find(conn->instance);
       if (e != ended.end()) p = e->second;
       auto i = instances.find(conn->instance);

@@ -6,10 +6,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <mutex>
 #include <vector>
 
 #include "core/log.h"
+#include "core/mutex.h"
+#include "core/thread_annotations.h"
 #include "core/unique_fd.h"
 #include "service/handshake.h"
 #include "service/protocol.h"
@@ -23,31 +24,33 @@ using Clock = std::chrono::steady_clock;
 
 class ServiceLookup::Impl {
  public:
+  // Set by Create before the Impl is handed out; read-only after.
   std::string socket_path;
   std::string instance_name;
   uid_t daemon_uid = 0;  // service.daemon_uid
   Clock::duration call_timeout{};
   Clock::duration reattach{};
 
-  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens);
-  Stats stats() {
-    std::lock_guard lock(mu_);
+  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens)
+      EXCLUDES(mu_);
+  Stats stats() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return stats_;
   }
 
  private:
   // A connection joined to the instance, or none (a miss) while the daemon or the instance is
   // not there, at most one attempt per `reattach` after a failed one.
-  UniqueFd Take();
-  Status Join(UniqueFd* out);
-  void Failed(const std::string& why);
+  UniqueFd Take() EXCLUDES(mu_);
+  Status Join(UniqueFd* out) EXCLUDES(mu_);
+  void Failed(const std::string& why) EXCLUDES(mu_);
 
-  std::mutex mu_;
-  std::vector<UniqueFd> idle_;
-  bool last_failed_ = false;
-  Clock::time_point last_attempt_{};
-  uint64_t seq_ = 0;
-  Stats stats_;
+  Mutex mu_;
+  std::vector<UniqueFd> idle_ GUARDED_BY(mu_);
+  bool last_failed_ GUARDED_BY(mu_) = false;
+  Clock::time_point last_attempt_ GUARDED_BY(mu_){};
+  uint64_t seq_ GUARDED_BY(mu_) = 0;
+  Stats stats_ GUARDED_BY(mu_);
 };
 
 Status ServiceLookup::Impl::Join(UniqueFd* out) {
@@ -57,7 +60,7 @@ Status ServiceLookup::Impl::Join(UniqueFd* out) {
   hello.pid = static_cast<uint32_t>(::getpid());
   uint64_t seq;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     seq = ++seq_;
   }
   KVTIER_ASSIGN_OR_RETURN(
@@ -69,7 +72,7 @@ Status ServiceLookup::Impl::Join(UniqueFd* out) {
 
 UniqueFd ServiceLookup::Impl::Take() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!idle_.empty()) {
       UniqueFd fd = std::move(idle_.back());
       idle_.pop_back();
@@ -80,7 +83,7 @@ UniqueFd ServiceLookup::Impl::Take() {
   }
   UniqueFd fd;
   Status joined = Join(&fd);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!joined.ok()) {
     if (!last_failed_) {
       KVTIER_LOG(kWarn) << "kvtier: lookups through kvtier serve at " << socket_path
@@ -103,7 +106,7 @@ UniqueFd ServiceLookup::Impl::Take() {
 }
 
 void ServiceLookup::Impl::Failed(const std::string& why) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // The daemon went away or the instance ended: the other idle connections are as dead.
   idle_.clear();
   if (!last_failed_) {
@@ -127,7 +130,7 @@ Result<LookupResult> ServiceLookup::Impl::Lookup(const RequestSpec& request,
   service::EncodeLookup(&w, request, num_computed_tokens);
   uint64_t seq;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     seq = ++seq_;
   }
   const auto deadline = Clock::now() + call_timeout;
@@ -156,7 +159,7 @@ Result<LookupResult> ServiceLookup::Impl::Lookup(const RequestSpec& request,
     Failed(status.message());  // the instance ended; the daemon closes this connection
     return LookupResult{};
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   idle_.push_back(std::move(fd));
   if (!status.ok()) return status;
   stats_.lookups++;
