@@ -467,7 +467,7 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
     size_t n = pool->impl->ForgetInstance(conn->instance);
     KVTIER_LOG(kInfo) << "kvtier serve: instance " << conn->instance << " ended (" << n
                       << " requests finished)";
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     leaving.erase(conn->instance);  // its number may now be reused
   }
 }
