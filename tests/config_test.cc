@@ -82,6 +82,23 @@ TEST(ConfigTest, EnvironmentOverridesAndUnknownVariablesAreRefused) {
   EXPECT_NE(typo.message().find("KVTIER_G2_CAPACITY names no kvtier setting"), std::string::npos);
 }
 
+// The variables kvtier itself documents outside the settings (progress lines, the vLLM
+// environment's cache and base Python) are not refused: a user who exported one had every
+// vLLM with kvtier fail at start-up. A name kvtier does not read still is.
+TEST(ConfigTest, VariablesKvtierReadsElsewhereAreNotRefused) {
+  Config c;
+  EXPECT_TRUE(c.LoadEnvironment({"KVTIER_PROGRESS=0", "KVTIER_CACHE=/big/kvtier-cache",
+                                 "KVTIER_BASE_PYTHON=python3.12",
+                                 "KVTIER_CONFIG=", "KVTIER_LOG_LEVEL=warn"})
+                  .ok());
+  Status leaked = c.LoadEnvironment({"KVTIER_BENCH_PROGRAM=bench_pd.py"});
+  EXPECT_EQ(leaked.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(leaked.message().find("KVTIER_BENCH_PROGRAM names no kvtier setting"),
+            std::string::npos);
+  Status near = c.LoadEnvironment({"KVTIER_PROGRES=0"});
+  EXPECT_EQ(near.code(), StatusCode::kInvalidArgument) << "a typo of one is still refused";
+}
+
 TEST_F(ConfigFileTest, FileThenEnvironmentPrecedence) {
   const std::string path = Write(
       "[g2]\ncapacity_bytes = \"3GiB\"\nhugepages = false\n\n[g3]\nqueue_depth = 64\n"

@@ -62,8 +62,9 @@ class Config {
 
   // Applies every KVTIER_<FIELD> variable of `environ_vars` ("NAME=value" strings, as in
   // environ). Variables that name no field are refused with InvalidArgument listing the known
-  // ones (a typo must not pass silently), except KVTIER_CONFIG and KVTIER_LOG_LEVEL, which are
-  // read elsewhere, and KVTIER_TEST_*, which belong to the test suite.
+  // ones (a typo must not pass silently), except those kvtier reads elsewhere (KVTIER_CONFIG,
+  // KVTIER_LOG_LEVEL, KVTIER_PROGRESS; KVTIER_CACHE and KVTIER_BASE_PYTHON of
+  // scripts/setup-vllm.sh) and KVTIER_TEST_*, which belong to the test suite.
   Status LoadEnvironment(const std::vector<std::string>& environ_vars);
   // LoadEnvironment over this process's environment.
   Status LoadProcessEnvironment();

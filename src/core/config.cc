@@ -811,15 +811,31 @@ Status Config::LoadFile(const std::string& path) {
   return Status::Ok();
 }
 
+namespace {
+
+// KVTIER_* variables that are not settings but that kvtier reads elsewhere, so a user who sets
+// one as documented is not refused: the config file's path, logging, the CLI's progress lines,
+// the vLLM environment's location and base Python (scripts/setup-vllm.sh), and KVTIER_TEST_*,
+// which belong to the test suite. Every other KVTIER_* name is refused (a typo must not pass
+// silently); kvtier's own scripts export none that is not a setting.
+bool IsReadElsewhere(const std::string& var) {
+  static constexpr std::string_view kNames[] = {
+      "KVTIER_CONFIG", "KVTIER_LOG_LEVEL", "KVTIER_PROGRESS", "KVTIER_CACHE", "KVTIER_BASE_PYTHON"};
+  for (std::string_view n : kNames) {
+    if (var == n) return true;
+  }
+  return var.rfind("KVTIER_TEST_", 0) == 0;
+}
+
+}  // namespace
+
 Status Config::LoadEnvironment(const std::vector<std::string>& environ_vars) {
   for (const std::string& kv : environ_vars) {
     if (kv.rfind("KVTIER_", 0) != 0) continue;
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) continue;
     const std::string var = kv.substr(0, eq);
-    if (var == "KVTIER_CONFIG" || var == "KVTIER_LOG_LEVEL" || var.rfind("KVTIER_TEST_", 0) == 0) {
-      continue;  // read elsewhere, or by tests
-    }
+    if (IsReadElsewhere(var)) continue;
     const ConfigFieldSpec* match = nullptr;
     for (const ConfigFieldSpec& s : Schema()) {
       if (EnvName(s.name) == var) match = &s;
