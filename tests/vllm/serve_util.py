@@ -14,7 +14,7 @@ import pytest
 class ServeDaemon:
     """`kvtier serve` on `sock`, G2 only (no G3, G2 not locked), its output appended to
     `log_path`; listening within 20 s, or the test fails with the log's end. `env` adds or
-    overrides KVTIER_* settings."""
+    overrides KVTIER_* settings (these defaults included)."""
 
     def __init__(self, log_path: Path, sock: Path, g2_bytes: str = "256MiB",
                  **env: str) -> None:
@@ -22,7 +22,8 @@ class ServeDaemon:
         if not cli or not Path(cli).exists():
             pytest.fail(f"KVTIER_TEST_CLI ({cli!r}) is not the kvtier binary; run tests/vllm/run.sh")
         full_env = dict(os.environ, KVTIER_G2_CAPACITY_BYTES=g2_bytes, KVTIER_G3_ENABLED="false",
-                        KVTIER_G2_LOCK_MEMORY="false", KVTIER_LOG_LEVEL="info", **env)
+                        KVTIER_G2_LOCK_MEMORY="false", KVTIER_LOG_LEVEL="info")
+        full_env.update(env)  # may override the defaults above (KVTIER_G3_ENABLED="true")
         self.log_path = log_path
         self.log = open(log_path, "a")
         self.proc = subprocess.Popen([cli, "serve", "--socket", str(sock)], env=full_env,

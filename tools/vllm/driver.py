@@ -17,7 +17,9 @@ PROMPT: {"tokens": [ids]} or {"text": "..."} or {"chat": [messages]} or
         at the scale of the model's own embeddings; the plan needs "prompt_embeds": true),
         optional "cache_salt".
 Optional plan keys: "dtype" ("float32"), "block_size", "prompt_embeds",
-"max_num_batched_tokens", "hma" (true: vLLM's hybrid KV cache manager must stay on; a connector
+"max_num_batched_tokens", "tensor_parallel_size" (vLLM's own worker processes, one per rank:
+not with "in_process"; on the CPU set VLLM_CPU_OMP_THREADS_BIND per rank, e.g. "0|1"),
+"hma" (true: vLLM's hybrid KV cache manager must stay on; a connector
 that is not a SupportsHMA then fails at start), "disable_hma" (true: turned off), "logprobs" (K: each output's top-K logprobs
 per token in "logprobs": [[{token id: logprob}]]).
 With "in_process": OUT has "engine": {"hma": bool, "groups": [spec class names],
@@ -114,6 +116,11 @@ def main() -> int:
         kwargs["num_gpu_blocks_override"] = int(plan["num_gpu_blocks"])
     if plan.get("max_num_batched_tokens"):
         kwargs["max_num_batched_tokens"] = int(plan["max_num_batched_tokens"])
+    if int(plan.get("tensor_parallel_size", 1) or 1) > 1:
+        if plan.get("in_process"):
+            raise SystemExit("driver: tensor_parallel_size > 1 needs vLLM's worker processes "
+                             "(not \"in_process\")")
+        kwargs["tensor_parallel_size"] = int(plan["tensor_parallel_size"])
     if plan.get("hma"):
         kwargs["disable_hybrid_kv_cache_manager"] = False
     elif plan.get("disable_hma"):

@@ -21,6 +21,10 @@ it in the Hugging Face format vLLM loads by architecture (config.json's "archite
   6 layers. vLLM 0.32's CPU backend runs it only without prefix caching (its CPU Mamba2 scan
   ignores return_intermediate_states, which prefix caching's checkpoints need).
 - ``gemma2``: Gemma2ForCausalLM, sliding and global layers alternating (a fallback).
+- ``llama``: LlamaForCausalLM, dense (not hybrid), 4 layers, 4 query heads and 2 KV heads of 64,
+  so that tensor parallelism of 2 splits it (SmolLM2's 9 heads cannot be split in two: vLLM
+  refuses tensor_parallel_size=2 for it). For tests/vllm/test_vllm_tp_dp.py; init std 0.1
+  (at 0.02 its greedy output is one token repeated).
 - ``bamba`` / ``jamba``: kept to show the failures: vLLM 0.32 removed its Bamba implementation
   (the Transformers fallback refuses the model) and has no CPU Mamba1 prefill kernel
   (selective_scan_fwd).
@@ -60,7 +64,7 @@ from typing import Any, Callable, Dict, Sequence
 
 MAKE_VERSION = 2  # bump when a recipe changes: the marker then no longer matches
 KINDS: tuple[str, ...] = ("gemma3", "gemma2", "granitehybrid", "lfm2", "qwen3next", "bamba",
-                          "jamba")
+                          "jamba", "llama")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
 # The SmolLM2 tokenizer's ids (its tokenizer_config / the converted config.json).
@@ -189,6 +193,16 @@ def qwen3next_config(args: argparse.Namespace) -> Any:
         decoder_sparse_step=1, architectures=["Qwen3NextForCausalLM"])
 
 
+def llama_config(args: argparse.Namespace) -> Any:
+    from transformers import LlamaConfig
+
+    # Dense, with head counts that tensor parallelism of 2 divides (1 KV head per rank).
+    return LlamaConfig(
+        **_common(args), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        architectures=["LlamaForCausalLM"])
+
+
 def jamba_config(args: argparse.Namespace) -> Any:
     from transformers import JambaConfig
 
@@ -202,13 +216,14 @@ def jamba_config(args: argparse.Namespace) -> Any:
 
 # Random weights at 0.02 (transformers' default) give LFM2 and Qwen3-Next a greedy output that is
 # one token repeated whatever the prompt; at 0.05 their outputs depend on the prompt.
-INIT_STD: Dict[str, float] = {"lfm2": 0.05, "qwen3next": 0.05}
+INIT_STD: Dict[str, float] = {"lfm2": 0.05, "qwen3next": 0.05, "llama": 0.1}
 
 RECIPES: Dict[str, Callable[[argparse.Namespace], Any]] = {
     "gemma3": gemma3_config, "gemma2": gemma2_config, "granitehybrid": granitehybrid_config,
     "lfm2": lfm2_config, "qwen3next": qwen3next_config,
     "bamba": bamba_config,
     "jamba": jamba_config,
+    "llama": llama_config,
 }
 
 
