@@ -443,11 +443,13 @@ TOKENS = ",".join(str(t) for t in range(1, 33))
 # README row (the command cell, verbatim) -> its quickest real form. Entries with "vllm" also
 # run for real under --part vllm.
 SMOKE = {
+    # The demo prefills two ~1,100-token prompts on the real model: ~22 s on a quiet machine,
+    # 110 s seen beside a sanitizer build; its limit leaves room for a busy ctest -j2.
     "kvtier demo": run_row("demo", "--model", model, "--users", "1", "--turns", "1",
-                           "--no-plot", needs_model=True),
+                           "--no-plot", needs_model=True, timeout=420),
     "kvtier demo --workers 2 [--redis HOST:PORT]": run_row(
         "demo", "--workers", "2", "--model", model, "--turns", "1", "--no-plot",
-        needs_model=True),
+        needs_model=True, timeout=420),
     "kvtier bench copy": run_row("bench", "copy", "--blocks", "16", "--reps", "1"),
     "kvtier bench copy --device cuda": {"fast": cuda_copy},
     "kvtier bench index": run_row("bench", "index", "--tokens", "16384", "--reps", "3"),
