@@ -563,8 +563,7 @@ TEST(ServiceHostile, ClosingAPoolEndsItsLookupConnections) {
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(loaded, 2u * 16);
   EXPECT_TRUE(bytes_ok);
-  EXPECT_LT(took, 3.0) << "model-b waited " << took
-                       << " s for the closed pool's lookup connection";
+  EXPECT_LT(took, 3.0) << "model-b waited " << took << " s for the closed pool's lookup connection";
 }
 
 }  // namespace

@@ -203,8 +203,10 @@ void Server::State::AcceptLoop() {
       // No thread to be had (RLIMIT_NPROC, memory): this connection is refused, the daemon
       // and every engine it serves go on.
       ++stats.refused_connections;
-      KVTIER_LOG(kWarn) << "kvtier serve: no thread for a new connection (" << e.what()
-                        << "); refused";
+      if (stats.refused_connections == 1 || stats.refused_connections % 1000 == 0) {
+        KVTIER_LOG(kWarn) << "kvtier serve: no thread for a new connection (" << e.what()
+                          << "); refused (" << stats.refused_connections << " refused so far)";
+      }
       RefuseUnread(conn->fd.get(),
                    Status::ResourceExhausted("kvtier serve could not start a thread for this "
                                              "connection (" +
