@@ -80,11 +80,17 @@ TEST(BenchRemoteCliTest, ServerDownIsAFailureNotAHang) {
 // daemons over the embedded Redis, every block byte-exact, each path beside its limit.
 TEST(BenchHandoffCliTest, BothPathsDeliverEveryBlockByteExact) {
   KVTIER_REQUIRE_REDIS();
-  CliRun r = Kvtier("bench handoff --tokens 256 --reps 1 --json");
+  // Streaming stores forced (auto streams only loads larger than the last-level cache), so the
+  // one-host loads run both ways: streaming, and the comparison consumer's cached stores.
+  CliRun r = Kvtier("bench handoff --tokens 256 --reps 1 --load-stores streaming --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* key :
        {"\"blocks\": 16", "\"bytes_ok\": true", "\"g2_handoff_vs_memcpy\"", "\"g4_handoff_s\"",
-        "\"memcpy_gbps\"", "\"g4_handoff_direct_to_g1\": true", "\"g4_via_g2_handoff_s\""}) {
+        "\"memcpy_gbps\"", "\"g4_handoff_direct_to_g1\": true", "\"g4_via_g2_handoff_s\"",
+        "\"g2_handoff_samples_s\": [", "\"memcpy_samples_s\": [", "\"g2_handoff_vs_memcpy_median\"",
+        "\"load_stores_used\": \"streaming\"", "\"other_load_stores\": \"cached\"",
+        "\"g2_handoff_phases\": {", "\"engine_copy_ms\"", "\"g4_handoff_samples_s\": [",
+        "\"thp_shmem_enabled\""}) {
     EXPECT_NE(r.out.find(key), std::string::npos) << key << " missing in " << r.out;
   }
 }
@@ -96,6 +102,12 @@ TEST(BenchHandoffCliTest, UsageErrorsSayWhatToFix) {
   r = Kvtier("bench handoff --reps 0 --no-g4");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("--reps 1..100"), std::string::npos) << r.out;
+  r = Kvtier("bench handoff --load-stores sometimes --no-g4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--load-stores auto|cached|streaming"), std::string::npos) << r.out;
+  r = Kvtier("bench handoff --memcpy-pages big --no-g4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--memcpy-pages default|huge|small"), std::string::npos) << r.out;
   r = Kvtier("bench handoff --bogus 1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.out.find("--bogus"), std::string::npos) << r.out;

@@ -154,16 +154,21 @@ TEST(CopyLargeTest, CopiesUnalignedRangesExactly) {
 // Every skew of dst against src (the vector loop takes ranges whose skew is not 0 mod 64, memcpy
 // the rest), every tail length past the last whole 64 bytes, and sizes on both sides of the
 // loop's bounds (256 bytes, 1 MiB): byte-exact, and nothing written outside the range.
-TEST(CopyLargeTest, EverySkewAndTailIsByteExact) {
+// Streaming (non-temporal) stores too: they start at dst's first 64-byte boundary and stop at
+// the last whole step (128 bytes with AVX2, 64 without), the head and tail copied as cached.
+class CopyLargeStoresTest : public ::testing::TestWithParam<Stores> {};
+
+TEST_P(CopyLargeStoresTest, EverySkewAndTailIsByteExact) {
   const size_t cap = (size_t{1} << 20) + 256;
   std::vector<uint8_t> src(cap + 64), dst(cap + 128);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 8));
-  for (uint64_t len : {255ull, 256ull, 257ull, 4096ull + 13, 32768ull, 32768ull + 63,
-                       (1ull << 20) - 1, 1ull << 20, (1ull << 20) + 255}) {
+  for (uint64_t len :
+       {0ull, 1ull, 63ull, 64ull, 127ull, 128ull, 129ull, 191ull, 255ull, 256ull, 257ull,
+        4096ull + 13, 32768ull, 32768ull + 63, (1ull << 20) - 1, 1ull << 20, (1ull << 20) + 255}) {
     for (size_t so : {0u, 1u, 16u, 63u}) {
       for (size_t dof : {0u, 1u, 16u, 48u, 63u}) {
         std::fill(dst.begin(), dst.end(), 0xEE);
-        CopyLarge(dst.data() + 32 + dof, src.data() + so, len);
+        CopyLarge(dst.data() + 32 + dof, src.data() + so, len, GetParam());
         ASSERT_EQ(std::memcmp(dst.data() + 32 + dof, src.data() + so, len), 0)
             << "len " << len << " src+" << so << " dst+" << dof;
         for (size_t i = 0; i < 32 + dof; ++i) ASSERT_EQ(dst[i], 0xEE) << "wrote before dst";
@@ -171,6 +176,39 @@ TEST(CopyLargeTest, EverySkewAndTailIsByteExact) {
       }
     }
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, CopyLargeStoresTest,
+                         ::testing::Values(Stores::kCached, Stores::kStreaming));
+
+// A streamed scatter lands exactly what a cached one does.
+TEST(StreamingScatterTest, MatchesCachedScatter) {
+  KvLayout l;
+  l.num_layers = 4;
+  l.num_kv_heads = 2;
+  l.head_dim = 72;  // 144-byte rows: chunks that end off a 64-byte boundary
+  l.dtype = DType::kBf16;
+  std::vector<uint8_t> a_mem, b_mem;
+  G1Memory a = MakeG1(l, 3, a_mem);
+  G1Memory b = MakeG1(l, 3, b_mem);
+  std::vector<uint8_t> slot(l.BlockBytes() + 5);
+  std::mt19937 rng(7);
+  for (auto& x : slot) x = static_cast<uint8_t>(rng());
+  for (uint32_t layer = 0; layer < l.num_layers; ++layer) {
+    ScatterLayer(a, slot.data() + 5, 2, layer, Stores::kCached);
+    ScatterLayer(b, slot.data() + 5, 2, layer, Stores::kStreaming);
+  }
+  ScatterBlock(a, slot.data() + 5, 0, Stores::kCached);
+  ScatterBlock(b, slot.data() + 5, 0, Stores::kStreaming);
+  EXPECT_EQ(a_mem, b_mem);
+}
+
+TEST(StreamLoadBytesTest, FollowsTheSetting) {
+  EXPECT_EQ(StreamLoadBytes("cached"), UINT64_MAX);
+  EXPECT_EQ(StreamLoadBytes("streaming"), 0u);
+  const uint64_t llc = StreamLoadBytes("auto");
+  EXPECT_GE(llc, uint64_t{1} << 20);
+  EXPECT_LT(llc, UINT64_MAX);
 }
 
 }  // namespace

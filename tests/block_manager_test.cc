@@ -56,6 +56,21 @@ TEST(BlockManagerTest, SecondRequestLoadsTheFirstOnesPrefixFromG2ByteExact) {
   EXPECT_EQ(s.pinned_blocks, 0u);
 }
 
+// transfer.load_stores = streaming: the loads are copied with non-temporal stores (as auto does
+// for loads larger than the last-level cache), and land byte-exact all the same.
+TEST(BlockManagerTest, StreamingLoadsAreByteExact) {
+  Config config = SmallConfig("", 32, 0);
+  ASSERT_TRUE(config.Set("transfer.load_stores", "streaming").ok());
+  EXPECT_FALSE(config.Set("transfer.load_stores", "sometimes").ok());
+  auto mgr = MakeManager(config);
+  MiniEngine engine(mgr.get(), 64);
+  const auto prompt = Prompt(2, 16 * 7 + 5);
+  (void)engine.Run("a", prompt);
+  auto second = engine.Run("b", prompt);
+  EXPECT_EQ(second.loaded_tokens, 16u * 7);
+  EXPECT_EQ(second.mismatched_blocks, 0u);
+}
+
 TEST(BlockManagerTest, TheLastPromptTokenIsAlwaysLeftToCompute) {
   auto mgr = MakeManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "events/event_publisher.h"
 #include "manager/block_manager_impl.h"
+#include "transfer/block_copy.h"
 
 namespace kvtier {
 
@@ -195,6 +196,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   TransferEngine::Config tc;
   tc.copy_threads = static_cast<uint32_t>(cfg.GetUint("transfer.copy_threads"));
   tc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("transfer.max_queued_saves"));
+  tc.stream_load_bytes = StreamLoadBytes(cfg.GetString("transfer.load_stores"));
   tc.device_backend_factory = device_backend_;
   KVTIER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(tc));
   KVTIER_RETURN_IF_ERROR(engine_->RegisterHostArena(g2_.get(), layout_));

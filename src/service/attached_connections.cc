@@ -8,6 +8,7 @@
 #include "service/attached_manager.h"
 #include "service/g1_fetcher.h"
 #include "service/handshake.h"
+#include "service/load_trace.h"
 #include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 
@@ -175,7 +176,16 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
   }
   Status status;
   if (call.dir == 1) {
+    LoadTrace* trace = ActiveLoadTrace();
+    if (trace) {
+      LoadTrace::SetFirst(trace->first_copy_received_ns, LoadTrace::NowNs());
+      trace->batches.fetch_add(1, std::memory_order_relaxed);
+    }
+    const Stores stores = call.copies.size() * layout.BlockBytes() >= stream_load_bytes_
+                              ? Stores::kStreaming
+                              : Stores::kCached;
     for (uint32_t l = 0; l < layout.num_layers && status.ok(); ++l) {
+      const int64_t t0 = trace ? LoadTrace::NowNs() : 0;
       {
         CopyGate::Pass pass(copy_gate_);
         if (Clock::now() >= deadline) {
@@ -184,10 +194,16 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
         }
         if (status = stopped(); !status.ok()) break;
         for (const auto& [block, offset] : call.copies) {
-          ScatterLayer(*g1_, arena_->base() + offset, block, l);
+          ScatterLayer(*g1_, arena_->base() + offset, block, l, stores);
         }
       }
+      const int64_t t1 = trace ? LoadTrace::NowNs() : 0;
+      if (trace) {
+        trace->copy_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+        if (l < LoadTrace::kMaxLayers) LoadTrace::SetMax(trace->layer_copied_ns[l], t1);
+      }
       status = SendReport(fd, MsgType::kCopyLayer, call.batch, l, Status::Ok());
+      if (trace) trace->report_ns.fetch_add(LoadTrace::NowNs() - t1, std::memory_order_relaxed);
       if (!status.ok()) return;  // the daemon is gone
     }
   } else {

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "service/handshake.h"
 #include "tier/cond_wait.h"
+#include "transfer/block_copy.h"
 
 namespace kvtier::service {
 
@@ -35,6 +36,7 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
   KVTIER_ASSIGN_OR_RETURN(m->daemon_uid_, ExpectedDaemonUid(cfg));
   m->call_timeout_ = std::chrono::milliseconds(cfg.GetUint("service.call_timeout_ms"));
   m->reattach_ = std::chrono::milliseconds(cfg.GetUint("service.reattach_ms"));
+  m->stream_load_bytes_ = StreamLoadBytes(cfg.GetString("transfer.load_stores"));
   m->device_factory_ = std::move(device_backend);
   // Test hook (tests/service_test.cc): each block a save copies waits this long first, so a
   // test can kill an engine in the middle of its saves.

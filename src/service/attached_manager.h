@@ -187,6 +187,9 @@ class AttachedManager {
   std::unique_ptr<DeviceCopyBackend> device_;  // device G1 only
   std::atomic<uint64_t> seq_{0};
   std::chrono::milliseconds copy_stall_{0};  // KVTIER_TEST_ATTACHED_COPY_STALL_MS (Create)
+  // A kCopy load of at least this many bytes is copied with non-temporal stores
+  // (transfer.load_stores, block_copy.h). Set by Create, read-only after.
+  uint64_t stream_load_bytes_ = UINT64_MAX;
   // Set by FenceCopies, cleared when a data connection opens: RunCopy checks it inside each
   // pass, before each block or layer.
   std::atomic<bool> copies_stopped_{false};

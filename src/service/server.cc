@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "core/log.h"
+#include "service/load_trace.h"
 #include "service/server_state.h"
 #include "tier/cond_wait.h"
 
@@ -226,6 +227,9 @@ std::shared_ptr<Conn> Server::State::DataConn(uint32_t instance) {
 Status Server::State::SendCopy(uint32_t instance, const CopyCall& call) {
   WireWriter w;
   EncodeCopy(&w, call);
+  if (LoadTrace* trace = ActiveLoadTrace(); trace && call.dir == 1) {
+    LoadTrace::SetFirst(trace->first_copy_queued_ns, LoadTrace::NowNs());
+  }
   return Queue(DataConn(instance), MsgType::kCopy, w.Take());
 }
 
@@ -431,7 +435,12 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
               type == MsgType::kCopyLayer ? r.U32("copy.layer", &layer) : DecodeStatus(&r, &status);
         }
         if (ok.ok()) ok = r.Done();
-        if (ok.ok() && type == MsgType::kCopyLayer) p->backend->OnLayer(instance, batch, layer);
+        if (ok.ok() && type == MsgType::kCopyLayer) {
+          if (LoadTrace* trace = ActiveLoadTrace(); trace && layer < LoadTrace::kMaxLayers) {
+            LoadTrace::SetMax(trace->layer_reported_ns[layer], LoadTrace::NowNs());
+          }
+          p->backend->OnLayer(instance, batch, layer);
+        }
         if (ok.ok() && type == MsgType::kCopyDone) p->backend->OnDone(instance, batch, status);
       } else if (type == MsgType::kFetchDone) {
         FetchDone done;

@@ -287,9 +287,11 @@ Result<std::shared_ptr<TransferJob>> TransferEngine::Submit(std::vector<BlockTra
     // Layer-major, so that layer 0 of every block lands first and the engine can start on it;
     // each item copies one layer of a group of blocks, about 1 MiB.
     const size_t per_item = std::max<uint64_t>(1, (1u << 20) / layout_.LayerBytes());
+    const bool stream = scatters.size() * layout_.BlockBytes() >= config_.stream_load_bytes;
     for (uint32_t l = 0; l < layout_.num_layers; ++l) {
       for (size_t b = 0; b < scatters.size(); b += per_item) {
         WorkItem it{job, 0, static_cast<int32_t>(l), {}};
+        it.stream = stream;
         const size_t e = std::min(scatters.size(), b + per_item);
         it.moves.assign(scatters.begin() + b, scatters.begin() + e);
         items.push_back(std::move(it));
@@ -564,7 +566,8 @@ void TransferEngine::Execute(const WorkItem& item) {
     const uint32_t layer = static_cast<uint32_t>(item.layer);
     for (uint32_t i : item.moves) {
       const BlockTransfer& mv = job.moves()[i];
-      ScatterLayer(g1_, Payload(mv.g2_slot), mv.g1_block, layer);
+      ScatterLayer(g1_, Payload(mv.g2_slot), mv.g1_block, layer,
+                   item.stream ? Stores::kStreaming : Stores::kCached);
     }
     bytes_by_op_[OpIndex(Op::kG2ToG1)].fetch_add(layout_.LayerBytes() * item.moves.size(),
                                                  std::memory_order_relaxed);

@@ -69,6 +69,10 @@ class TransferEngine final : private DiskCompletionSink {
   struct Config {
     uint32_t copy_threads = 2;         // memcpy workers, 1..256
     uint32_t max_queued_saves = 1024;  // save moves waiting for a worker at most, >= 1
+    // A load of at least this many G2 -> G1 bytes into a host G1 is copied with non-temporal
+    // stores (Stores::kStreaming, block_copy.h); UINT64_MAX: never, 0: always
+    // (transfer.load_stores).
+    uint64_t stream_load_bytes = UINT64_MAX;
     // The CUDA backend's settings, used when a device G1 is registered.
     DeviceCopyBackend::Config cuda;
     // Makes the device backend when a device G1 is registered; null = CreateCudaBackend. Tests
@@ -198,6 +202,7 @@ class TransferEngine final : private DiskCompletionSink {
     // one job update per item rather than per block.
     std::vector<uint32_t> moves;
     uint32_t staging = BlockTransfer::kAnyStagingSlot;  // staged scatter: the pool slot used
+    bool stream = false;  // a scatter of a large load: non-temporal stores
   };
   struct DiskOp {
     std::shared_ptr<TransferJob> job;
