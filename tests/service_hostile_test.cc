@@ -83,25 +83,7 @@ TEST(ServiceHostileChild, Run) {
   const uint32_t arg = static_cast<uint32_t>(std::atoi(std::getenv("KVTIER_TEST_HOSTILE_ARG")));
   if (role == "stall") {
     Engine e = MakeEngine(socket, "child-stall-" + std::to_string(::getpid()));
-    const KvLayout& l = e.g1.layout;
-    const std::vector<TokenId> prompt = Prompt(arg, 32 * l.tokens_per_block + 1);
-    RequestSpec spec;
-    spec.request_id = "k-req";
-    spec.prompt = prompt;
-    (void)e.manager->Lookup(spec, 0);
-    std::vector<uint32_t> ids;
-    for (uint32_t b = 0; b < 33; ++b) ids.push_back(b);
-    (void)e.manager->PrepareLoad("k-req", ids, 0);
-    for (uint32_t b = 0; b < 32; ++b) {
-      FillBlock(e.g1_bytes.data() + uint64_t{b} * l.BlockBytes(), l.BlockBytes(), arg, b);
-    }
-    // Four save batches of 8 blocks, as four engine steps would commit them: the first ends
-    // (its blocks counted) while the others are still lent.
-    for (uint32_t round = 1; round <= 4; ++round) {
-      (void)e.manager->Commit(
-          "k-req", std::span<const TokenId>(prompt.data(), round * 8 * l.tokens_per_block), ids);
-      (void)e.manager->StartSave();
-    }
+    CommitStalledSaves(e, arg);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (role == "same-name") {

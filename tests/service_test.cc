@@ -77,24 +77,7 @@ TEST(ServiceChild, Run) {
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   }
   if (std::string(role) == "stall") {
-    const KvLayout& l = e.g1.layout;
-    const std::vector<TokenId> prompt = Prompt(seed, 32 * l.tokens_per_block + 1);
-    RequestSpec spec;
-    spec.request_id = "k-req";
-    spec.prompt = prompt;
-    (void)e.manager->Lookup(spec, 0);
-    std::vector<uint32_t> ids;
-    for (uint32_t b = 0; b < 33; ++b) ids.push_back(b);
-    (void)e.manager->PrepareLoad("k-req", ids, 0);
-    for (uint32_t b = 0; b < 32; ++b) {
-      FillBlock(e.g1_bytes.data() + uint64_t{b} * l.BlockBytes(), l.BlockBytes(), seed, b);
-    }
-    // Four save batches of 8 blocks, as four engine steps would commit them.
-    for (uint32_t round = 1; round <= 4; ++round) {
-      (void)e.manager->Commit(
-          "k-req", std::span<const TokenId>(prompt.data(), round * 8 * l.tokens_per_block), ids);
-      (void)e.manager->StartSave();
-    }
+    CommitStalledSaves(e, seed);
     std::fprintf(stderr, "child: saves started\n");
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }

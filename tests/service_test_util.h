@@ -166,6 +166,30 @@ inline uint32_t LookupAndLoad(Engine& e, const std::string& id, uint32_t seed, u
   return loaded;
 }
 
+// Commits prompt `seed` (32 blocks) in four save batches of 8 blocks, as four engine steps
+// would, and starts them: with KVTIER_TEST_ATTACHED_COPY_STALL_MS set, the first batch ends
+// (its blocks counted) while the others are still lent to this engine. The "stall" child of
+// the service tests, which then waits to be killed.
+inline void CommitStalledSaves(Engine& e, uint32_t seed) {
+  const KvLayout& l = e.g1.layout;
+  const std::vector<TokenId> prompt = Prompt(seed, 32 * l.tokens_per_block + 1);
+  RequestSpec spec;
+  spec.request_id = "k-req";
+  spec.prompt = prompt;
+  (void)e.manager->Lookup(spec, 0);
+  std::vector<uint32_t> ids;
+  for (uint32_t b = 0; b < 33; ++b) ids.push_back(b);
+  (void)e.manager->PrepareLoad("k-req", ids, 0);
+  for (uint32_t b = 0; b < 32; ++b) {
+    FillBlock(e.g1_bytes.data() + uint64_t{b} * l.BlockBytes(), l.BlockBytes(), seed, b);
+  }
+  for (uint32_t round = 1; round <= 4; ++round) {
+    (void)e.manager->Commit(
+        "k-req", std::span<const TokenId>(prompt.data(), round * 8 * l.tokens_per_block), ids);
+    (void)e.manager->StartSave();
+  }
+}
+
 // A Hello of this test's model and layout sent by hand on `fd`, and the daemon's reply frame.
 inline Result<service::Frame> RawHello(int fd, service::Role role, const std::string& instance,
                                        const std::string& model = "service-test") {
