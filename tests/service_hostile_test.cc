@@ -26,12 +26,6 @@ using namespace service_test;  // NOLINT: the helpers of every service test
 
 constexpr uid_t kNobody = 65534;
 
-int WaitExit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 // Kills and reaps a child at scope end unless released.
 struct Reap {
   pid_t pid = -1;

@@ -49,12 +49,6 @@ pid_t SpawnEngine(const std::string& role, const std::string& socket, const std:
   return pid;
 }
 
-int WaitExit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 // The child side. Roles:
 //   load   loads prompt ARG (8 blocks) and exits 0 when all of it came from kvtier intact
 //   save   computes and saves prompt ARG (8 blocks), exits 0

@@ -205,6 +205,13 @@ inline Result<service::Frame> RawHello(int fd, service::Role role, const std::st
   return service::RecvFrame(fd, Clock::now() + std::chrono::seconds(5));
 }
 
+// Waits for child `pid`: its exit code, or 128 + the signal that ended it.
+inline int WaitExit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // A real `kvtier serve` process.
 class Daemon {
  public:
