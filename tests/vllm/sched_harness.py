@@ -331,12 +331,14 @@ class Harness:
         for nr in so.scheduled_new_reqs:
             self.reqs[nr.req_id] = self._runner_req(nr.req_id, list(nr.block_ids[0]))
         cached = so.scheduled_cached_reqs
+        # vLLM 0.32/0.33 list resumed requests here; 0.34 sends them again as new requests.
+        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
         computed: Dict[str, int] = {nr.req_id: nr.num_computed_tokens
                                     for nr in so.scheduled_new_reqs}
         for i, rid in enumerate(cached.req_ids):
             r = self.reqs.get(rid)
             new_ids = cached.new_block_ids[i]
-            if rid in cached.resumed_req_ids:
+            if rid in resumed:
                 # Resumed after preemption: a new block table.
                 r = self.reqs[rid] = self._runner_req(rid, list(new_ids[0]) if new_ids else [])
             elif new_ids is not None and r is not None:
@@ -355,7 +357,7 @@ class Harness:
             first = local.get(rid, computed[rid])
             end = min(computed[rid] + n, len(r.block_ids) * self.block_size)
             if rid in local or rid in {x.req_id for x in so.scheduled_new_reqs} \
-                    or rid in cached.resumed_req_ids:
+                    or rid in resumed:
                 self._poison(r.block_ids, first, end)
         for hook in self.hooks_before_execute:
             hook(self, so)
@@ -409,10 +411,11 @@ class Harness:
                                    kv_cache_events=w.get_kv_connector_kv_cache_events())
         w.clear_connector_metadata()
         req_ids = list(so.num_scheduled_tokens)
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in
-                                                                   enumerate(req_ids)},
-                                 sampled_token_ids=[sampled[r] for r in req_ids],
-                                 kv_connector_output=kv_out)
+        fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+        index = ({"req_id_to_index": {r: i for i, r in enumerate(req_ids)}}
+                 if "req_id_to_index" in fields else {})  # vLLM 0.32/0.33; 0.34 dropped it
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=[sampled[r] for r in req_ids],
+                                 kv_connector_output=kv_out, **index)
 
     def _runner_req(self, rid: str, block_ids: List[int]) -> _RunnerReq:
         p = self.prompts[rid]

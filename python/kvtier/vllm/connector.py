@@ -76,6 +76,7 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvtier
+from kvtier.vllm import compat
 from kvtier.vllm.keys import UnkeyableRequest, adapter_id, block_extras, model_fingerprint
 from kvtier.vllm.layouts import KvCacheLayout, describe_kv_caches
 from kvtier.vllm.daemon_lookup import DaemonLookupClient, instance_name
@@ -234,6 +235,21 @@ class _WorkerReq:
     group_block_ids: List[List[int]] = dataclasses.field(default_factory=list)  # hybrid
 
 
+_VOUCHED: Optional[compat.CheckReport] = None
+
+
+def _vouch_for_vllm() -> None:
+    """compat.check_vllm once per process: raises VllmNotVouched, or logs what was checked."""
+    global _VOUCHED
+    if _VOUCHED is None:
+        report = compat.check_vllm()
+        (logger.info if report.tested else logger.warning)(
+            "kvtier: %s%s", report.summary(),
+            "" if report.tested else f"; it runs because every check passed (checked: "
+                                     f"{', '.join(report.checked)})")
+        _VOUCHED = report
+
+
 class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM's KV connector over kvtier's BlockManager (see the module docstring). A
     SupportsHMA: vLLM keeps its hybrid memory allocator on for hybrid models
@@ -243,6 +259,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: Optional["KVCacheConfig"] = None) -> None:
+        # Refuses (VllmNotVouched) a vLLM whose structures kvtier has not seen (compat.py).
+        _vouch_for_vllm()
         super().__init__(vllm_config, role, kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._settings = ConnectorSettings.parse(extra)
@@ -251,11 +269,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         pc = vllm_config.parallel_config
         self._tp_size = pc.tensor_parallel_size
         self._pp_size = pc.pipeline_parallel_size
-        # data_parallel_index: the replica's rank even where vLLM resets data_parallel_rank to
-        # 0 (dense models).
-        self._dp_rank = int(getattr(pc, "data_parallel_index", None)
-                            or getattr(pc, "data_parallel_rank", 0) or 0)
-        self._dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
+        self._dp_rank, self._dp_size, _ = compat.parallel_ranks(pc)
         self._check_deployment(vllm_config)
         self._groups = plan_groups(kv_cache_config, self._block_size)
         self._state_group_ids = {g.index for g in self._groups.state_groups}
@@ -266,7 +280,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._model_name = self._settings.model_id or str(vllm_config.model_config.model)
         # Disaggregated prefill/decode (docs/pd.md): vLLM's kv_role, or per request vLLM's own
         # do_remote_prefill / do_remote_decode.
-        self._kv_role = str(getattr(self._kv_transfer_config, "kv_role", None) or "kv_both")
+        self._kv_role = compat.kv_role(self._kv_transfer_config)
         self._manager: Optional[kvtier.BlockManager] = None  # worker side only
         if role == KVConnectorRole.SCHEDULER:
             self._apply_load_failure_policy()
@@ -275,11 +289,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._init_worker()
 
     def _check_deployment(self, vllm_config: "VllmConfig") -> None:
-        pc = vllm_config.parallel_config
-        try:
-            nnodes = int(getattr(pc, "nnodes_within_dp", None) or getattr(pc, "nnodes", 1) or 1)
-        except ValueError:
-            nnodes = int(getattr(pc, "nnodes", 1) or 1)
+        nnodes = compat.parallel_ranks(vllm_config.parallel_config)[2]
         if nnodes > 1 and self._tp_size * self._pp_size > 1:
             # The lookup channel is a local socket: a rank on another node cannot answer it, and
             # every lookup would silently miss.
@@ -299,7 +309,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # otherwise recomputes (kvtier is a cache: a lost block is a miss).
         chosen = self._settings.load_failure_policy
         if chosen == "auto":
-            current = getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail")
+            current = compat.load_failure_policy(self._kv_transfer_config)
             if current != "recompute":
                 logger.info("kvtier: kv_load_failure_policy is 'fail' (vLLM's default); "
                             "kvtier recomputes blocks that fail to load instead. Set "
@@ -347,9 +357,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def _state(self, request: "Request") -> _SchedReq:
         state = self._reqs.get(request.request_id)
         if state is None:
-            controls = RequestControls.parse(getattr(request, "kv_transfer_params", None))
+            controls = RequestControls.parse(compat.kv_transfer_params(request))
             state = self._reqs[request.request_id] = _SchedReq(
-                request, controls, generation=int(getattr(request, "num_preemptions", 0)),
+                request, controls, generation=compat.num_preemptions(request),
                 consumer=self._kv_role == "kv_consumer" or controls.remote_prefill,
                 producer=self._kv_role == "kv_producer" or controls.remote_decode)
             if controls.error:
@@ -361,7 +371,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _sync_generation(self, state: _SchedReq) -> None:
         """A preempted request starts again as a new kvtier request (rule 4)."""
-        gen = int(getattr(state.request, "num_preemptions", 0))
+        gen = compat.num_preemptions(state.request)
         if gen == state.generation:
             return
         self._preempted.append(state.key)
@@ -402,7 +412,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # Still looked up when nothing may load: the lookup tells the workers what the request
         # is, so that its blocks are saved.
         load_tiers = c.load_tiers
-        if not c.load or getattr(request, "skip_reading_prefix_cache", False):
+        if not c.load or compat.skips_external_kv(request):
+            # vLLM takes no connector KV for it (0.34 zeroes the hit itself): no load is
+            # planned, no G4 is queried, no block is pinned, no hit is counted.
             load_tiers = "none"
         elif state.load_failures >= self._settings.max_load_failures:
             self._sched_counts["load_retries_exhausted"] += 1
@@ -645,18 +657,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 meta.loads.append(state.pending_load)
                 state.pending_load = None
         # Saves: every full block whose KV exists once this step has run (rule 1).
-        cached = scheduler_output.scheduled_cached_reqs
-        updates: List[Tuple[str, Optional[Tuple[List[int], ...]], bool]] = [
-            (r.req_id, r.block_ids, True) for r in scheduler_output.scheduled_new_reqs]
-        for i, rid in enumerate(cached.req_ids):
-            resumed = rid in cached.resumed_req_ids
-            updates.append((rid, cached.new_block_ids[i], resumed))
+        updates = compat.scheduled_updates(scheduler_output)
         hybrid = self._groups.hybrid
         p = self._groups.primary if hybrid else 0
         # vLLM hands the mamba ("align") states of the boundaries it keeps over with their exact
         # blocks: a state group's table cannot be read positionally (groups.py).
-        block_state = getattr(scheduler_output, "kv_connector_block_state", None)
-        offers = getattr(block_state, "boundary_state_offloads", None) or {}
+        offers = compat.boundary_state_offloads(scheduler_output)
         for rid, new_ids, replace in updates:
             state = self._reqs.get(rid)
             if state is None:
@@ -692,8 +698,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             frontier = min(frontier, req.num_prompt_tokens)
         # Newer vLLMs (not 0.32) say how many of a request's blocks hold published KV (with
         # EAGLE, the draft's KV too): no block past them is saved (docs/wip/hma-plan.md 3.5).
-        publishable = getattr(req, "num_publishable_block_hashes", None)
-        if isinstance(publishable, int) and publishable >= 0:
+        publishable = compat.publishable_blocks(req)
+        if publishable is not None:
             frontier = min(frontier, publishable * self._block_size)
         full = frontier - frontier % self._block_size
         if full <= state.tokens_sent:
@@ -730,7 +736,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             state = self._reqs.get(rid)
             if state is not None:
                 state.load_in_flight = False
-        for rid in getattr(connector_output, "failed_recving", None) or ():
+        for rid in compat.failed_recving(connector_output):
             # A hybrid load that lost blocks: vLLM recomputes the request from the start.
             state = self._reqs.get(rid)
             if state is not None:
