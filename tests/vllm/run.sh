@@ -2,8 +2,11 @@
 # ctest vllm_connector_test: KvtierConnector on a real vLLM (CPU backend) and the layout tests.
 # Makes (once; cached outside the clone) the vLLM environment and the converted model with
 # scripts/setup-vllm.sh, then runs tests/vllm/ with this build's kvtier package.
-# Usage: tests/vllm/run.sh BUILD_DIR [test_file.py ...] [pytest args...]
+# Usage: tests/vllm/run.sh BUILD_DIR [--vllm=VERSION[-engine]] [test_file.py ...] [pytest args...]
 # (without test files: the connector and layout tests)
+# --vllm=VERSION: vLLM VERSION's Python classes over the 0.32 CPU environment
+# (scripts/setup-vllm-overlay.sh; the scheduler-level tests); VERSION-engine also lays 0.32's
+# CPU kernels under them, so that a real engine of VERSION runs (0.33).
 # Exit 77 (ctest: skipped) when vLLM cannot be installed because PyPI is unreachable; every
 # other failure fails the test.
 set -uo pipefail
@@ -13,6 +16,31 @@ shift
 . "$ROOT/scripts/vllm-env.sh"
 kvtier_vllm_env vllm_connector_test
 export PYTHONPATH="$BUILD/python"
+case "${1:-}" in
+  --vllm=*)
+    flavor="${1#--vllm=}"
+    shift
+    version="${flavor%-engine}"
+    engine=()
+    [ "$version" = "$flavor" ] || engine=(--engine)
+    overlay="$("$ROOT/scripts/setup-vllm-overlay.sh" "$version" "${engine[@]}")"
+    rc=$?
+    if [ $rc -eq 3 ]; then
+      echo "SKIPPED: vLLM $version could not be downloaded (PyPI unreachable); nothing ran" >&2
+      exit 77
+    elif [ $rc -ne 0 ]; then
+      echo "run.sh: scripts/setup-vllm-overlay.sh $version failed (exit $rc)" >&2
+      exit 1
+    fi
+    eval "$overlay"
+    export PYTHONPATH="$KVTIER_VLLM_OVERLAY:$BUILD/python"
+    # 0.34 builds its platform for the CPU only when told (its wheel is a CUDA build).
+    export VLLM_TARGET_DEVICE=cpu
+    # The tests check which vLLM answered (test_vllm_compat.py).
+    export KVTIER_TEST_VLLM_VERSION="$version"
+    echo "run.sh: vLLM $version's Python ($KVTIER_VLLM_OVERLAY) over the 0.32 CPU environment" >&2
+    ;;
+esac
 export KVTIER_TEST_VLLM_MODEL="$KVTIER_VLLM_MODEL"
 export KVTIER_TEST_CLI="$BUILD/kvtier"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
