@@ -223,10 +223,11 @@ class Harness:
 
     def add(self, req_id: str, prompt: List[int], max_tokens: int = 8,
             cache_salt: Optional[str] = None,
-            kv_transfer_params: Optional[Dict[str, Any]] = None) -> None:
+            kv_transfer_params: Optional[Dict[str, Any]] = None, **sampling: Any) -> None:
+        """`sampling`: more SamplingParams fields (skip_reading_prefix_cache, ...)."""
         extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            extra_args=extra)
+                            extra_args=extra, **sampling)
         sp.update_from_generation_config({}, None)
         req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sp,
                       pooling_params=None, cache_salt=cache_salt,
