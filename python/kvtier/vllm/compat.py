@@ -145,6 +145,85 @@ def load_failure_policy(kv_transfer_config: Any) -> str:
     return str(getattr(kv_transfer_config, "kv_load_failure_policy", "fail"))
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    """What kvtier reads of one KV cache group (vLLM's KVCacheGroupSpec and its spec), fields
+    that some versions or spec types lack read as their "absent" meaning."""
+    spec_type: str  # FullAttentionSpec, SlidingWindowSpec, MambaSpec, ...
+    layer_names: Tuple[str, ...]
+    block_size: Optional[int]
+    sliding_window: int  # 0: none
+    transferable: bool  # enable_kv_transfer (newer vLLMs; True when absent)
+    host_resident: bool  # in a host pool (newer vLLMs; False when absent)
+    mamba_cache_mode: str  # "none" when absent
+    speculative_blocks: int
+    prefill_checkpoint_blocks: int
+
+
+def kv_cache_groups(kv_cache_config: Any) -> List[GroupSpec]:
+    """Every KV cache group of vLLM's KVCacheConfig ([] when vLLM passes no config)."""
+    out = []
+    for g in list(getattr(kv_cache_config, "kv_cache_groups", None) or []):
+        spec = g.kv_cache_spec
+        bs = getattr(spec, "block_size", None)
+        out.append(GroupSpec(
+            spec_type=type(spec).__name__, layer_names=tuple(g.layer_names),
+            block_size=int(bs) if bs is not None else None,
+            sliding_window=int(getattr(spec, "sliding_window", 0) or 0),
+            transferable=bool(getattr(g, "enable_kv_transfer", True)),
+            host_resident=bool(getattr(g, "host_resident", False)),
+            mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
+            speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
+            prefill_checkpoint_blocks=int(getattr(spec, "num_prefill_checkpoint_blocks", 0)
+                                          or 0)))
+    return out
+
+
+def hash_block_size(kv_cache_config: Any) -> Optional[int]:
+    """The block size vLLM hashes prefixes with, where it differs from the cache's (None:
+    vLLM does not say)."""
+    n = getattr(kv_cache_config, "hash_block_size", None)
+    return int(n) if n is not None else None
+
+
+def kv_cache_num_blocks(kv_cache_config: Any) -> Optional[int]:
+    """The KV cache manager's block count (None where vLLM passes no config)."""
+    n = getattr(kv_cache_config, "num_blocks", None)
+    return int(n) if n is not None else None
+
+
+def hands_over_boundary_states() -> bool:
+    """Whether the scheduler hands mamba states at block boundaries to connectors
+    (SchedulerOutput.kv_connector_block_state)."""
+    try:
+        from vllm.v1.core.sched.output import KVConnectorBlockState  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def mm_features(request: Any) -> Sequence[Any]:
+    return getattr(request, "mm_features", None) or ()
+
+
+def mm_identifier(feature: Any) -> Optional[str]:
+    return getattr(feature, "identifier", None)
+
+
+def prompt_embeds(request: Any) -> Any:
+    return getattr(request, "prompt_embeds", None)
+
+
+def lora(request: Any) -> Any:
+    return getattr(request, "lora_request", None)
+
+
+def lora_path(lora_request: Any) -> str:
+    """The adapter's path (lora_path, or path in versions that renamed it; "" when none)."""
+    return str(getattr(lora_request, "lora_path", None) or getattr(lora_request, "path", None)
+               or "")
+
+
 # ---------------------------------------------------------------------------------------------
 # The start-up check
 # ---------------------------------------------------------------------------------------------

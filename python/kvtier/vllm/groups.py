@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Optional, Sequence, Tuple
 
+from kvtier.vllm import compat
+
 FULL, SLIDING, STATE = "full", "sliding", "state"
 _SPEC_KINDS = {FULL: "full_attention", SLIDING: "sliding_window", STATE: "mamba"}
 GROUP_TAG = "\x00kvtier-group-"  # appended to a request's salt: group g's key space
@@ -72,20 +74,19 @@ class GroupPlan:
 
 def plan_groups(kv_cache_config: Optional[Any], block_size: int) -> GroupPlan:
     """Reads vLLM's KVCacheConfig (None on vLLMs that pass none: one group)."""
-    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    groups = compat.kv_cache_groups(kv_cache_config)
     if len(groups) <= 1:
         return GroupPlan([])
     out: List[KvGroup] = []
     for i, g in enumerate(groups):
-        spec = g.kv_cache_spec
-        name = type(spec).__name__
-        window = int(getattr(spec, "sliding_window", 0) or 0)
+        name = g.spec_type
+        window = g.sliding_window
         if name == "FullAttentionSpec" and not window:
             kind = FULL
         elif name == "SlidingWindowSpec" and window > 0:
             kind = SLIDING
         elif name == "MambaSpec":
-            why = _state_refusal(spec)
+            why = _state_refusal(g)
             if why:
                 return GroupPlan([], refused=f"KV cache group {i} is a MambaSpec {why}")
             kind = STATE
@@ -94,11 +95,11 @@ def plan_groups(kv_cache_config: Optional[Any], block_size: int) -> GroupPlan:
                 f"KV cache group {i} is a {name} (layers {list(g.layer_names)[:3]}...); kvtier "
                 f"saves and loads full-attention, sliding-window and mamba (align) groups "
                 f"only"))
-        if not getattr(g, "enable_kv_transfer", True) or getattr(g, "host_resident", False):
+        if not g.transferable or g.host_resident:
             return GroupPlan([], refused=(
                 f"KV cache group {i} ({name}) is not transferable or lives in a host pool "
                 f"(enable_kv_transfer / host_resident); kvtier moves plain device groups only"))
-        bs = int(getattr(spec, "block_size", block_size))
+        bs = g.block_size if g.block_size is not None else block_size
         if bs != block_size:
             return GroupPlan([], refused=(
                 f"KV cache group {i} has block size {bs}, the scheduler {block_size}; kvtier "
@@ -113,29 +114,27 @@ def plan_groups(kv_cache_config: Optional[Any], block_size: int) -> GroupPlan:
         return GroupPlan([], refused=(
             "no full-attention KV cache group; kvtier keys a hybrid model's blocks by its "
             "full-attention group"))
-    hash_bs = getattr(kv_cache_config, "hash_block_size", None)
-    if hash_bs is not None and int(hash_bs) != block_size:
+    hash_bs = compat.hash_block_size(kv_cache_config)
+    if hash_bs is not None and hash_bs != block_size:
         return GroupPlan([], refused=(
             f"hash_block_size {hash_bs} differs from the block size {block_size}"))
     return GroupPlan(out)
 
 
-def _state_refusal(spec: Any) -> str:
+def _state_refusal(spec: compat.GroupSpec) -> str:
     """Why kvtier cannot move a MambaSpec group ("" when it can)."""
-    mode = getattr(spec, "mamba_cache_mode", "none")
+    mode = spec.mamba_cache_mode
     if mode != "align":
         return (f"in mamba_cache_mode {mode!r} (its block holds the running state, not one at "
                 f"a block boundary); kvtier moves mamba groups with prefix caching on "
                 f"(mode 'align')")
-    if int(getattr(spec, "num_speculative_blocks", 0) or 0):
+    if spec.speculative_blocks:
         return ("with speculative state blocks (num_speculative_blocks > 0); kvtier does not "
                 "move mamba groups under speculative decoding")
-    if int(getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0):
+    if spec.prefill_checkpoint_blocks:
         return ("with in-pass prefill checkpoints (num_prefill_checkpoint_blocks > 0); kvtier "
                 "moves states only at the block boundaries where a step ended")
-    try:  # the scheduler's hand-off of boundary states (vLLM 0.32)
-        from vllm.v1.core.sched.output import KVConnectorBlockState  # noqa: F401
-    except ImportError:
+    if not compat.hands_over_boundary_states():
         return ("and this vLLM hands no boundary states to connectors "
                 "(SchedulerOutput.kv_connector_block_state); kvtier needs it to save states")
     return ""

@@ -28,6 +28,8 @@ import os
 import struct
 from typing import Any, Dict, Iterable, List, Optional
 
+from kvtier.vllm import compat
+
 # Extra-key tags kvtier leaves to the namespace (vLLM also mixes them into every block).
 _NAMESPACE_TAGS = ("lora", "cache_salt")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".npz", ".msgpack",
@@ -48,8 +50,7 @@ class UnkeyableRequest(Exception):
 
 
 def needs_extras(request: Any) -> bool:
-    return bool(getattr(request, "mm_features", None)) or \
-        getattr(request, "prompt_embeds", None) is not None
+    return bool(compat.mm_features(request)) or compat.prompt_embeds(request) is not None
 
 
 def block_extras(request: Any, block_size: int) -> List[bytes]:
@@ -61,8 +62,8 @@ def block_extras(request: Any, block_size: int) -> List[bytes]:
     if _vllm_extra_keys is None:
         raise UnkeyableRequest("this vLLM has no generate_block_hash_extra_keys; kvtier "
                                "cannot key multimodal or prompt-embeds requests")
-    for f in getattr(request, "mm_features", None) or ():
-        if getattr(f, "identifier", None) is None:
+    for f in compat.mm_features(request):
+        if compat.mm_identifier(f) is None:
             raise UnkeyableRequest("a multimodal input without an identifier (hash)")
     num_prompt = int(request.num_prompt_tokens)
     out: List[bytes] = []
@@ -81,10 +82,10 @@ def block_extras(request: Any, block_size: int) -> List[bytes]:
 def adapter_id(request: Any) -> str:
     """The LoRA part of the key namespace: the adapter's name and path (vLLM keys both, so
     re-pointing a name at another adapter does not reuse the old one's KV)."""
-    lora = getattr(request, "lora_request", None)
+    lora = compat.lora(request)
     if lora is None:
         return ""
-    path = getattr(lora, "lora_path", None) or getattr(lora, "path", None) or ""
+    path = compat.lora_path(lora)
     return f"{lora.lora_name}\x00{path}" if path else str(lora.lora_name)
 
 
