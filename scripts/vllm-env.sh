@@ -7,15 +7,27 @@
 # (ctest: skipped; the benchmark maps it to 3); any other failure exits 1. WHAT names the caller
 # in the messages.
 kvtier_vllm_env() {
-  local what="$1" root setup rc
+  _kvtier_vllm_setup "$1" "vLLM for the CPU could not be installed" setup-vllm.sh
+}
+
+#   kvtier_vllm_overlay WHAT VERSION [--engine]
+# the same for scripts/setup-vllm-overlay.sh: sets KVTIER_VLLM_OVERLAY (vLLM VERSION's Python,
+# to put first on PYTHONPATH).
+kvtier_vllm_overlay() {
+  _kvtier_vllm_setup "$1" "vLLM $2 could not be downloaded" setup-vllm-overlay.sh "${@:2}"
+}
+
+_kvtier_vllm_setup() {
+  local what="$1" unreachable="$2" script="$3" root setup rc
+  shift 3
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  setup="$("$root/scripts/setup-vllm.sh")"
+  setup="$("$root/scripts/$script" "$@")"
   rc=$?
   if [ $rc -eq 3 ]; then
-    echo "SKIPPED: $what: vLLM for the CPU could not be installed (PyPI unreachable); nothing ran" >&2
+    echo "SKIPPED: $what: $unreachable (PyPI unreachable); nothing ran" >&2
     exit 77
   elif [ $rc -ne 0 ]; then
-    echo "$what: scripts/setup-vllm.sh failed (exit $rc)" >&2
+    echo "$what: scripts/$script failed (exit $rc)" >&2
     exit 1
   fi
   eval "$setup"

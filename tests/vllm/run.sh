@@ -23,16 +23,7 @@ case "${1:-}" in
     version="${flavor%-engine}"
     engine=()
     [ "$version" = "$flavor" ] || engine=(--engine)
-    overlay="$("$ROOT/scripts/setup-vllm-overlay.sh" "$version" "${engine[@]}")"
-    rc=$?
-    if [ $rc -eq 3 ]; then
-      echo "SKIPPED: vLLM $version could not be downloaded (PyPI unreachable); nothing ran" >&2
-      exit 77
-    elif [ $rc -ne 0 ]; then
-      echo "run.sh: scripts/setup-vllm-overlay.sh $version failed (exit $rc)" >&2
-      exit 1
-    fi
-    eval "$overlay"
+    kvtier_vllm_overlay "vllm tests on vLLM $version" "$version" "${engine[@]}"
     export PYTHONPATH="$KVTIER_VLLM_OVERLAY:$BUILD/python"
     # 0.34 builds its platform for the CPU only when told (its wheel is a CUDA build).
     export VLLM_TARGET_DEVICE=cpu
