@@ -18,7 +18,10 @@ from kvtier.vllm.settings import ConnectorSettings
 def test_new_keys_are_checked() -> None:
     s = ConnectorSettings.parse({})
     assert (s.load_failure_policy, s.max_load_failures, s.save_decode_tokens) == ("auto", 2, True)
+    assert s.allow_unvouched_layout is False
+    assert ConnectorSettings.parse({"allow_unvouched_layout": True}).allow_unvouched_layout
     for bad, what in [({"max_load_failures": -1}, "max_load_failures"),
+                      ({"allow_unvouched_layout": 1}, "allow_unvouched_layout"),
                       ({"max_load_failures": True}, "max_load_failures"),
                       ({"save_decode_tokens": "yes"}, "save_decode_tokens"),
                       ({"load_failure_policy": "ignore"}, "load_failure_policy")]:

@@ -51,6 +51,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from kvtier.vllm.connector import KvtierConnector
 
+import standin_attention
+
 VOCAB = 40000
 POISON = 1  # the token a step samples when it attended to a wrong KV
 MASK = (1 << 64) - 1
@@ -177,6 +179,9 @@ class Harness:
         self.kv = {name: self.kv_storage[i] for i, name in enumerate(self.layer_names)}
         self.commits: List[Commit] = []
         self.step_no = 0
+        # Stand-in attention layers where a model would register them (kvtier reads their
+        # backend and probes their byte layout at registration): standin_attention.py.
+        standin_attention.install(self.vllm_config, self.layer_names, num_kv_heads, head_size)
         self.worker = KvtierConnector(self.vllm_config, KVConnectorRole.WORKER,
                                       self.kv_cache_config)
         self.worker.register_kv_caches(self.kv)

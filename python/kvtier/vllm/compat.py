@@ -225,6 +225,125 @@ def lora_path(lora_request: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Reading the worker's attention layers (the KV-tensor half: kvtier/vllm/layout_vouch.py)
+# ---------------------------------------------------------------------------------------------
+# In 0.32-0.34 every attention layer registers itself in
+# compilation_config.static_forward_context under its layer name; its attn_backend class names
+# the layout (get_name(), supported_kv_cache_layouts()), its impl writes the KV
+# (do_kv_cache_update), and the KV tensor it is handed is the logical [B, H, N, C] view whose
+# physical order is the KVCacheLayout vLLM resolved once per engine
+# (cache_config.kv_cache_layout, KVCacheConfig.kv_cache_layout).
+
+
+def attention_layers(vllm_config: Any) -> Dict[str, Any]:
+    """layer name -> vLLM's attention module ({} where vLLM registered none, e.g. no model)."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    ctx = getattr(cc, "static_forward_context", None)
+    return dict(ctx) if isinstance(ctx, dict) else {}
+
+
+def attention_backend(layer: Any) -> Any:
+    """The layer's attention backend class (None when it names none)."""
+    get = getattr(layer, "get_attn_backend", None)
+    if callable(get):
+        return get()
+    return getattr(layer, "attn_backend", None)
+
+
+def backend_name(backend: Any) -> str:
+    return str(backend.get_name())
+
+
+def backend_is_mla(backend: Any) -> bool:
+    is_mla = getattr(backend, "is_mla", None)
+    return bool(is_mla()) if callable(is_mla) else False
+
+
+def backend_layouts(backend: Any) -> Optional[List[str]]:
+    """The KVCacheLayout names the backend's kernels accept, most preferred first; None: any
+    layout (the backend declares none, or this vLLM has no such declaration)."""
+    fn = getattr(backend, "supported_kv_cache_layouts", None)
+    layouts = fn() if callable(fn) else None
+    return None if layouts is None else [str(getattr(x, "name", x)) for x in layouts]
+
+
+def kv_cache_layout_orders() -> Dict[str, Tuple[int, ...]]:
+    """vLLM's KVCacheLayout members: name -> stride permutation of the logical
+    [L, B, H, N, C] (empty where this vLLM has no such enum)."""
+    try:
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+    except ImportError:
+        return {}
+    return {m.name: tuple(m.value) for m in KVCacheLayout}
+
+
+def resolved_kv_cache_layout(vllm_config: Any, kv_cache_config: Any) -> Optional[str]:
+    """The KVCacheLayout name vLLM resolved for this engine (None when not (yet) resolved)."""
+    name = getattr(getattr(vllm_config, "cache_config", None), "kv_cache_layout", None)
+    return str(name) if name else (
+        str(getattr(kv_cache_config, "kv_cache_layout", None) or "") or None)
+
+
+def model_dtype(vllm_config: Any) -> Any:
+    """The model's activation dtype (what the attention layers write into the KV cache)."""
+    return getattr(getattr(vllm_config, "model_config", None), "dtype", None)
+
+
+@dataclasses.dataclass
+class AttentionLayerInfo:
+    """What an attention module says about the KV it keeps."""
+    backend: Any  # the backend class
+    impl: Any
+    kv_cache_dtype: str  # vLLM's cache dtype string: "auto", "fp8_e4m3", ...
+    num_kv_heads: Optional[int]
+    head_size: Optional[int]
+    head_size_v: Optional[int]  # 0 for MLA (one latent)
+    isa: Optional[str]  # CPU backends: the kernel family that orders a block's bytes
+
+
+def attention_layer_info(layer: Any) -> AttentionLayerInfo:
+    """Reads an attention module (Attention or MLAAttention of 0.32-0.34). Raises
+    AttributeError naming what is missing."""
+    backend = attention_backend(layer)
+    if backend is None:
+        raise AttributeError(f"{type(layer).__name__} has neither get_attn_backend() nor "
+                             f"attn_backend")
+    impl = getattr(layer, "impl", None)
+    mla = backend_is_mla(backend)
+
+    def opt_int(name: str) -> Optional[int]:
+        v = getattr(layer, name, None)
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+    head_size = opt_int("head_size")
+    head_size_v = 0 if mla else (opt_int("head_size_v") or head_size)
+    isa = getattr(layer, "isa", None)
+    return AttentionLayerInfo(
+        backend=backend, impl=impl,
+        kv_cache_dtype=str(getattr(layer, "kv_cache_dtype", None) or "auto"),
+        num_kv_heads=opt_int("num_kv_heads"), head_size=head_size, head_size_v=head_size_v,
+        isa=str(isa) if isa is not None else None)
+
+
+KvCacheUpdate = Callable[[Any, Any, Any, Any, Any], None]
+
+
+def kv_cache_update(impl: Any) -> Optional[KvCacheUpdate]:
+    """impl.do_kv_cache_update when it takes (layer, key, value, kv_cache, slot_mapping) as
+    the attention backends of 0.32-0.34 do (MLA's takes other arguments: None)."""
+    fn = getattr(impl, "do_kv_cache_update", None)
+    if not callable(fn):
+        return None
+    try:
+        params = _params(fn)
+    except (TypeError, ValueError):
+        return None
+    if params[:5] != ["layer", "key", "value", "kv_cache", "slot_mapping"]:
+        return None
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
 # The start-up check
 # ---------------------------------------------------------------------------------------------
 

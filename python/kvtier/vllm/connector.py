@@ -78,6 +78,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 import kvtier
 from kvtier.vllm import compat
 from kvtier.vllm.keys import UnkeyableRequest, adapter_id, block_extras, model_fingerprint
+from kvtier.vllm.layout_vouch import LayoutVouch, vouch_registered_caches
 from kvtier.vllm.layouts import KvCacheLayout, describe_kv_caches
 from kvtier.vllm.daemon_lookup import DaemonLookupClient, instance_name
 from kvtier.vllm.groups import (
@@ -808,6 +809,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def _init_worker(self) -> None:
         self._server: Optional[LookupServer] = None
         self._layout: Optional[KvCacheLayout] = None
+        self._layout_vouch: Optional[LayoutVouch] = None
         self._layer_index: Dict[str, int] = {}
         self._wreqs: Dict[str, _WorkerReq] = {}
         self._sync_loads: List[Tuple[LoadSpec, int]] = []  # this step's (spec, tokens planned)
@@ -869,7 +871,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             num_kv_heads=model_config.get_num_kv_heads(self._vllm_config.parallel_config),
             head_size=model_config.get_head_size(),
             num_blocks=getattr(kv_cache_config, "num_blocks", None))
-        self._layout = layout
+        # Refuses (KvLayoutNotVouched) a layout kvtier has not seen; fingerprints the block
+        # bytes' real order for the namespace (kvtier/vllm/layout_vouch.py).
+        vouch = vouch_registered_caches(
+            self._vllm_config, kv_cache_config, kv_caches, layout.layer_names,
+            self._block_size, layout.num_blocks, layout.namespace_tag,
+            self._settings.allow_unvouched_layout)
+        self._layout, self._layout_vouch = layout, vouch
         self._layer_index = {name: i for i, name in enumerate(layout.layer_names)}
         config = self._settings.kvtier_config(
             tp_rank=self._rank, tp_size=self._tp_size, pp_rank=self._pp_rank,
@@ -880,7 +888,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         t0 = time.perf_counter()
         weights = model_fingerprint(self._vllm_config, self._settings.weights_id)
         took = time.perf_counter() - t0
-        model_id = (f"{self._model_name}|w{weights}|{layout.namespace_tag}"
+        model_id = (f"{self._model_name}|w{weights}|{vouch.namespace_tag}"
                     f"|tp{self._rank}of{self._tp_size}|pp{self._pp_rank}of{self._pp_size}"
                     f"{groups_tag}")
         # vLLM's CPU worker pins this thread to its OpenMP cores, and threads inherit the
@@ -907,9 +915,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         finally:
             os.sched_setaffinity(0, pinned)
         logger.info("kvtier: rank %d of %d (pp %d, dp %d), %s, %d G1 blocks, model id %r "
-                    "(weights fingerprint in %.0f ms)", self._rank, self._tp_size,
+                    "(weights fingerprint in %.0f ms); %s", self._rank, self._tp_size,
                     self._pp_rank, self._dp_rank, layout.layout, layout.num_blocks, model_id,
-                    took * 1e3)
+                    took * 1e3, vouch.summary())
 
     def _lookup(self, key: str, tokens: List[int], num_computed: int, salt: str, lora: str,
                 extras: List[bytes], load_tiers: str,

@@ -57,6 +57,10 @@ _OWN = {
     # A producer (kv_role "kv_producer") looks its prompts up and loads what kvtier holds (a
     # later turn's prefill reuses the earlier turn): on by default; off, it only saves.
     "producer_loads": True,
+    # Run on a KV cache layout kvtier has not vouched for (an attention backend, dtype, stride
+    # order or ISA outside kvtier/vllm/layout_vouch.py's VOUCHED), with a warning, instead of
+    # refusing at start-up. Its blocks still get their own layout fingerprint.
+    "allow_unvouched_layout": False,
 }
 
 
@@ -86,6 +90,7 @@ class ConnectorSettings:
     pd_wait_ms: int = 2000
     consumer_saves_prompt: bool = False
     producer_loads: bool = True
+    allow_unvouched_layout: bool = False
 
     @staticmethod
     def parse(extra: Mapping[str, Any]) -> "ConnectorSettings":
@@ -115,12 +120,14 @@ class ConnectorSettings:
             consumer_saves_prompt=own.get("consumer_saves_prompt",
                                           _OWN["consumer_saves_prompt"]),
             producer_loads=own.get("producer_loads", _OWN["producer_loads"]),
+            allow_unvouched_layout=own.get("allow_unvouched_layout",
+                                           _OWN["allow_unvouched_layout"]),
         )
         if (not isinstance(s.pd_wait_ms, int) or isinstance(s.pd_wait_ms, bool)
                 or not 0 <= s.pd_wait_ms <= 600_000):
             raise ValueError(f"kvtier: pd_wait_ms must be an integer in 0..600000, not "
                              f"{s.pd_wait_ms!r}")
-        for flag in ("consumer_saves_prompt", "producer_loads"):
+        for flag in ("consumer_saves_prompt", "producer_loads", "allow_unvouched_layout"):
             if not isinstance(getattr(s, flag), bool):
                 raise ValueError(f"kvtier: {flag} must be true or false, not "
                                  f"{getattr(s, flag)!r}")
