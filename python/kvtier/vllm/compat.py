@@ -10,6 +10,8 @@ how this module reads each version:
   ``prefix_cache_hit_limit`` (``skips_external_kv``).
 - ``KVConnectorOutput.failed_recving``, ``Request.num_publishable_block_hashes`` and
   ``SchedulerOutput.kv_connector_block_state`` exist only in some versions (read as absent).
+- 0.33 added the sleep-mode hooks (``has_sleep_hooks``), 0.34 ``may_load_async`` (asked only
+  with ``--max-num-inflight-kv-loads``); both are checked where vLLM has them (``_OPTIONAL``).
 
 ``check_vllm`` compares what kvtier reads (``REQUIREMENTS``) with the installed classes. In a
 tested version every requirement must hold; outside it, kvtier runs only if every one holds,
@@ -343,6 +345,20 @@ def kv_cache_update(impl: Any) -> Optional[KvCacheUpdate]:
     return fn
 
 
+def has_sleep_hooks() -> bool:
+    """Whether vLLM tells its KV connector about sleep mode: 0.33+ calls the worker's
+    unregister_kv_caches before it frees or remaps the KV cache and restore_kv_caches after;
+    0.32 frees it without a word."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    return all(hasattr(KVConnectorBase_V1, name)
+               for name in ("unregister_kv_caches", "restore_kv_caches", "supports_sleep_mode"))
+
+
+def sleep_mode_enabled(model_config: Any) -> bool:
+    return bool(getattr(model_config, "enable_sleep_mode", False))
+
+
 # ---------------------------------------------------------------------------------------------
 # The start-up check
 # ---------------------------------------------------------------------------------------------
@@ -405,6 +421,13 @@ def _method(cls: Any, name: str, params: Sequence[str]) -> Callable[[], Optional
     return check
 
 
+def _optional_method(cls: Any, name: str, params: Sequence[str]) -> Callable[[], Optional[str]]:
+    """_method for a hook only some versions have: absent is fine, present must match."""
+    def check() -> Optional[str]:
+        return _method(cls, name, params)() if hasattr(cls, name) else None
+    return check
+
+
 def _abstract(cls: Any, expected: Set[str]) -> Callable[[], Optional[str]]:
     def check() -> Optional[str]:
         got = set(getattr(cls, "__abstractmethods__", ()))
@@ -455,6 +478,16 @@ _CALLED: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("shutdown", ()),
 )
 
+# Hooks of newer vLLMs that kvtier implements (docs/vllm.md, "Sleep mode, may_load_async,
+# lookahead hashes"): checked only where vLLM has them.
+_OPTIONAL: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("supports_sleep_mode", ("kv_transfer_config",)),
+    ("unregister_kv_caches", ()),
+    ("restore_kv_caches", ()),
+    ("may_load_async", ("request",)),
+    ("supports_lookahead_block_hashes", ("kv_transfer_config",)),
+)
+
 
 def requirements() -> List[Requirement]:
     """What kvtier reads of vLLM, each as a check of the installed classes."""
@@ -472,6 +505,9 @@ def requirements() -> List[Requirement]:
                         _abstract(KVConnectorBase_V1, _ABSTRACT))]
     reqs += [Requirement(f"KVConnectorBase_V1.{name}", _method(KVConnectorBase_V1, name, params))
              for name, params in _CALLED]
+    reqs += [Requirement(f"KVConnectorBase_V1.{name} (where vLLM has it)",
+                         _optional_method(KVConnectorBase_V1, name, params))
+             for name, params in _OPTIONAL]
     reqs += [Requirement(f"SchedulerOutput.{f}", _has_field(SchedulerOutput, f))
              for f in ("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
                        "preempted_req_ids", "finished_req_ids")]

@@ -103,6 +103,7 @@ from kvtier.vllm.observe import (
 )
 from kvtier.vllm.params import RequestControls
 from kvtier.vllm.settings import ConnectorSettings
+from kvtier.vllm.sleep import G1Sleep, KvtierSleepError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -136,6 +137,9 @@ _MAX_WINDOW_PROBES = 4
 # no lookup. The cap bounds what it adds to the wait once the blocks have landed.
 _PD_POLL_FIRST_S = 0.001
 _PD_POLL_MAX_S = 0.020
+# may_load_async waits this long for its lookup (vLLM asks it as each request arrives, on the
+# engine core's thread): an answer later than that makes it say True.
+_PROBE_WAIT_S = 0.002
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,6 +302,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 f"kvtier: tensor/pipeline parallelism across {nnodes} nodes is not supported "
                 f"(the lookup channel is local to a host); run one engine per node, or "
                 f"without kvtier")
+        if compat.sleep_mode_enabled(vllm_config.model_config) and not compat.has_sleep_hooks():
+            # This vLLM frees the KV cache in sleep mode without telling its connector: a copy
+            # of kvtier's still in flight, or started after the wake-up, would touch freed or
+            # remapped memory (kvtier/vllm/sleep.py).
+            raise ValueError(
+                f"kvtier: vLLM {compat.vllm_version()} frees the KV cache in sleep mode without "
+                f"telling its KV connector (the unregister_kv_caches/restore_kv_caches hooks "
+                f"came in vLLM 0.33); run without --enable-sleep-mode, or on vLLM 0.33 or later")
 
     def _instance(self, pp_rank: int) -> str:
         """The lookup channel's name: one per engine instance, DP rank and PP stage."""
@@ -336,6 +348,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         pp_stages = range(self._pp_size)
         config = self._settings.kvtier_config(dp_rank=self._dp_rank, dp_size=self._dp_size)
         self._clients: List[Any]
+        # Tiers whose loads are asynchronous (async_load "auto"): the daemon's are not known
+        # here when attached.
+        self._slow_tiers = bool(config.get("service.socket")) or (
+            config.get("g3.enabled") == "true" or config.get("g4.backend") not in ("", "none"))
         if config.get("service.socket"):
             # Attached (docs/service.md): the daemon holds the index; ask it directly, under
             # each worker's instance name, not the workers.
@@ -398,8 +414,59 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                              f"neither loaded nor saved: {e}")
         return state.extras
 
+    def _load_tiers(self, state: _SchedReq, request: "Request", count: bool = True) -> str:
+        """The tiers the request's lookup may offer blocks from ("none": nothing loads, but it
+        is still looked up: the lookup tells the workers what the request is, so that its
+        blocks are saved)."""
+        c = state.controls
+        if not c.load or compat.skips_external_kv(request):
+            # vLLM takes no connector KV for it (0.34 zeroes the hit itself): no load is
+            # planned, no G4 is queried, no block is pinned, no hit is counted.
+            return "none"
+        if state.load_failures >= self._settings.max_load_failures:
+            if count:
+                self._sched_counts["load_retries_exhausted"] += 1
+            return "none"
+        if state.producer and not self._settings.producer_loads:
+            return "none"
+        return c.load_tiers
+
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        return self._match(request, num_computed_tokens, self._settings.lookup_wait_ms / 1000.0)
+
+    def may_load_async(self, request: "Request") -> bool:
+        """vLLM 0.34, with --max-num-inflight-kv-loads, as the request enters the waiting
+        queues: will the lookup answer with an asynchronous load? (True lets vLLM start that
+        load while the running batch is full.) False at once when nothing can make it one
+        (async_load "never", no G3/G4, the request's controls, no full block before the
+        prompt's last token); else a lookup from token 0 says, waited for at most
+        _PROBE_WAIT_S: no answer by then is True (it may be). docs/vllm.md, "Sleep mode,
+        may_load_async, lookahead hashes"."""
+        state = self._state(request)
+        hybrid = self._groups.hybrid
+        if ((not hybrid and (self._settings.async_load == "never" or not self._slow_tiers))
+                or self._groups.refused or state.refused
+                or len(request.all_token_ids) <= self._block_size):
+            return False
+        tiers = self._load_tiers(state, request, count=False)
+        if tiers == "none" or (not hybrid and tiers and "G3" not in tiers and "G4" not in tiers):
+            return False
+        if state.consumer and state.controls.expect_tokens:
+            return True  # the producer's blocks may not be there yet to ask about
+        t0 = time.perf_counter()
+        num, is_async = self._match(request, 0, _PROBE_WAIT_S)
+        self._sched_counts["async_probes"] += 1
+        self._sched_counts["async_probe_microseconds"] += int((time.perf_counter() - t0) * 1e6)
+        if num is None:  # not answered yet (the lookup stays in flight for the scheduler)
+            self._sched_counts["async_probes_late"] += 1
+            return True
+        return is_async
+
+    def _match(self, request: "Request", num_computed_tokens: int,
+               wait_s: float) -> Tuple[Optional[int], bool]:
+        """get_num_new_matched_tokens, waiting at most wait_s for the ranks' answers (None:
+        asked again later; the lookup stays in flight for the next call)."""
         state = self._state(request)
         if self._groups.refused and not state.refused:
             state.refused = self._groups.refused
@@ -410,18 +477,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if (state.pd_wait_since is not None and state.pending_lookup is None
                 and time.monotonic() < state.pd_next_lookup):
             return None, False  # waiting for a producer's blocks: not yet time to look again
-        # Still looked up when nothing may load: the lookup tells the workers what the request
-        # is, so that its blocks are saved.
-        load_tiers = c.load_tiers
-        if not c.load or compat.skips_external_kv(request):
-            # vLLM takes no connector KV for it (0.34 zeroes the hit itself): no load is
-            # planned, no G4 is queried, no block is pinned, no hit is counted.
-            load_tiers = "none"
-        elif state.load_failures >= self._settings.max_load_failures:
-            self._sched_counts["load_retries_exhausted"] += 1
-            load_tiers = "none"
-        elif state.producer and not self._settings.producer_loads:
-            load_tiers = "none"  # still looked up: the lookup tells the workers what to save
+        load_tiers = self._load_tiers(state, request)
         tokens = list(request.all_token_ids)
         salt = request.cache_salt or ""
         if self._epoch:
@@ -448,7 +504,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 time.monotonic())
         # Wait a little for the answers (a lookup is normally well under a millisecond); a
         # slower one (a G4 query) is asked about again at the next step: (None, False).
-        wait_until = time.monotonic() + self._settings.lookup_wait_ms / 1000.0
+        wait_until = time.monotonic() + wait_s
         results = [cl.result(seq, wait_until - time.monotonic()) for cl, seq in pending[1]]
         self._lookup_seconds += time.perf_counter() - t0
         state.lookup_computed = num_computed_tokens
@@ -834,6 +890,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed_recving: Set[str] = set()  # vLLM ids whose hybrid load lost blocks
         self._fence: Set[str] = set()  # sliding groups' keys saved last step (see _fence_saves)
         self._held_groups: Dict[str, Set[str]] = {}  # key -> its groups' keys saves still read
+        self._g1 = G1Sleep()  # vLLM's sleep mode (kvtier/vllm/sleep.py)
+        self._warned: Set[str] = set()
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
         from vllm.distributed.parallel_state import (
@@ -879,6 +937,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._settings.allow_unvouched_layout)
         self._layout, self._layout_vouch = layout, vouch
         self._layer_index = {name: i for i, name in enumerate(layout.layer_names)}
+        self._g1.record(kv_caches)
         config = self._settings.kvtier_config(
             tp_rank=self._rank, tp_size=self._tp_size, pp_rank=self._pp_rank,
             pp_size=self._pp_size, dp_rank=self._dp_rank, dp_size=self._dp_size)
@@ -923,6 +982,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 extras: List[bytes], load_tiers: str,
                 store_tiers: str) -> Tuple[int, Tuple[int, int, int, int]]:
         assert self._manager is not None, "lookup before register_kv_caches"
+        if self._g1.off:
+            return 0, _NO_HIT  # asleep (kvtier/vllm/sleep.py): a hit could not be loaded
         with self._finished_lock:
             if key.split(GROUP_TAG, 1)[0] in self._finished_keys:
                 return 0, _NO_HIT  # arrived after the request's end: nothing to remember
@@ -994,6 +1055,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._finish(fin)
         if not meta.loads:
             return
+        if self._g1.off:
+            self._refuse_loads(meta.loads)
+            return
         for spec in meta.loads:
             if spec.group_block_ids is not None:
                 self._prepare_hybrid_load(m, spec)
@@ -1015,6 +1079,23 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 logger.warning("kvtier: loads not ordered after vLLM's stream: %s", e)
         else:
             m.start_load()
+
+    def _refuse_loads(self, loads: List[LoadSpec]) -> None:
+        """Loads planned while kvtier is off G1 (asleep: vLLM ran a step between
+        unregister_kv_caches and restore_kv_caches): none starts, every block is reported as a
+        load error (a hybrid request as failed_recving), and vLLM computes them."""
+        self._warn_once("asleep", "kvtier: loads planned while vLLM's KV cache is unregistered "
+                                  "(sleep mode) are not started; vLLM computes those blocks")
+        for spec in loads:
+            self._worker_counts["sleep_refused_loads"] += 1
+            if spec.group_block_ids is not None:
+                self._hybrid_loads[spec.key] = {
+                    group_key(spec.key, g.index): (spec.num_tokens, 0, None)
+                    for g in self._groups.groups}
+            elif spec.is_async:
+                self._async_loads[spec.key] = (spec, 0)  # done at the next get_finished
+            else:
+                self._sync_loads.append((spec, 0))
 
     @staticmethod
     def _prepare_load(m: Any, spec: LoadSpec) -> int:
@@ -1136,6 +1217,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._meta()
         if meta is None or not meta.saves:
             return
+        if self._g1.off:  # asleep: nothing reads G1 (kvtier/vllm/sleep.py)
+            self._worker_counts["sleep_skipped_saves"] += len(meta.saves)
+            return
         bs = self._block_size
         for save in meta.saves:
             req = self._wreqs.setdefault(save.key, _WorkerReq())
@@ -1246,7 +1330,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if m is None:
             return None, None
         self._settle_sync_loads()
-        saves_done, loads_done = m.finished()
+        # Asleep: Finished() could start deferred saves (none are left, but it is not asked).
+        saves_done, loads_done = ([], []) if self._g1.off else m.finished()
         for key in saves_done:
             if key in self._held:
                 self._held.discard(key)
@@ -1341,6 +1426,49 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._epoch = self._settings.bump_epoch(self._epoch, dp_rank=self._dp_rank,
                                                 dp_size=self._dp_size)
         return True
+
+    # ---- vLLM's sleep mode (0.33+; kvtier/vllm/sleep.py) ----
+
+    def unregister_kv_caches(self) -> None:
+        """Before vLLM frees or remaps the KV cache: kvtier's own saves and loads end first
+        (vLLM's "transfers are drained" does not cover them), then kvtier touches no G1 byte
+        until restore_kv_caches. Idempotent."""
+        m = self._manager
+        if m is None or self._g1.suspended:
+            return
+        loads = list(self._async_loads) + [spec.key for spec, _ in self._sync_loads]
+        loads += [gkey for parts in self._hybrid_loads.values()
+                  for gkey, (_, planned, loaded) in parts.items() if planned and loaded is None]
+        waited, took = self._g1.suspend(m, loads)
+        self._worker_counts["sleep_unregisters"] += 1
+        self._worker_counts["sleep_drain_microseconds"] += int(took * 1e6)
+        logger.info("kvtier: rank %d let go of vLLM's KV cache (sleep mode) after %.1f ms: "
+                    "every save ended (dropped ones counted), %d loads waited for", self._rank,
+                    took * 1e3, waited)
+
+    def restore_kv_caches(self) -> None:
+        """After vLLM mapped the KV cache again: kvtier may touch it again, if it is where it
+        was registered; otherwise kvtier stays off it for good and raises KvtierSleepError.
+        Idempotent."""
+        if self._manager is None:
+            return
+        try:
+            self._g1.resume()
+        except KvtierSleepError as e:
+            self._worker_counts["sleep_address_changes"] += 1
+            logger.error("kvtier: %s", e)
+            raise
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        # Where vLLM has the hooks (0.33+); on 0.32 a sleep-mode engine is refused at start.
+        return compat.has_sleep_hooks()
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: Any) -> bool:
+        # kvtier's keys cover a block's own tokens, not the tokens after it that an EAGLE
+        # drafter's KV at the block's last position depends on (docs/vllm.md).
+        return False
 
     # ======================= both =======================
 

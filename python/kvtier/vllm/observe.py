@@ -45,7 +45,13 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
              # hybrid loads that came short (failed_recving: recomputed), and the time the
              # forward pass waited for the last step's sliding-window and state saves.
              "hybrid_full_load_blocks", "hybrid_sliding_load_blocks",
-             "hybrid_state_load_blocks", "hybrid_failed_loads", "hybrid_fence_microseconds")
+             "hybrid_state_load_blocks", "hybrid_failed_loads", "hybrid_fence_microseconds",
+             # vLLM's sleep mode (kvtier/vllm/sleep.py): unregisters, the time their drain
+             # took, loads refused and saves skipped while asleep, wake-ups that found the KV
+             # cache moved; may_load_async's lookups, those answered too late, their time.
+             "sleep_unregisters", "sleep_drain_microseconds", "sleep_refused_loads",
+             "sleep_skipped_saves", "sleep_address_changes", "async_probes",
+             "async_probes_late", "async_probe_microseconds")
 # Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
 # figures kvtier's own /metrics exports as kvtier_*_total).
 _MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
