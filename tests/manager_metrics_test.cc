@@ -9,10 +9,14 @@
 
 #include <map>
 #include <string>
+#include <type_traits>
 
 #include <gtest/gtest.h>
 
+#include "manager/manager_metrics.h"
 #include "manager_test_util.h"
+#include "metrics/prometheus_text.h"
+#include "stats_test_util.h"
 
 namespace kvtier {
 namespace {
@@ -132,6 +136,50 @@ TEST(ManagerMetrics, HistogramCountsEqualTheOperationsDone) {
   EXPECT_EQ(v["kvtier_slots{tier=\"g3\"}"], s.g3_slots);
   EXPECT_EQ(v["kvtier_pinned_blocks"], 0);
   EXPECT_EQ(v["kvtier_transfer_bytes_total{path=\"g2_to_g1\"}"], s.bytes_by_path[1]);
+}
+
+// Every field of the stats table that names a family is in /metrics with its value, its labels
+// and its help, and nothing else comes from the table: a row added to
+// kvtier/manager_stats_fields.h is exported without another line.
+TEST(ManagerMetrics, EveryStatsTableFieldIsInTheTextWithItsValue) {
+  const ManagerStats s = testing::DistinctStats();
+  MetricsRegistry registry;
+  registry.AddCollector([&](MetricSink& sink) { AddManagerStats(s, 4096, sink); });
+  const std::string text = RenderPrometheusText(registry.Snapshot());
+  std::map<std::string, double> v = Parse(text);
+  const char* kTier[kNumTiers] = {"g1", "g2", "g3", "g4"};
+  size_t expected = 0;
+  ForEachStatField(
+      [&](const StatField& f, const auto& value) {
+        if (*f.metric == '\0') return;
+        const std::string family =
+            std::string(f.metric) + (f.kind == StatKind::kCounter ? "_total" : "");
+        EXPECT_NE(text.find("# HELP " + family + " " + f.help + "\n"), std::string::npos) << f.name;
+        using V = std::remove_cvref_t<decltype(value)>;
+        if constexpr (std::is_same_v<V, StatPerTier>) {
+          for (TierId t : {kTierG2, kTierG3, kTierG4}) {
+            const std::string key = family + "{tier=\"" + kTier[t] + "\"}";
+            EXPECT_EQ(v[key], value[t]) << f.name << ": " << key;
+            ++expected;
+          }
+        } else if constexpr (std::is_same_v<V, StatPerPath>) {
+          for (size_t p = 0; p < kNumTransferPaths; ++p) {
+            const std::string key = family + "{path=\"" + kTier[kTransferPaths[p].from] + "_to_" +
+                                    kTier[kTransferPaths[p].to] + "\"}";
+            EXPECT_EQ(v[key], value[p]) << f.name << ": " << key;
+            ++expected;
+          }
+        } else {
+          const std::string key =
+              family + (*f.label ? std::string("{tier=\"") + f.label + "\"}" : "");
+          EXPECT_EQ(v[key], static_cast<double>(value)) << f.name << ": " << key;
+          ++expected;
+        }
+      },
+      s);
+  // The table's samples and the two derived ones (kvtier_stored_bytes for G2 and G3).
+  EXPECT_EQ(Parse(text).size(), expected + 2) << text;
+  EXPECT_EQ(v["kvtier_stored_bytes{tier=\"g3\"}"], 4096.0 * s.g3_blocks);
 }
 
 TEST(ManagerMetrics, SecondManagerOnTheSamePortFailsClearly) {

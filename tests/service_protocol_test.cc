@@ -6,11 +6,13 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "service/protocol.h"
+#include "stats_test_util.h"
 
 namespace kvtier::service {
 namespace {
@@ -457,6 +459,47 @@ TEST(ProtocolFuzzTest, EventFramesStayWithinThePayloadLimit) {
     }
     EXPECT_EQ(at, events.size());
     EXPECT_EQ(frames, c.frames) << tpb;
+  }
+}
+
+// The Stats reply carries every field of the stats table (kvtier/manager_stats_fields.h): each
+// set to its own value comes back equal. Its first fields sit where engines of this protocol
+// version read them, and a reply of another size (a daemon of another build, knowing other
+// fields) is refused by name before anything is read.
+TEST(ProtocolStats, EveryFieldRoundTripsAndAnotherBuildsReplyIsRefused) {
+  const ManagerStats sent = testing::DistinctStats();
+  WireWriter w;
+  EncodeStats(&w, sent);
+  ManagerStats got;
+  {
+    WireReader r(w.data());
+    Status s = DecodeStats(&r, &got);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  ForEachStatField(
+      [](const StatField& f, const auto& a, const auto& b) { EXPECT_EQ(a, b) << f.name; }, sent,
+      got);
+  // lookups, then lookup_blocks, then hit_blocks[G1..G4], little-endian.
+  const std::vector<uint8_t>& bytes = w.data();
+  auto u64_at = [&](size_t at) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = v << 8 | bytes[at + i];
+    return v;
+  };
+  EXPECT_EQ(u64_at(0), sent.lookups);
+  EXPECT_EQ(u64_at(8), sent.lookup_blocks);
+  EXPECT_EQ(u64_at(16 + 8 * kTierG3), sent.hit_blocks[kTierG3]);
+
+  for (const size_t size : {bytes.size() - 8, bytes.size() - 1, bytes.size() + 8, size_t{0}}) {
+    std::vector<uint8_t> other = bytes;
+    other.resize(size, 0);
+    WireReader r(other);
+    Status s = DecodeStats(&r, &got);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << size;
+    EXPECT_NE(s.message().find("stats reply of " + std::to_string(size) + " bytes"),
+              std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find("different builds"), std::string::npos) << s.ToString();
   }
 }
 

@@ -37,6 +37,7 @@
 #include "kvtier/events.h"
 #include "kvtier/g1_memory.h"
 #include "kvtier/layout.h"
+#include "kvtier/manager_stats.h"
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
 
@@ -96,76 +97,6 @@ struct FinishedRequests {
   // included: an engine that finished a request with a load in flight frees the G1 blocks the
   // load was writing once it is listed here.
   std::vector<std::string> loads_done;
-};
-
-struct ManagerStats {
-  uint64_t lookups = 0;
-  uint64_t lookup_blocks = 0;  // prompt blocks asked about (after num_computed_tokens)
-  std::array<uint64_t, kNumTiers> hit_blocks{};  // blocks loaded into G1, by source tier
-  uint64_t miss_blocks = 0;                      // blocks asked about that no tier could supply
-  uint64_t load_failures = 0;           // blocks whose load failed (the engine recomputes them)
-  uint64_t saved_blocks = 0;            // blocks written to G2 by Commit/StartSave
-  uint64_t dedup_blocks = 0;            // committed blocks already stored (not saved again)
-  uint64_t dropped_saves = 0;           // saves dropped: queue full, or no G2 slot free nor freeing
-  uint64_t deferred_saves = 0;          // saves that waited for a G2 slot (freed by a demotion)
-  uint64_t demoted_blocks = 0;          // G2 victims written to G3
-  uint64_t demotions_not_admitted = 0;  // G2 victims G3's admission refused
-  // G2 victims seen fewer than g3.admit_min_seen times that G3 took anyway, because the
-  // first-sighting gate measured enough G3 hits on such blocks (g3.admit_max_writes_per_hit)
-  uint64_t demotions_first_sighting = 0;
-  bool g3_admitting_first_sightings = false;  // the gate admits first sightings now
-  uint64_t demotion_failures = 0;
-  uint64_t evicted_blocks_g2 = 0;
-  uint64_t evicted_blocks_g3 = 0;
-  uint64_t promoted_blocks = 0;  // G3 blocks staged into G2 by loads
-  uint64_t corrupt_blocks = 0;   // G3 blocks that failed verification (never served)
-  uint64_t g3_quarantines = 0;
-  bool g3_quarantined = false;
-  // G1->G2, G2->G1, G2->G3, G3->G2, G3->G1 (staged), G2->G4, G4->G2, G4->G1 (the G1 leg of a
-  // staged load, or an attached engine's fetch straight into its G1: docs/service.md)
-  std::array<uint64_t, 8> bytes_by_path{};
-  uint64_t g2_blocks = 0, g2_slots = 0, g2_free_slots = 0, g3_blocks = 0, g3_slots = 0;
-  uint64_t g2_staging_slots = 0;  // G2 slots in the staging pool (g2.staging_slots)
-  uint64_t staged_via_pool = 0;   // G3 loads staged through the pool (not promoted to G2)
-  uint64_t pinned_blocks = 0;     // pins held now (0 when idle: a leak check)
-  uint64_t events_emitted = 0;
-  // The event stream on the wire (events.endpoint; docs/events.md); 0 when it is off.
-  uint64_t events_published = 0;        // events sent to the PUB socket
-  uint64_t events_publish_dropped = 0;  // events dropped: the send queue (events.queue_events) full
-  uint64_t event_batches_published = 0;  // batches sent (the next sequence number)
-  uint64_t event_replay_requests = 0;    // requests the replay socket answered
-  // G4 (networked, shared by workers; docs/g4.md). hit_blocks[kTierG4] counts its loads. Every
-  // G4 failure is a miss or a dropped save, never an error returned to the engine.
-  bool g4_enabled = false;
-  bool g4_breaker_open = false;   // the store refuses calls now (server down)
-  uint64_t g4_lookup_blocks = 0;  // blocks G4 added to Lookup matches past the local prefix
-  // Lookups that did not ask G4 because loading a block from it is estimated slower than
-  // recomputing it (g4.load_gbps and g4.recompute_tokens_per_s).
-  uint64_t g4_skipped_lookups = 0;
-  uint64_t g4_lookup_failures = 0;  // Lookups whose G4 query failed or was late (a miss)
-  uint64_t g4_lookup_timeouts = 0;  // of those, the deadline passed
-  uint64_t g4_saved_blocks = 0;     // blocks written to G4
-  uint64_t g4_save_failures = 0;    // G4 writes that failed (server down, timed out, full)
-  uint64_t g4_dropped_saves = 0;    // G4 writes dropped because their queue was full
-  uint64_t g4_load_failures = 0;    // G4 loads that failed (the engine recomputes those blocks)
-  uint64_t g4_corrupt_blocks = 0;   // G4 objects that failed verification (never served)
-  uint64_t g4_timeouts = 0;         // G4 moves that ended TimedOut
-  // G4 loads ended at their deadline while the store's call had not returned (a stuck NFS
-  // server, a FIFO under an object name): the engine recomputed them. Their G2 slots stay lent
-  // to the call until it returns; g4_late_returns counts those that have (results discarded).
-  uint64_t g4_abandoned_loads = 0;
-  uint64_t g4_late_returns = 0;
-  // G4 keys remembered now as bad: their object failed verification, or vanished after a
-  // Lookup found it. Lookup never offers them (a gauge; at most 65536, oldest forgotten first)
-  // until this manager writes the block to G4 again.
-  uint64_t g4_rejected_keys = 0;
-  uint64_t g4_removed_corrupt = 0;  // corrupt G4 objects deleted from the store
-  // Request entries held now (Lookup creates them, RequestFinished or the idle TTL ends them).
-  // 0 when every request has finished and nothing is in flight: a leak check.
-  uint64_t tracked_requests = 0;
-  // Entries dropped after manager.idle_request_ttl_ms with nothing in flight and no call for
-  // them (the engine never called RequestFinished).
-  uint64_t expired_requests = 0;
 };
 
 class BlockManager {
@@ -324,6 +255,8 @@ class BlockManager {
   FinishedRequests Finished();
 
   // ---- observability ----
+  // The counters and gauges (kvtier/manager_stats.h; each field's meaning is in its row of
+  // manager_stats_fields.h).
   ManagerStats Stats();
   // Registers a callback for every store/removal event in every tier. Attached: the daemon's
   // events for this model's pool, from the moment its events connection opens (the first

@@ -10,6 +10,7 @@ This package is the Python face of kvtier's C++ API (``include/kvtier/``):
   ``KVTIER_*`` environment variables, or a dict).
 - :class:`Layout`: the shape of one KV block and how the engine arranges blocks in memory.
 - :func:`block_keys`: kvtier's chained 128-bit block keys, identical in every process.
+- :func:`stats_fields`: the fields of ``BlockManager.stats()``, with their kinds and help.
 - ``kvtier.vllm.KvtierConnector``: the vLLM KV connector (imports vLLM; loaded by vLLM).
 
 Every call that hashes, copies, waits or does I/O releases the GIL. Errors raise
@@ -31,6 +32,7 @@ from kvtier._kvtier import (
     Layout,
     ServiceLookup,
     block_keys,
+    stats_fields,
 )
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "ServiceLookup",
     "block_keys",
     "load_config",
+    "stats_fields",
 ]
 
 __version__ = "0.1.0"

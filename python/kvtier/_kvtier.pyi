@@ -56,6 +56,10 @@ def block_keys(
     adapter_id: str = "",
     algorithm: str = "sha256",
 ) -> List[bytes]: ...
+def stats_fields() -> Tuple[Dict[str, str], ...]:
+    """ManagerStats's fields in order (include/kvtier/manager_stats_fields.h): name, shape,
+    kind, vllm, metric, label, help."""
+    ...
 
 class ServiceLookup:
     """include/kvtier/service_lookup.h: Lookup against kvtier serve (config's service.socket)

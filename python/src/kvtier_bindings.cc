@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -191,67 +192,52 @@ class PyBlockManager {
   std::unique_ptr<BlockManager> manager_;
 };
 
+// "G1->G2": a bytes_by_path key.
+std::string PathName(const TransferPath& p) {
+  return std::string(TierName(p.from)) + "->" + TierName(p.to);
+}
+
+// Every field of ManagerStats by its name (manager_stats_fields.h): a number or a bool, a
+// per-tier field as {"G1": n, ..., "G4": n}, bytes_by_path as {"G1->G2": n, ...}.
 py::dict StatsDict(const ManagerStats& s) {
   py::dict d;
-  d["lookups"] = s.lookups;
-  d["lookup_blocks"] = s.lookup_blocks;
-  py::dict hits;
-  for (TierId t = 0; t < kNumTiers; ++t) hits[TierName(t)] = s.hit_blocks[t];
-  d["hit_blocks"] = hits;
-  d["miss_blocks"] = s.miss_blocks;
-  d["load_failures"] = s.load_failures;
-  d["saved_blocks"] = s.saved_blocks;
-  d["dedup_blocks"] = s.dedup_blocks;
-  d["dropped_saves"] = s.dropped_saves;
-  d["deferred_saves"] = s.deferred_saves;
-  d["demoted_blocks"] = s.demoted_blocks;
-  d["demotions_not_admitted"] = s.demotions_not_admitted;
-  d["demotions_first_sighting"] = s.demotions_first_sighting;
-  d["g3_admitting_first_sightings"] = s.g3_admitting_first_sightings;
-  d["demotion_failures"] = s.demotion_failures;
-  d["evicted_blocks_g2"] = s.evicted_blocks_g2;
-  d["evicted_blocks_g3"] = s.evicted_blocks_g3;
-  d["promoted_blocks"] = s.promoted_blocks;
-  d["corrupt_blocks"] = s.corrupt_blocks;
-  d["g3_quarantines"] = s.g3_quarantines;
-  d["g3_quarantined"] = s.g3_quarantined;
-  static const char* kPaths[8] = {"G1->G2", "G2->G1", "G2->G3", "G3->G2",
-                                  "G3->G1", "G2->G4", "G4->G2", "G4->G1"};
-  py::dict bytes;
-  for (int i = 0; i < 8; ++i) bytes[kPaths[i]] = s.bytes_by_path[i];
-  d["bytes_by_path"] = bytes;
-  d["g2_blocks"] = s.g2_blocks;
-  d["g2_slots"] = s.g2_slots;
-  d["g2_free_slots"] = s.g2_free_slots;
-  d["g3_blocks"] = s.g3_blocks;
-  d["g3_slots"] = s.g3_slots;
-  d["g2_staging_slots"] = s.g2_staging_slots;
-  d["staged_via_pool"] = s.staged_via_pool;
-  d["pinned_blocks"] = s.pinned_blocks;
-  d["events_emitted"] = s.events_emitted;
-  d["events_published"] = s.events_published;
-  d["events_publish_dropped"] = s.events_publish_dropped;
-  d["event_batches_published"] = s.event_batches_published;
-  d["event_replay_requests"] = s.event_replay_requests;
-  d["g4_enabled"] = s.g4_enabled;
-  d["g4_breaker_open"] = s.g4_breaker_open;
-  d["g4_lookup_blocks"] = s.g4_lookup_blocks;
-  d["g4_skipped_lookups"] = s.g4_skipped_lookups;
-  d["g4_lookup_failures"] = s.g4_lookup_failures;
-  d["g4_lookup_timeouts"] = s.g4_lookup_timeouts;
-  d["g4_saved_blocks"] = s.g4_saved_blocks;
-  d["g4_save_failures"] = s.g4_save_failures;
-  d["g4_dropped_saves"] = s.g4_dropped_saves;
-  d["g4_load_failures"] = s.g4_load_failures;
-  d["g4_corrupt_blocks"] = s.g4_corrupt_blocks;
-  d["g4_timeouts"] = s.g4_timeouts;
-  d["g4_abandoned_loads"] = s.g4_abandoned_loads;
-  d["g4_late_returns"] = s.g4_late_returns;
-  d["g4_rejected_keys"] = s.g4_rejected_keys;
-  d["g4_removed_corrupt"] = s.g4_removed_corrupt;
-  d["tracked_requests"] = s.tracked_requests;
-  d["expired_requests"] = s.expired_requests;
+  ForEachStatField(
+      [&](const StatField& f, const auto& v) {
+        using V = std::remove_cvref_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, StatPerTier>) {
+          py::dict by_tier;
+          for (TierId t = 0; t < kNumTiers; ++t) by_tier[TierName(t)] = v[t];
+          d[f.name] = by_tier;
+        } else if constexpr (std::is_same_v<V, StatPerPath>) {
+          py::dict by_path;
+          for (size_t p = 0; p < v.size(); ++p) by_path[PathName(kTransferPaths[p]).c_str()] = v[p];
+          d[f.name] = by_path;
+        } else {
+          d[f.name] = v;
+        }
+      },
+      s);
   return d;
+}
+
+// The table itself, for Python code that derives its lists of counters from it.
+py::tuple StatsFields() {
+  static const char* kShape[] = {"u64", "flag", "per_tier", "per_path"};
+  static const char* kKind[] = {"counter", "gauge"};
+  static const char* kVllm[] = {"own_name", "figure", "none"};
+  py::list rows;
+  for (const StatField& f : kManagerStatsFields) {
+    py::dict row;
+    row["name"] = f.name;
+    row["shape"] = kShape[static_cast<int>(f.shape)];
+    row["kind"] = kKind[static_cast<int>(f.kind)];
+    row["vllm"] = kVllm[static_cast<int>(f.vllm)];
+    row["metric"] = f.metric;
+    row["label"] = f.label;
+    row["help"] = f.help;
+    rows.append(row);
+  }
+  return py::tuple(rows);
 }
 
 }  // namespace
@@ -379,6 +365,11 @@ PYBIND11_MODULE(_kvtier, mod) {
       .def_property_readonly("block_bytes", &KvLayout::BlockBytes)
       .def_property_readonly("fingerprint", &KvLayout::Fingerprint)
       .def("__repr__", &KvLayout::ToString);
+
+  mod.def("stats_fields", &StatsFields,
+          "ManagerStats's fields in order, as dicts: name, shape (u64, flag, per_tier, "
+          "per_path), kind (counter, gauge), vllm (own_name, figure, none), metric (kvtier's "
+          "Prometheus family, or empty), label, help. BlockManager.stats() has a key per field.");
 
   // ---- keys ----
   mod.def(

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 #include "core/log.h"
 #include "service/handshake.h"
@@ -604,49 +605,24 @@ FinishedRequests AttachedManager::Finished() {
 }
 
 namespace {
-// Adds the counters (not the gauges: slots, blocks held, pins, requests tracked, flags) of
-// `from` to `into`.
-void AddCounters(ManagerStats* into, const ManagerStats& from) {
-  ManagerStats& a = *into;
-  a.lookups += from.lookups;
-  a.lookup_blocks += from.lookup_blocks;
-  for (size_t i = 0; i < a.hit_blocks.size(); ++i) a.hit_blocks[i] += from.hit_blocks[i];
-  a.miss_blocks += from.miss_blocks;
-  a.load_failures += from.load_failures;
-  a.saved_blocks += from.saved_blocks;
-  a.dedup_blocks += from.dedup_blocks;
-  a.dropped_saves += from.dropped_saves;
-  a.deferred_saves += from.deferred_saves;
-  a.demoted_blocks += from.demoted_blocks;
-  a.demotions_not_admitted += from.demotions_not_admitted;
-  a.demotions_first_sighting += from.demotions_first_sighting;
-  a.demotion_failures += from.demotion_failures;
-  a.evicted_blocks_g2 += from.evicted_blocks_g2;
-  a.evicted_blocks_g3 += from.evicted_blocks_g3;
-  a.promoted_blocks += from.promoted_blocks;
-  a.corrupt_blocks += from.corrupt_blocks;
-  a.g3_quarantines += from.g3_quarantines;
-  for (size_t i = 0; i < a.bytes_by_path.size(); ++i) a.bytes_by_path[i] += from.bytes_by_path[i];
-  a.staged_via_pool += from.staged_via_pool;
-  a.events_emitted += from.events_emitted;
-  a.events_published += from.events_published;
-  a.events_publish_dropped += from.events_publish_dropped;
-  a.event_batches_published += from.event_batches_published;
-  a.event_replay_requests += from.event_replay_requests;
-  a.g4_lookup_blocks += from.g4_lookup_blocks;
-  a.g4_skipped_lookups += from.g4_skipped_lookups;
-  a.g4_lookup_failures += from.g4_lookup_failures;
-  a.g4_lookup_timeouts += from.g4_lookup_timeouts;
-  a.g4_saved_blocks += from.g4_saved_blocks;
-  a.g4_save_failures += from.g4_save_failures;
-  a.g4_dropped_saves += from.g4_dropped_saves;
-  a.g4_load_failures += from.g4_load_failures;
-  a.g4_corrupt_blocks += from.g4_corrupt_blocks;
-  a.g4_timeouts += from.g4_timeouts;
-  a.g4_abandoned_loads += from.g4_abandoned_loads;
-  a.g4_late_returns += from.g4_late_returns;
-  a.g4_removed_corrupt += from.g4_removed_corrupt;
-  a.expired_requests += from.expired_requests;
+// `base` with `now`'s counters added to it (per-tier and per-path ones element by element), and
+// `now`'s gauges (slots, blocks held, pins, requests tracked, flags) in place of its own.
+ManagerStats AddCounters(const ManagerStats& base, const ManagerStats& now) {
+  ManagerStats out = base;
+  ForEachStatField(
+      [](const StatField& f, auto& sum, const auto& v) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(sum)>, bool>) {
+          sum = v;  // a flag is a gauge
+        } else if (f.kind == StatKind::kGauge) {
+          sum = v;
+        } else if constexpr (std::is_same_v<std::remove_cvref_t<decltype(sum)>, uint64_t>) {
+          sum += v;
+        } else {
+          for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+        }
+      },
+      out, now);
+  return out;
 }
 }  // namespace
 
@@ -661,31 +637,14 @@ ManagerStats AttachedManager::Stats() {
   MutexLock lock(&mu_);
   if (!ok) return last_stats_;
   if (epoch_ != stats_epoch_) {
-    if (stats_epoch_ != 0) {
-      ManagerStats base = base_stats_;
-      AddCounters(&base, epoch_last_);
-      base_stats_ = base;
-    }
+    // The gauges of a daemon that is gone mean nothing: base_stats_ keeps its counters only
+    // (the gauges it holds are overwritten by the fetched ones below).
+    if (stats_epoch_ != 0) base_stats_ = AddCounters(base_stats_, epoch_last_);
     stats_epoch_ = epoch_;
   }
   epoch_last_ = fetched;
   // The summed counters, with the current daemon's gauges.
-  const ManagerStats& gauges = fetched;
-  ManagerStats out = base_stats_;
-  AddCounters(&out, fetched);
-  out.g3_admitting_first_sightings = gauges.g3_admitting_first_sightings;
-  out.g3_quarantined = gauges.g3_quarantined;
-  out.g2_blocks = gauges.g2_blocks;
-  out.g2_slots = gauges.g2_slots;
-  out.g2_free_slots = gauges.g2_free_slots;
-  out.g3_blocks = gauges.g3_blocks;
-  out.g3_slots = gauges.g3_slots;
-  out.g2_staging_slots = gauges.g2_staging_slots;
-  out.pinned_blocks = gauges.pinned_blocks;
-  out.g4_enabled = gauges.g4_enabled;
-  out.g4_breaker_open = gauges.g4_breaker_open;
-  out.g4_rejected_keys = gauges.g4_rejected_keys;
-  out.tracked_requests = gauges.tracked_requests;
+  const ManagerStats out = AddCounters(base_stats_, fetched);
   last_stats_ = out;
   return out;
 }

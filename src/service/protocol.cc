@@ -136,61 +136,42 @@ Status DecodeStrings(WireReader* r, const char* field, uint32_t max_count,
   return Status::Ok();
 }
 
-// Every field of ManagerStats, in one fixed order, for encoding and decoding alike.
+// The Stats reply: every field of ManagerStats in the table's order (manager_stats_fields.h),
+// a u64 as 8 bytes, a flag as 1, an array element by element.
 template <typename S, typename U64, typename Bool>
 void ForEachStat(S& s, U64 u64, Bool boolean) {
-  u64(s.lookups);
-  u64(s.lookup_blocks);
-  for (auto& v : s.hit_blocks) u64(v);
-  u64(s.miss_blocks);
-  u64(s.load_failures);
-  u64(s.saved_blocks);
-  u64(s.dedup_blocks);
-  u64(s.dropped_saves);
-  u64(s.deferred_saves);
-  u64(s.demoted_blocks);
-  u64(s.demotions_not_admitted);
-  u64(s.demotions_first_sighting);
-  boolean(s.g3_admitting_first_sightings);
-  u64(s.demotion_failures);
-  u64(s.evicted_blocks_g2);
-  u64(s.evicted_blocks_g3);
-  u64(s.promoted_blocks);
-  u64(s.corrupt_blocks);
-  u64(s.g3_quarantines);
-  boolean(s.g3_quarantined);
-  for (auto& v : s.bytes_by_path) u64(v);
-  u64(s.g2_blocks);
-  u64(s.g2_slots);
-  u64(s.g2_free_slots);
-  u64(s.g3_blocks);
-  u64(s.g3_slots);
-  u64(s.g2_staging_slots);
-  u64(s.staged_via_pool);
-  u64(s.pinned_blocks);
-  u64(s.events_emitted);
-  u64(s.events_published);
-  u64(s.events_publish_dropped);
-  u64(s.event_batches_published);
-  u64(s.event_replay_requests);
-  boolean(s.g4_enabled);
-  boolean(s.g4_breaker_open);
-  u64(s.g4_lookup_blocks);
-  u64(s.g4_skipped_lookups);
-  u64(s.g4_lookup_failures);
-  u64(s.g4_lookup_timeouts);
-  u64(s.g4_saved_blocks);
-  u64(s.g4_save_failures);
-  u64(s.g4_dropped_saves);
-  u64(s.g4_load_failures);
-  u64(s.g4_corrupt_blocks);
-  u64(s.g4_timeouts);
-  u64(s.g4_abandoned_loads);
-  u64(s.g4_late_returns);
-  u64(s.g4_rejected_keys);
-  u64(s.g4_removed_corrupt);
-  u64(s.tracked_requests);
-  u64(s.expired_requests);
+  ForEachStatField(
+      [&](const StatField&, auto& v) {
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v)>, bool>) {
+          boolean(v);
+        } else if constexpr (std::is_same_v<std::remove_cvref_t<decltype(v)>, uint64_t>) {
+          u64(v);
+        } else {
+          for (auto& e : v) u64(e);
+        }
+      },
+      s);
+}
+
+constexpr size_t StatsReplyBytes() {
+  size_t n = 0;
+  for (const StatField& f : kManagerStatsFields) {
+    switch (f.shape) {
+      case StatShape::kU64:
+        n += 8;
+        break;
+      case StatShape::kFlag:
+        n += 1;
+        break;
+      case StatShape::kPerTier:
+        n += 8 * kNumTiers;
+        break;
+      case StatShape::kPerPath:
+        n += 8 * kNumTransferPaths;
+        break;
+    }
+  }
+  return n;
 }
 
 }  // namespace
@@ -323,6 +304,15 @@ void EncodeStats(WireWriter* w, const ManagerStats& m) {
 }
 
 Status DecodeStats(WireReader* r, ManagerStats* m) {
+  // A peer of another build may know other fields: refused by size, before any is read.
+  constexpr size_t kBytes = StatsReplyBytes();
+  if (r->remaining() != kBytes) {
+    return Status::InvalidArgument("service protocol: stats reply of " +
+                                   std::to_string(r->remaining()) + " bytes, this build's is " +
+                                   std::to_string(kBytes) + " (" +
+                                   std::to_string(kNumManagerStatsFields) +
+                                   " fields): the daemon and this engine are different builds");
+  }
   Status s = Status::Ok();
   ForEachStat(
       *m,

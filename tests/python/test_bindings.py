@@ -215,6 +215,36 @@ def test_save_then_load_bytes_equal_and_stats_and_events() -> None:
     assert e.value.code == "FailedPrecondition"
 
 
+def test_stats_has_every_field_of_the_table() -> None:
+    """BlockManager.stats() has a key per row of kvtier.stats_fields()
+    (include/kvtier/manager_stats_fields.h) of the row's shape, and no key that is not a row
+    but the binding's own events_dropped."""
+    fields = kvtier.stats_fields()
+    names = [f["name"] for f in fields]
+    assert len(set(names)) == len(names)
+    assert {"lookups", "hit_blocks", "bytes_by_path", "g4_late_returns"} <= set(names)
+    for f in fields:
+        assert f["kind"] in ("counter", "gauge"), f
+        assert f["vllm"] in ("own_name", "figure", "none"), f
+        assert f["help"], f
+    m = kvtier.BlockManager(small_layout(), "test-model", small_config())
+    s = m.stats()
+    m.close()
+    assert set(s) == set(names) | {"events_dropped"}
+    paths = [f"G{a}->G{b}" for a, b in ((1, 2), (2, 1), (2, 3), (3, 2), (3, 1), (2, 4), (4, 2),
+                                        (4, 1))]
+    for f in fields:
+        v = s[f["name"]]
+        if f["shape"] == "per_tier":
+            assert list(v) == list(kvtier.TIER_NAMES), f
+        elif f["shape"] == "per_path":
+            assert list(v) == paths, f
+        elif f["shape"] == "flag":
+            assert isinstance(v, bool), f
+        else:
+            assert f["shape"] == "u64" and isinstance(v, int) and not isinstance(v, bool), f
+
+
 def test_async_load_preemption_wait_and_leak_stats() -> None:
     m = kvtier.BlockManager(small_layout(), "test-model", small_config())
     g1 = HostG1(m, 32)

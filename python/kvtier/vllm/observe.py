@@ -24,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
+import kvtier
 from kvtier.vllm.groups import GROUP_TAG, KvGroup
 from kvtier.vllm.keys import published_lora_name
 from kvtier.vllm.lookup import COUNTERS as LOOKUP_SERVER_COUNTERS
@@ -53,24 +54,18 @@ _COUNTERS = ("lookups", "lookup_failures", "lookup_microseconds", "hit_blocks_g2
              "sleep_skipped_saves", "sleep_address_changes", "async_probes",
              "async_probes_late", "async_probe_microseconds")
 # Every other ManagerStats counter, under its own name (docs/metrics.md lists them; the same
-# figures kvtier's own /metrics exports as kvtier_*_total).
-_MANAGER_COUNTERS = ("lookup_blocks", "dedup_blocks", "deferred_saves",
-                     "demotions_not_admitted", "demotions_first_sighting",
-                     "demotion_failures", "evicted_blocks_g2",
-                     "evicted_blocks_g3", "promoted_blocks", "g3_quarantines", "staged_via_pool",
-                     "events_emitted", "events_published", "events_publish_dropped",
-                     "g4_lookup_blocks", "g4_skipped_lookups", "g4_lookup_failures",
-                     "g4_lookup_timeouts", "g4_save_failures", "g4_dropped_saves",
-                     "g4_load_failures", "g4_corrupt_blocks", "g4_timeouts",
-                     "g4_removed_corrupt", "expired_requests", "g4_abandoned_loads",
-                     "g4_late_returns")
+# figures kvtier's own /metrics exports as kvtier_*_total): the table's scalar counters whose
+# vllm column is own_name (include/kvtier/manager_stats_fields.h).
+_MANAGER_COUNTERS = tuple(f["name"] for f in kvtier.stats_fields()
+                          if f["kind"] == "counter" and f["shape"] == "u64"
+                          and f["vllm"] == "own_name")
 # The worker's lookup server (kvtier.vllm.lookup.COUNTERS), as lookup_server_<name>: refused
 # peers and secrets, malformed frames and time-outs say that something else talks to the socket.
 _SERVER_COUNTERS = tuple("lookup_server_" + name for name in LOOKUP_SERVER_COUNTERS)
-# Occupancy and state: gauges (summed over TP workers, set once per step that reports them).
-_GAUGES = ("g2_blocks", "g2_slots", "g2_free_slots", "g3_blocks", "g3_slots", "pinned_blocks",
-           "g3_quarantined", "g3_admitting_first_sightings", "g4_breaker_open",
-           "g4_rejected_keys", "tracked_requests")  # summed over the workers of one step
+# Occupancy and state: gauges (summed over TP workers, set once per step that reports them),
+# the table's own_name gauges.
+_GAUGES = tuple(f["name"] for f in kvtier.stats_fields()
+                if f["kind"] == "gauge" and f["vllm"] == "own_name")
 _GAUGE_PREFIX = "gauge:"
 
 
