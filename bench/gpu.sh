@@ -8,11 +8,19 @@
 #      stream, CudaStreamOrderTest) and FAILS if any of them skips: on a GPU machine a skip
 #      means the probe is wrong;
 #   4. runs `kvtier bench copy --device cuda --json` for both G1 arrangements;
-#   5. prints a summary, including whether d2h_gbps and h2d_gbps reach 0.85 x cuda_memcpy_gbps.
+#   5. prints a summary, including whether d2h_gbps and h2d_gbps reach 0.85 x cuda_memcpy_gbps;
+#   6. when KVTIER_VLLM034_PYTHONPATH names vLLM 0.34's Python, kvtier's package built for this
+#      Python and their dependencies (bench/gpu-pack.sh run sets it from .gpu/vllm034.tar.xz):
+#      vLLM 0.34's extensible KV cache registered with kvtier, a byte-exact save/load round trip
+#      per KV cache layout, and vLLM creating KvtierConnector (bench/gpu_vllm034.py); a skip
+#      there FAILS. Without it the step says it did not run.
 # Everything it produces goes to $OUT when set (the device tool collects it), else ./gpu-results.
 #
-# usage: bench/gpu.sh [--no-build]     --no-build: use the binaries already in build/
-# env:   CUDACXX (nvcc path), KVTIER_CUDA_ARCHS (default 90, i.e. H100/H200), BLOCKS (512)
+# usage: bench/gpu.sh [--no-build] [--vllm034-only]
+#        --no-build: use the binaries already in build/
+#        --vllm034-only: only step 6 (after checking the GPU), e.g. on a short lease
+# env:   CUDACXX (nvcc path), KVTIER_CUDA_ARCHS (default 90, i.e. H100/H200), BLOCKS (512),
+#        KVTIER_VLLM034_PYTHONPATH (step 6), KVTIER_GPU_PYTHON (step 6's python; python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 readonly T0=$(date +%s)
@@ -28,16 +36,41 @@ fail() {
 }
 
 build=1
+vllm_only=0
 for a in "$@"; do
   case "$a" in
     --no-build) build=0 ;;
+    --vllm034-only) vllm_only=1 build=0 ;;
     -h | --help)
-      sed -n '2,14p' "$0"
+      sed -n '2,26p' "$0"
       exit 0
       ;;
     *) fail "unknown argument '$a' (see --help)" ;;
   esac
 done
+
+# 6. vLLM 0.34's extensible KV cache handed to kvtier (bench/gpu_vllm034.py).
+vllm034_step() {
+  if [ -z "${KVTIER_VLLM034_PYTHONPATH:-}" ]; then
+    say "vLLM 0.34 step NOT RUN: no KVTIER_VLLM034_PYTHONPATH (bench/gpu-pack.sh pack-vllm034, then run)"
+    [ "$vllm_only" = 0 ] || fail "--vllm034-only without KVTIER_VLLM034_PYTHONPATH"
+    return 0
+  fi
+  say "vLLM 0.34 extensible KV cache -> kvtier (bench/gpu_vllm034.py)"
+  set +e
+  PYTHONPATH="$KVTIER_VLLM034_PYTHONPATH" PYTHONUNBUFFERED=1 timeout 300 \
+    "${KVTIER_GPU_PYTHON:-python3}" bench/gpu_vllm034.py --json "$RESULTS/vllm034.json" \
+    >"$RESULTS/vllm034.log" 2>&1
+  rc=$?
+  set -e
+  grep 'gpu_vllm034:' "$RESULTS/vllm034.log" | cut -c1-600 | tee -a "$LOG"
+  case "$rc" in
+    0) say "vLLM 0.34 step: every check passed" ;;
+    77) fail "vLLM 0.34 step SKIPPED on a GPU machine (torch sees no GPU): $RESULTS/vllm034.log" ;;
+    *) tail -n 30 "$RESULTS/vllm034.log"
+       fail "vLLM 0.34 step failed (exit $rc; $RESULTS/vllm034.log, $RESULTS/vllm034.json)" ;;
+  esac
+}
 
 # 1. nvcc and the GPU.
 NVCC=${CUDACXX:-$(command -v nvcc || true)}
@@ -51,7 +84,13 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
     --format=csv 2>&1 | tee -a "$LOG" || fail "nvidia-smi cannot talk to the driver: no usable GPU"
 else
-  say "no nvidia-smi; the backend's own probe decides below"
+  say "no nvidia-smi; the backend's own probe (with --vllm034-only: torch) decides below"
+fi
+
+if [ "$vllm_only" = 1 ]; then
+  vllm034_step
+  say "done in $(($(date +%s) - T0)) s; results in $RESULTS"
+  exit 0
 fi
 
 # 2. Build.
@@ -145,4 +184,5 @@ for arr in ("layer-separate", "block-contiguous"):
     for s in r.get("skipped_methods", []):
         print(f"  skipped {s}")
 EOF
+vllm034_step
 say "done in $(($(date +%s) - T0)) s; results in $RESULTS"

@@ -41,6 +41,7 @@ if not MODEL or not Path(MODEL).is_dir() or not CLI:
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "vllm"))
 from bench_instances import Instance  # noqa: E402
 from redis_util import redis_cli, start_redis  # noqa: E402
+from vllm_under_test import check_instance  # noqa: E402
 
 BLOCK = 32
 PD_WAIT_MS = 1500
@@ -137,6 +138,7 @@ def test_prefill_on_one_instance_decode_on_another_same_host_and_across_hosts(tm
         procs += [p, d1, d2]
         for inst in procs:
             inst.wait_ready(600)
+            check_instance(inst)
 
         # One host: P's blocks reach D1 through host A's G2.
         before = kv(d1)

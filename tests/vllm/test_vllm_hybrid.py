@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from serve_util import ServeDaemon
+from vllm_under_test import check_engine_log, expected_version
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -89,6 +90,9 @@ def run_vllm(tmp: Path, name: str, model: Path, steps: List[Dict[str, Any]],
                     f"{log.read_text()[-6000:]}")
     out = json.loads(out_path.read_text())
     out["log"] = log.read_text()
+    check_engine_log(out["log"], f"vLLM run {name!r}")
+    if expected_version():  # "in_process": the driver's process is the engine's
+        assert out["vllm"]["version"].startswith(expected_version()), (name, out["vllm"])
     return out
 
 

@@ -33,6 +33,7 @@ from test_vllm_connector import (  # noqa: F401  (fixtures are found by name)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "tools" / "vllm"))
 from bench_instances import Instance  # noqa: E402  (tools/vllm: the serve-mode driver's client)
 from serve_util import ServeDaemon  # noqa: E402
+from vllm_under_test import check_instance  # noqa: E402
 
 LEASE_MS = 2000  # the daemon's service.lease_ms here
 
@@ -111,6 +112,8 @@ def test_two_live_vllms_share_g2_through_kills_and_restarts(tmp: Path,
         insts += [a, b]
         a.wait_ready(300.0)
         b.wait_ready(300.0)
+        check_instance(a)
+        check_instance(b)
         phase("both up")
         assert ask(a, prompts()) == baseline
         # B never saw these prompts: its first requests load A's prefixes from the shared G2.
@@ -128,6 +131,7 @@ def test_two_live_vllms_share_g2_through_kills_and_restarts(tmp: Path,
         a = start(tmp, "svc-a2", sock, "vllm-a", {"KVTIER_TEST_ATTACHED_COPY_STALL_MS": "400"})
         insts.append(a)
         a.wait_ready(300.0)
+        check_instance(a)
         phase("A restarted")
         a0 = kv(a)
         assert ask(a, prompts()) == baseline

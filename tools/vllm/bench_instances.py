@@ -60,6 +60,7 @@ class Instance:
         self._fd = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
         self._buf = b""
         self.pid = 0
+        self.vllm: Dict[str, str] = {}
 
     def _fail(self, what: str) -> RuntimeError:
         self._log.flush()
@@ -92,6 +93,7 @@ class Instance:
         if not msg.get("ready"):
             raise self._fail(f"unexpected first line {msg!r}")
         self.pid = int(msg["pid"])
+        self.vllm = dict(msg.get("vllm") or {})  # the vLLM its engine imported
 
     def call(self, msg: Dict[str, Any], timeout_s: float = 900.0) -> Dict[str, Any]:
         assert self.proc.stdin is not None

@@ -26,9 +26,10 @@ With "in_process": OUT has "engine": {"hma": bool, "groups": [spec class names],
 "num_blocks": N} read from vLLM's own configuration.
 
 OUT: {"steps": [{"name", "outputs": [[token ids]], "texts": [...], "ttft_s": [...],
-       "wall_s"}], "metrics": {name: value}, "block_size": N} where metrics are vLLM's counters
-       whose names start with vllm:kvtier_ (kvtier's connector stats in vLLM's own Prometheus
-       metrics) and block_size is the one vLLM ran with (its cache_config's); "steps_s": the
+       "wall_s"}], "metrics": {name: value}, "block_size": N, "vllm": {"version", "file"}}
+       where metrics are vLLM's counters whose names start with vllm:kvtier_ (kvtier's
+       connector stats in vLLM's own Prometheus metrics), block_size is the one vLLM ran with
+       (its cache_config's) and vllm the vLLM this process imported; "steps_s": the
        seconds all the steps took (resets included), so a caller can tell start-up from work.
 """
 
@@ -138,7 +139,7 @@ def main() -> int:
     tokenizer = llm.get_tokenizer()
     if plan.get("serve"):
         return _serve(llm, tokenizer, plan)
-    out: Dict[str, Any] = {"steps": []}
+    out: Dict[str, Any] = {"steps": [], "vllm": _vllm_identity()}
     if plan.get("in_process"):
         out["engine"] = _engine(llm)
     logprobs = int(plan.get("logprobs", 0) or 0)
@@ -207,6 +208,14 @@ def main() -> int:
     return 0
 
 
+def _vllm_identity() -> Dict[str, str]:
+    """The vLLM this process imported (with "in_process", the engine's own): tests run with a
+    newer vLLM's Python laid over the CPU environment check that it is the one that ran."""
+    import vllm
+
+    return {"version": str(vllm.__version__), "file": str(vllm.__file__)}
+
+
 def _stop(proc: Optional["subprocess.Popen[bytes]"]) -> None:
     if proc is not None:
         proc.kill()
@@ -270,7 +279,7 @@ def _serve(llm: Any, tokenizer: Any, plan: Dict[str, Any]) -> int:
         reply.write(json.dumps(obj) + "\n")
         reply.flush()
 
-    send({"ready": True, "pid": os.getpid()})
+    send({"ready": True, "pid": os.getpid(), "vllm": _vllm_identity()})
     for line in sys.stdin:
         if not line.strip():
             continue
