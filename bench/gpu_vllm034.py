@@ -396,6 +396,39 @@ def check_layout_and_round_trip(layout_name: str, device: Any, stand_in: bool,
     return out
 
 
+class _AttentionModule:
+    """What kvtier reads of a model's attention module at registration
+    (python/kvtier/vllm/layout_vouch.py): the backend that writes the layer's KV. There is no
+    model here, so no real module: the backend is vLLM's own FlashAttention class (its name and
+    declared layouts are vLLM's), with no impl, so kvtier cannot run its byte probe and keys
+    the blocks under the static fingerprint (backend, dtypes, shape, stride order, vLLM line)."""
+
+    def __init__(self, name: str, backend: Any) -> None:
+        self.layer_name = name
+        self.attn_backend = backend
+        self.impl = None
+        self.kv_cache_dtype = "auto"
+        self.num_kv_heads = KV_HEADS
+        self.head_size = HEAD_SIZE
+        self.head_size_v = HEAD_SIZE
+
+    def get_attn_backend(self) -> Any:
+        return self.attn_backend
+
+
+def install_attention_modules(vllm_config: Any) -> str:
+    """Registers one attention module per layer where the model would
+    (compilation_config.static_forward_context), so that kvtier vouches for the layout as it
+    does in an engine. Returns the backend's name."""
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    ctx = vllm_config.compilation_config.static_forward_context
+    for i in range(LAYERS):
+        name = LAYER_NAME.format(i)
+        ctx[name] = _AttentionModule(name, FlashAttentionBackend)
+    return FlashAttentionBackend.get_name()
+
+
 def check_connector(device: Any, stand_in: bool, work: str) -> Dict[str, Any]:
     """Step 3: vLLM creates KvtierConnector (worker role) from kv_transfer_config in
     extend_kv_cache and registers the committed views; the connector's manager round-trips."""
@@ -410,6 +443,8 @@ def check_connector(device: Any, stand_in: bool, work: str) -> Dict[str, Any]:
     # The worker's state: its configuration current (as GPUWorker sets it), and its
     # distributed groups (one rank): vLLM's connector set-up broadcasts the engine id over the
     # tensor-parallel group.
+    out: Dict[str, Any] = {"layout": layout_name}
+    out["attention"] = install_attention_modules(config)
     with set_current_vllm_config(config):
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                      distributed_init_method=f"file://{work}/dist-init")
@@ -419,7 +454,7 @@ def check_connector(device: Any, stand_in: bool, work: str) -> Dict[str, Any]:
         if not has_kv_transfer_group():
             raise CheckFailed("vLLM created no KV connector from kv_transfer_config")
         connector = get_kv_transfer_group()
-        out: Dict[str, Any] = {"layout": layout_name, "connector": type(connector).__name__}
+        out["connector"] = type(connector).__name__
         manager = getattr(connector, "_manager", None)
         desc = getattr(connector, "_layout", None)
         if manager is None or desc is None:
