@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "sim/belady_policy.h"
+
 namespace kvtier {
 namespace {
 

@@ -26,9 +26,9 @@
 
 #include "cli_run.h"
 #include "core/regular_file.h"
-#include "index/jsonl_line.h"
-#include "index/policy_sim.h"
 #include "replay_test_util.h"
+#include "sim/jsonl_line.h"
+#include "sim/policy_sim.h"
 
 namespace kvtier {
 namespace {

@@ -13,10 +13,10 @@
 
 #include <gtest/gtest.h>
 
-#include "index/belady_policy.h"
 #include "index/lineage_lru_policy.h"
 #include "index/lru_policy.h"
 #include "index/s3fifo_policy.h"
+#include "sim/belady_policy.h"
 
 namespace kvtier {
 

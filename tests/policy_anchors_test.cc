@@ -14,8 +14,8 @@
 #include "index/eviction_policy.h"
 #include "index/lineage_lru_policy.h"
 #include "index/lru_policy.h"
-#include "index/policy_sim.h"
 #include "index/w_tinylfu_policy.h"
+#include "sim/policy_sim.h"
 
 namespace kvtier {
 namespace {

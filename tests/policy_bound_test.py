@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of tools/replay/policy_bound.py (the per-class holding-time bound of docs/policy-study.md
+"""Tests of lab/studies/policy_bound.py (the per-class holding-time bound of docs/policy-study.md
 section 5) on traces small enough to work out by hand, and its refusals of bad input."""
 
 import io
@@ -10,7 +10,7 @@ import tempfile
 import unittest
 from contextlib import redirect_stderr, redirect_stdout
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "replay"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lab", "studies"))
 import policy_bound  # noqa: E402
 
 

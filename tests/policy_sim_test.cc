@@ -1,6 +1,6 @@
 // The trace simulator behind `kvtier sim`: its semantics on hand-computed traces, the trace
 // parser's errors, and the command itself.
-#include "index/policy_sim.h"
+#include "sim/policy_sim.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,8 +16,8 @@
 
 #include "cli_run.h"
 
-#include "index/belady_policy.h"
 #include "index/eviction_policy.h"
+#include "sim/belady_policy.h"
 
 namespace kvtier {
 namespace {

@@ -421,7 +421,7 @@ def cuda_copy(smoke):
 
 
 def policy_bound(smoke):
-    smoke.run(["python3", smoke.source / "tools" / "replay" / "policy_bound.py", "--trace",
+    smoke.run(["python3", smoke.source / "lab" / "studies" / "policy_bound.py", "--trace",
                smoke.trace()])
 
 
@@ -469,7 +469,7 @@ SMOKE = {
     "kvtier replay --trace F": run_row("replay", "--trace", lambda s: s.trace()),
     "kvtier replay --trace F --workers N --router R": run_row(
         "replay", "--trace", lambda s: s.trace(), "--workers", "2", "--router", "all"),
-    "python3 tools/replay/policy_bound.py --trace F": {"fast": policy_bound},
+    "python3 lab/studies/policy_bound.py --trace F": {"fast": policy_bound},
     "kvtier router --worker URL,events=EP ...": {"fast": smoke_router},
     "kvtier inspect DIR": {"fast": inspect},
     "kvtier config": run_row("config"),

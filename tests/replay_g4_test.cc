@@ -15,8 +15,8 @@
 
 #include "redis_test_util.h"
 #include "replay/replay_runner.h"
-#include "replay/replay_trace.h"
 #include "replay_test_util.h"
+#include "sim/replay_trace.h"
 
 namespace kvtier::cli {
 namespace {

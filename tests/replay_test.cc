@@ -17,8 +17,8 @@
 
 #include "replay/replay_cost.h"
 #include "replay/replay_runner.h"
-#include "replay/replay_trace.h"
 #include "replay_test_util.h"
+#include "sim/replay_trace.h"
 
 namespace kvtier::cli {
 namespace {

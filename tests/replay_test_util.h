@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "cli_run.h"
-#include "replay/replay_trace.h"
+#include "sim/replay_trace.h"
 
 namespace kvtier::cli::replay_testing {
 

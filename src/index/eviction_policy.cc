@@ -6,7 +6,6 @@
 
 #include "index/adaptive_policy.h"
 #include "index/arc_policy.h"
-#include "index/belady_policy.h"
 #include "index/credit_lru_policy.h"
 #include "index/hit_density_policy.h"
 #include "index/lineage_lru_policy.h"
@@ -239,10 +238,6 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size
   }
   return Status::InvalidArgument("unknown eviction policy kind " +
                                  std::to_string(static_cast<int>(kind)));
-}
-
-std::unique_ptr<EvictionPolicy> MakeBeladyPolicy(std::span<const BlockKey> references) {
-  return std::make_unique<BeladyPolicy>(references);
 }
 
 }  // namespace kvtier

@@ -169,16 +169,11 @@ class EvictionPolicy {
 // scales its credits by it, hit-density its histograms; the others ignore it), with `options`
 // (credit-lru reads options.credit_lru, adaptive options.adaptive, hit-density
 // options.hit_density; the other kinds ignore them). InvalidArgument for kBelady, which needs the
-// future (use MakeBeladyPolicy), and when the member the kind reads does not validate.
+// future: the oracle is the lab's (MakeBeladyPolicy, lab/sim/belady_policy.h), never the
+// product's; and when the member the kind reads does not validate.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks,
                                                            const PolicyOptions& options);
 // MakeEvictionPolicy with the default options.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks);
-
-// Belady's offline optimum for a replay whose block references, in order, are `references`.
-// Every OnInsert/OnAccess of a key is taken as that key's next reference at or after the last
-// one seen; the victim is the tracked key whose next reference is furthest away (never = the
-// furthest of all).
-std::unique_ptr<EvictionPolicy> MakeBeladyPolicy(std::span<const BlockKey> references);
 
 }  // namespace kvtier

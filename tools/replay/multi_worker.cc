@@ -11,8 +11,8 @@
 #include <numeric>
 #include <unordered_map>
 
-#include "index/jsonl_line.h"
 #include "replay/replay_host_g1.h"
+#include "sim/jsonl_line.h"
 
 namespace kvtier::cli {
 

@@ -6,7 +6,7 @@
 
 #include "cli/cli_args.h"
 #include "replay/replay_runner.h"
-#include "replay/replay_trace.h"
+#include "sim/replay_trace.h"
 
 namespace kvtier::cli {
 

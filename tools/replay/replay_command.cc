@@ -22,11 +22,12 @@
 #include "cli/metrics_settings.h"
 #include "cli/progress.h"
 #include "index/eviction_policy.h"
-#include "index/policy_sim.h"
 #include "kvtier/config.h"
 #include "replay/multi_worker_command.h"
 #include "replay/replay_g4.h"
 #include "replay/replay_runner.h"
+#include "sim/belady_policy.h"
+#include "sim/policy_sim.h"
 #include "tier/block_format.h"
 
 namespace kvtier::cli {
@@ -93,7 +94,7 @@ void PrintReplayHelp(const std::string& default_policy) {
       "  --compare-belady           also simulate Belady's oracle and an unbounded cache with the\n"
       "                             same capacity (G2 + G3 slots), same prefix semantics\n"
       "  --sweep                    instead of a replay: hit ratio vs capacity fraction for every\n"
-      "                             policy and Belady, SIMULATED (src/index/policy_sim), plotted\n"
+      "                             policy and Belady, SIMULATED (lab/sim/policy_sim), plotted\n"
       "  --sweep-fractions LIST     default 0.02,0.05,0.1,0.15,0.2,0.3\n"
       "  --sweep-out FILE.png       default replay-sweep.png (needs gnuplot)\n"
       "  multi-worker (docs/router.md): G2/G3 fractions are per worker, G4 is shared\n"
@@ -237,7 +238,7 @@ int RunSweep(const CliArgs& args, const ReplayTrace& trace, const PolicyOptions&
   } else {
     plot = std::filesystem::absolute(png).string();
   }
-  const char* kMode = "simulated (src/index/policy_sim: one tier, same prefix semantics)";
+  const char* kMode = "simulated (lab/sim/policy_sim: one tier, same prefix semantics)";
   if (args.Has("json")) {
     std::string arr = "[";
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -8,7 +8,7 @@
 //
 // Requests run one at a time, in trace order, and each waits for its saves: the index then
 // holds the same blocks whatever the machine's speed, so runs are repeatable and comparable
-// with the simulator's (whose semantics are the same: src/index/policy_sim.h). Block payloads
+// with the simulator's (whose semantics are the same: lab/sim/policy_sim.h). Block payloads
 // are scaled down (payload_bytes); a block's bytes are a pure function of its key, so every
 // loaded block can be checked against what was committed.
 #pragma once
@@ -23,7 +23,7 @@
 
 #include "kvtier/connector.h"
 #include "replay/replay_cost.h"
-#include "replay/replay_trace.h"
+#include "sim/replay_trace.h"
 
 namespace kvtier::cli {
 

@@ -13,7 +13,8 @@
 #include "cli/credit_lru_flags.h"
 #include "cli/json_writer.h"
 #include "index/eviction_policy.h"
-#include "index/policy_sim.h"
+#include "sim/belady_policy.h"
+#include "sim/policy_sim.h"
 
 namespace kvtier::cli {
 

@@ -8,7 +8,7 @@ K=V ... --json` for every setting of GRID. A fold's pick maximizes its geometric
 LRU at 5%, then its minimum ratio to the best of lru, arc, w-tinylfu; each pick is reported on
 the other fold. Only the standard library.
 
-  python3 tools/replay/hit_density_study.py --trace-dir /tmp/lhd [--grid] [--jobs 2]
+  python3 lab/studies/hit_density_study.py --trace-dir /tmp/lhd [--grid] [--jobs 2]
 """
 import argparse
 import concurrent.futures as cf

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <set>
 #include <span>
 #include <unordered_map>
@@ -62,5 +63,11 @@ class BeladyPolicy final : public EvictionPolicy {
   std::unordered_map<BlockKey, uint64_t, BlockKeyHash> tracked_;
   std::set<std::pair<uint64_t, BlockKey>> by_next_use_;
 };
+
+// Belady's offline optimum for a replay whose block references, in order, are `references`.
+// Every OnInsert/OnAccess of a key is taken as that key's next reference at or after the last
+// one seen; the victim is the tracked key whose next reference is furthest away (never = the
+// furthest of all). The product's MakeEvictionPolicy refuses kBelady and points here.
+std::unique_ptr<EvictionPolicy> MakeBeladyPolicy(std::span<const BlockKey> references);
 
 }  // namespace kvtier

@@ -7,7 +7,7 @@ every trace (the presets and the Mooncake conversation trace) at every capacity 
 adaptive policy's settings. Prints markdown tables, writes the raw results as JSON and a gnuplot
 plot. Only the standard library; `kvtier` does all the work.
 
-  python3 tools/replay/policy_study.py --out-dir /tmp/study [--cv] [--replay] [--plot FILE]
+  python3 lab/studies/policy_study.py --out-dir /tmp/study [--cv] [--replay] [--plot FILE]
 """
 import argparse
 import concurrent.futures as cf

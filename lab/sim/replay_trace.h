@@ -1,7 +1,7 @@
 // The request traces `kvtier replay` feeds to the BlockManager: a Mooncake trace (prefix-chained
 // ids of 512-token blocks) or a kvtier token trace (explicit token ids), both seen two ways:
 //  - as prompts of token ids, which the replay hands to the connector API like an engine would;
-//  - as a block-id Trace (src/index/policy_sim.h), so the simulator, Belady's oracle and the
+//  - as a block-id Trace (lab/sim/policy_sim.h), so the simulator, Belady's oracle and the
 //    unbounded cache run on exactly the same reuse.
 // docs/replay.md defines both formats.
 #pragma once
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "index/policy_sim.h"
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
+#include "sim/policy_sim.h"
 
 namespace kvtier::cli {
 

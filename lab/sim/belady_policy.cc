@@ -1,4 +1,4 @@
-#include "index/belady_policy.h"
+#include "sim/belady_policy.h"
 
 #include <algorithm>
 #include <cassert>
@@ -57,6 +57,10 @@ std::optional<BlockKey> BeladyPolicy::Victim(const EvictablePredicate& evictable
     if (evictable(it->second)) return it->second;
   }
   return std::nullopt;
+}
+
+std::unique_ptr<EvictionPolicy> MakeBeladyPolicy(std::span<const BlockKey> references) {
+  return std::make_unique<BeladyPolicy>(references);
 }
 
 }  // namespace kvtier

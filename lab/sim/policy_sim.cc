@@ -1,6 +1,6 @@
-#include "index/policy_sim.h"
+#include "sim/policy_sim.h"
 
-#include "index/jsonl_line.h"
+#include "sim/jsonl_line.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,10 +1,10 @@
-#include "replay/replay_trace.h"
+#include "sim/replay_trace.h"
 
 #include <cerrno>
 #include <cstring>
 #include <unordered_map>
 
-#include "index/jsonl_line.h"
+#include "sim/jsonl_line.h"
 
 namespace kvtier::cli {
 

@@ -3,7 +3,7 @@
 features keep in one tier of a given size, on a Mooncake-format trace?
 
 Usage:
-  tools/replay/policy_bound.py --trace FILE [--fractions 0.05,0.1] [--features SETS] [--no-placebo]
+  lab/studies/policy_bound.py --trace FILE [--fractions 0.05,0.1] [--features SETS] [--no-placebo]
                         [--seed N] [--json]
 
 The bound (docs/policy-study.md section 5). Each block reference starts an *interval* that ends
