@@ -108,7 +108,7 @@ def _vouch_for_vllm() -> None:
         _VOUCHED = report
 
 
-class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]  # vLLM's: Any
     """vLLM's KV connector over kvtier's BlockManager (see the module docstring). A
     SupportsHMA: vLLM keeps its hybrid memory allocator on for hybrid models
     (kvtier/vllm/groups.py says which groups kvtier moves). Exactly one of connector_scheduler

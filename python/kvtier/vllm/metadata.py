@@ -51,7 +51,7 @@ class FinishSpec:
 
 
 @dataclasses.dataclass
-class KvtierMetadata(KVConnectorMetadata):
+class KvtierMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vLLM's class: Any to mypy
     loads: List[LoadSpec] = dataclasses.field(default_factory=list)
     saves: List[SaveSpec] = dataclasses.field(default_factory=list)
     finished: List[FinishSpec] = dataclasses.field(default_factory=list)

@@ -76,7 +76,7 @@ class KvtierWorker:
         self._block_size = d.block_size
         self._groups = d.groups
         self._tp_size, self._pp_size, self._dp_rank = d.tp_size, d.pp_size, d.dp_rank
-        self._manager: Optional[Any] = None
+        self._manager: Optional[kvtier.BlockManager] = None
         self._init_state()
 
     def _init_state(self) -> None:
@@ -266,12 +266,12 @@ class KvtierWorker:
                 self._sync_loads.append((spec, 0))
 
     @staticmethod
-    def _prepare_load(m: Any, spec: LoadSpec) -> int:
+    def _prepare_load(m: kvtier.BlockManager, spec: LoadSpec) -> int:
         # An async load is polled through finished(); wait_layer never waits for it.
         return m.prepare_load(spec.key, spec.block_ids, spec.num_tokens,
                               async_load=spec.is_async)
 
-    def _prepare_hybrid_load(self, m: Any, spec: LoadSpec) -> None:
+    def _prepare_hybrid_load(self, m: kvtier.BlockManager, spec: LoadSpec) -> None:
         """One load per group, all asynchronous (see get_num_new_matched_tokens). A full-
         attention group loads every block of the hit; a sliding-window group only the blocks
         vLLM allocated for it (those inside the window at the end of the hit): its kvtier
@@ -427,7 +427,7 @@ class KvtierWorker:
         else:
             m.start_save()
 
-    def _commit_groups(self, m: Any, key: str, req: _WorkerReq,
+    def _commit_groups(self, m: kvtier.BlockManager, key: str, req: _WorkerReq,
                        state_blocks: Sequence[Tuple[int, int, int]]) -> None:
         """A hybrid model's save: every group's blocks under its own kvtier request. Blocks a
         group does not hold (vLLM's null block: a sliding window's blocks left behind by a
@@ -450,7 +450,8 @@ class KvtierWorker:
             if g.kind != FULL:
                 self._fence.add(gkey)
 
-    def _settle_hybrid_loads(self, m: Any, loads_done: List[str], recving: Set[str]) -> None:
+    def _settle_hybrid_loads(self, m: kvtier.BlockManager, loads_done: List[str],
+                             recving: Set[str]) -> None:
         """A hybrid request's load ends when every group's has: finished_recving, and
         failed_recving as well when a group's came short (vLLM recomputes the request)."""
         for gkey in loads_done:
