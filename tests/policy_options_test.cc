@@ -32,8 +32,8 @@ PolicyOptions StaleTailZero() {
   return o;
 }
 
-// core cannot include index, so the schema repeats CreditLruConfig's defaults and ranges:
-// they must agree, field for field, and every field must have a key in both tiers.
+// The keys take CreditLruConfig's defaults and ranges (index/policy_config_keys.cc): they must
+// agree, field for field, and every field must have a key in both tiers.
 TEST(PolicyOptionsTest, ConfigSchemaAgreesWithCreditLruConfig) {
   const CreditLruConfig defaults;
   const Config config;
