@@ -1,4 +1,4 @@
-// BlockManager::Impl: construction and start-up (tiers, policies, metrics, the event
+// BlockManagerImpl: construction and start-up (tiers, policies, metrics, the event
 // publisher), the KV events, Stats. The other parts: block_manager_{tiers,lookup,save,
 // requests,g4}.cc.
 #include <time.h>
@@ -55,10 +55,10 @@ const char* KvEventKindName(KvEvent::Kind kind) {
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-BlockManager::Impl::Impl(const ManagerOptions& options)
+BlockManagerImpl::BlockManagerImpl(const ManagerOptions& options)
     : options_(options), layout_(options.layout), tpb_(options.layout.tokens_per_block) {}
 
-Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
+Result<std::unique_ptr<BlockManagerImpl>> BlockManagerImpl::Create(
     const ManagerOptions& options, const DiskTier::OpenOptions& g3_open, WrapG4 wrap_g4,
     DeviceBackendFactory device_backend, bool shared_g2) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
@@ -67,7 +67,7 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
         "ManagerOptions.model_id is empty; name the model, so keys of "
         "different models never collide");
   }
-  std::unique_ptr<Impl> impl(new Impl(options));
+  std::unique_ptr<BlockManagerImpl> impl(new BlockManagerImpl(options));
   impl->wrap_g4_ = std::move(wrap_g4);
   impl->device_backend_ = std::move(device_backend);
   impl->shared_g2_ = shared_g2;
@@ -75,7 +75,7 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
   return impl;
 }
 
-Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
+Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
   const Config& cfg = options_.config;
   KVTIER_ASSIGN_OR_RETURN(algorithm_, ParseHashAlgorithm(cfg.GetString("hash.algorithm")));
   hashers_ = std::make_unique<HasherCache>(options_.model_id, layout_.Fingerprint(), tpb_,
@@ -228,7 +228,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   return InitMetrics();
 }
 
-Status BlockManager::Impl::InitMetrics() {
+Status BlockManagerImpl::InitMetrics() {
   ManagerMetrics::Sources sources;
   sources.stats = [this] { return Stats(); };
   sources.queues = [this] {
@@ -251,7 +251,7 @@ Status BlockManager::Impl::InitMetrics() {
   return Status::Ok();
 }
 
-BlockManager::Impl::~Impl() {
+BlockManagerImpl::~BlockManagerImpl() {
   // No scrape may read the tiers while they close. The histograms stay until the members go
   // (after engine_, below): the flush and the drain still record I/O into them.
   if (metrics_) metrics_->StopServer();
@@ -272,7 +272,7 @@ BlockManager::Impl::~Impl() {
   publisher_.reset();
 }
 
-Status BlockManager::Impl::InitEventPublisher() {
+Status BlockManagerImpl::InitEventPublisher() {
   const Config& cfg = options_.config;
   if (cfg.GetString("events.endpoint").empty()) {
     if (!cfg.GetString("events.replay_endpoint").empty()) {
@@ -302,7 +302,7 @@ Status BlockManager::Impl::InitEventPublisher() {
 // ---------------------------------------------------------------------------------------------
 // Events
 
-KvEvent BlockManager::Impl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
+KvEvent BlockManagerImpl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
                                   TierId tier) const {
   KvEvent e;
   e.kind = kind;
@@ -313,7 +313,7 @@ KvEvent BlockManager::Impl::Event(KvEvent::Kind kind, const BlockKey& key, const
   return e;
 }
 
-KvEvent BlockManager::Impl::StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
+KvEvent BlockManagerImpl::StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
                                         uint64_t namespace_id, std::span<const TokenId> tokens,
                                         bool always) {
   KvEvent e = Event(KvEvent::Kind::kStored, key, parent, tier);
@@ -331,7 +331,7 @@ KvEvent BlockManager::Impl::StoredEvent(const BlockKey& key, const BlockKey& par
   return e;
 }
 
-KvEvent BlockManager::Impl::G2StoredEvent(uint32_t slot, const BlockKey& key,
+KvEvent BlockManagerImpl::G2StoredEvent(uint32_t slot, const BlockKey& key,
                                           const BlockKey& parent) {
   if (!events_wanted_.load(std::memory_order_relaxed)) {
     return Event(KvEvent::Kind::kStored, key, parent, kTierG2);
@@ -347,7 +347,7 @@ KvEvent BlockManager::Impl::G2StoredEvent(uint32_t slot, const BlockKey& key,
   return StoredEvent(key, parent, kTierG2, namespace_id, tokens);
 }
 
-void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
+void BlockManagerImpl::Emit(std::vector<KvEvent> events) {
   if (events.empty()) return;
   c_.events.fetch_add(events.size(), std::memory_order_relaxed);
   std::vector<KvEventCallback> subs;
@@ -359,7 +359,7 @@ void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
   if (publisher_) publisher_->Publish(std::move(events));  // queued or dropped; never waits
 }
 
-void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
+void BlockManagerImpl::SubscribeEvents(KvEventCallback callback) {
   std::vector<KvEvent> replay;
   events_wanted_.store(true);
   {
@@ -374,7 +374,7 @@ void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
 // ---------------------------------------------------------------------------------------------
 // Stats
 
-ManagerStats BlockManager::Impl::Stats() {
+ManagerStats BlockManagerImpl::Stats() {
   ManagerStats s;
   s.lookups = c_.lookups.load();
   s.lookup_blocks = c_.lookup_blocks.load();
