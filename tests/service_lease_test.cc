@@ -22,8 +22,8 @@
 #include <cstring>
 #include <thread>
 
+#include "client/attached_manager.h"
 #include "host_device_backend.h"
-#include "service/attached_manager.h"
 #include "service_test_util.h"
 
 namespace kvtier {

@@ -73,7 +73,7 @@ class BlockManagerImpl {
   // `g3_open`, `wrap_g4` and `device_backend` are the seams for tests: e.g. g3_open.wrap_io
   // injects faults under G3; device_backend puts a host stand-in where no GPU exists.
   // Engine instances. An in-process manager serves one engine: every request is instance 0.
-  // kvtier serve (src/service) serves many through one Impl: each attached engine is an
+  // kvtier serve (src/daemon) serves many through one Impl: each attached engine is an
   // instance, its requests carry its number, and the per-engine calls (StartLoad, WaitLayer,
   // StartSave, Finished) touch only that instance's work, so one engine never starts, waits for
   // or reports another's. kAllInstances (WaitForSaves, shutdown) means every instance.

@@ -29,7 +29,7 @@
 
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
-#include "service/protocol.h"
+#include "proto/protocol.h"
 #include "transfer/device_backend.h"
 
 namespace kvtier::service {

@@ -1,4 +1,4 @@
-// kvtier serve's internals (src/service/server.cc, server_pools.cc, server_calls.cc): the
+// kvtier serve's internals (src/daemon/server.cc, server_pools.cc, server_calls.cc): the
 // daemon's state, its pools, instances and connections. Not a public header.
 #pragma once
 
@@ -21,11 +21,11 @@
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "core/unique_fd.h"
+#include "daemon/remote_g1_backend.h"
+#include "daemon/server.h"
 #include "manager/shared_manager.h"
-#include "service/protocol.h"
-#include "service/remote_g1_backend.h"
-#include "service/server.h"
-#include "service/unix_socket.h"
+#include "proto/protocol.h"
+#include "proto/unix_socket.h"
 
 namespace kvtier::service {
 namespace server_internal {

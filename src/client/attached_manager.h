@@ -28,13 +28,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/copy_gate.h"
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "core/unique_fd.h"
 #include "kvtier/connector.h"
-#include "service/copy_gate.h"
-#include "service/protocol.h"
-#include "service/unix_socket.h"
+#include "proto/protocol.h"
+#include "proto/unix_socket.h"
 #include "tier/host_arena.h"
 #include "transfer/device_backend.h"
 

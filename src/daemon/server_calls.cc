@@ -1,6 +1,6 @@
 // kvtier serve's call dispatcher: one decoded request frame, run on the pool's manager.
 #include "core/log.h"
-#include "service/server_state.h"
+#include "daemon/server_state.h"
 
 namespace kvtier::service {
 
@@ -55,7 +55,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       Status mapped = map_blocks(&m.g1_block_ids);
       Result<uint32_t> res = mapped.ok()
                                  ? engine.PrepareLoad(Rid(instance, m.request_id), m.g1_block_ids,
-                                                    m.num_external_tokens, m.async_load)
+                                                      m.num_external_tokens, m.async_load)
                                  : Result<uint32_t>(mapped);
       EncodeStatus(out, res.status());
       if (res.ok()) out->U32(*res);

@@ -13,7 +13,7 @@
 
 #include "core/log.h"
 #include "core/sha256.h"
-#include "service/server_state.h"
+#include "daemon/server_state.h"
 #include "tier/host_arena.h"
 
 namespace kvtier::service {

@@ -1,9 +1,9 @@
 // BlockManager::Create (include/kvtier/connector.h): the one place that chooses the
 // implementation. With service.socket set, the attached manager (kvtier serve's client,
-// src/service; docs/service.md); otherwise the embedded one (EmbeddedManager, in this process).
+// src/client; docs/service.md); otherwise the embedded one (EmbeddedManager, src/manager).
+#include "client/attached_manager.h"
 #include "kvtier/connector.h"
 #include "manager/embedded_manager.h"
-#include "service/attached_manager.h"
 
 namespace kvtier {
 
