@@ -147,8 +147,8 @@ class BlockManager {
   // A kNoG1Block id in the load's range ends the load at that block.
   // NotFound for a request without a Lookup; InvalidArgument for too few G1 block ids.
   virtual Result<uint32_t> PrepareLoad(const std::string& request_id,
-                               std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
-                               bool async_load = false) = 0;
+                                       std::span<const uint32_t> g1_block_ids,
+                                       uint32_t num_external_tokens, bool async_load = false) = 0;
 
   // The engine finished computing more of the request: `tokens` is everything so far (prompt
   // and generated), `g1_block_ids` its block table. Full blocks not committed before are keyed;
@@ -162,7 +162,7 @@ class BlockManager {
   // Blocks whose G1 id is kNoG1Block are skipped (neither saved nor counted as reuse).
   // NotFound for a request without a Lookup.
   virtual Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
-                std::span<const uint32_t> g1_block_ids) = 0;
+                        std::span<const uint32_t> g1_block_ids) = 0;
 
   // vLLM request_finished. True when saves still read the request's G1 blocks: the engine must
   // keep them until Finished() lists the request in saves_done. False: no save reads them.

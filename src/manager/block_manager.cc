@@ -303,7 +303,7 @@ Status BlockManagerImpl::InitEventPublisher() {
 // Events
 
 KvEvent BlockManagerImpl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
-                                  TierId tier) const {
+                                TierId tier) const {
   KvEvent e;
   e.kind = kind;
   e.key = key;
@@ -314,8 +314,8 @@ KvEvent BlockManagerImpl::Event(KvEvent::Kind kind, const BlockKey& key, const B
 }
 
 KvEvent BlockManagerImpl::StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
-                                        uint64_t namespace_id, std::span<const TokenId> tokens,
-                                        bool always) {
+                                      uint64_t namespace_id, std::span<const TokenId> tokens,
+                                      bool always) {
   KvEvent e = Event(KvEvent::Kind::kStored, key, parent, tier);
   if (!always && !events_wanted_.load(std::memory_order_relaxed)) return e;
   e.block_size = tpb_;
@@ -332,7 +332,7 @@ KvEvent BlockManagerImpl::StoredEvent(const BlockKey& key, const BlockKey& paren
 }
 
 KvEvent BlockManagerImpl::G2StoredEvent(uint32_t slot, const BlockKey& key,
-                                          const BlockKey& parent) {
+                                        const BlockKey& parent) {
   if (!events_wanted_.load(std::memory_order_relaxed)) {
     return Event(KvEvent::Kind::kStored, key, parent, kTierG2);
   }

@@ -203,7 +203,7 @@ bool BlockManagerImpl::DemoteToG4(const EvictedBlock& victim) {
 }
 
 void BlockManagerImpl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
-                                          const BlockKey& parent) {
+                                        const BlockKey& parent) {
   G4Write w;
   w.key = key;
   w.parent = parent;

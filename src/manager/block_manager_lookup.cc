@@ -25,8 +25,8 @@ constexpr auto kG4PartialLookupReuse = std::chrono::milliseconds(50);
 // ---------------------------------------------------------------------------------------------
 // Scheduler side
 
-Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec,
-                                                uint32_t num_computed_tokens, uint32_t instance) {
+Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec, uint32_t num_computed_tokens,
+                                              uint32_t instance) {
   if (spec.request_id.empty()) return Status::InvalidArgument("Lookup: empty request_id");
   if (num_computed_tokens % tpb_ != 0) {
     return Status::InvalidArgument(
@@ -138,8 +138,8 @@ Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec,
 }
 
 Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
-                                                 std::span<const uint32_t> g1_block_ids,
-                                                 uint32_t num_external_tokens, bool async_load) {
+                                               std::span<const uint32_t> g1_block_ids,
+                                               uint32_t num_external_tokens, bool async_load) {
   if (num_external_tokens % tpb_ != 0) {
     return Status::InvalidArgument(
         "PrepareLoad: num_external_tokens = " + std::to_string(num_external_tokens) +
@@ -378,8 +378,8 @@ Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async)
 }
 
 void BlockManagerImpl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
-                                         const TransferJob& job,
-                                         std::chrono::steady_clock::time_point started) {
+                                       const TransferJob& job,
+                                       std::chrono::steady_clock::time_point started) {
   const int64_t took = metrics_ ? NanosSince(started) : 0;
   std::vector<BlockKey> pinned, hits;
   pinned.reserve(loads.size());

@@ -138,7 +138,7 @@ FinishedRequests BlockManagerImpl::Finished(uint32_t instance) {
 }
 
 void BlockManagerImpl::TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from,
-                                      uint32_t instance, std::vector<std::string>* to) {
+                                    uint32_t instance, std::vector<std::string>* to) {
   std::erase_if(*from, [&](std::pair<uint32_t, std::string>& e) {
     if (!Matches(e.first, instance)) return false;
     to->push_back(std::move(e.second));

@@ -15,7 +15,7 @@ namespace kvtier {
 // Scheduler side
 
 Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const TokenId> tokens,
-                                  std::span<const uint32_t> g1_block_ids) {
+                                std::span<const uint32_t> g1_block_ids) {
   const ScopedLatency latency(metrics_ ? metrics_->commit : nullptr);
   struct Candidate {
     BlockKey key, parent;

@@ -10,7 +10,7 @@
 namespace kvtier {
 
 void BlockManagerImpl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
-                                     std::span<const TokenId> tokens) {
+                                   std::span<const TokenId> tokens) {
   AssignSlotNamespace(slot, meta.namespace_id);
   MutexLock lock(&slot_mu_);
   slot_meta_[slot] = meta;

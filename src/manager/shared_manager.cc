@@ -9,10 +9,9 @@ namespace kvtier {
 
 Result<std::unique_ptr<SharedManager>> SharedManager::Create(const ManagerOptions& options,
                                                              DeviceBackendFactory device_backend) {
-  KVTIER_ASSIGN_OR_RETURN(
-      std::unique_ptr<BlockManagerImpl> impl,
-      BlockManagerImpl::Create(options, {}, nullptr, std::move(device_backend),
-                               /*shared_g2=*/true));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<BlockManagerImpl> impl,
+                          BlockManagerImpl::Create(options, {}, nullptr, std::move(device_backend),
+                                                   /*shared_g2=*/true));
   return std::unique_ptr<SharedManager>(new SharedManager(std::move(impl)));
 }
 
