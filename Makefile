@@ -60,6 +60,7 @@ format-check: deps
 lint: deps
 	python3 scripts/check-layering.py
 	./scripts/thread-safety-check.sh
+	./scripts/python-lint.sh
 
 # What CI runs: see .ci/run.
 ci:
