@@ -54,8 +54,11 @@ format-check: deps
 	if [ -n "$$bad" ]; then echo "clang-format disagrees with:"; echo "$$bad"; echo "run: make format"; exit 1; fi; \
 	echo "clang-format: all $(words $(SOURCES)) files clean"
 
-# Clang's thread-safety analysis over the library sources (g++ ignores the annotations).
+# The layering check (docs/architecture.md: no upward include, no cycle, no private header
+# reached into), then clang's thread-safety analysis over the sources (g++ ignores the
+# annotations).
 lint: deps
+	python3 scripts/check-layering.py
 	./scripts/thread-safety-check.sh
 	./scripts/python-lint.sh
 

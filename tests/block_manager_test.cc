@@ -12,6 +12,7 @@
 
 #include "hang_guard.h"
 #include "manager/block_manager_impl.h"
+#include "manager/embedded_manager.h"
 #include "manager_test_util.h"
 #include "tier/fault_injecting_io.h"
 
@@ -390,9 +391,9 @@ TEST(BlockManagerTest, DeferredSavesAreDroppedAfterTheirDeadline) {
     faults = f.get();
     return f;
   };
-  auto impl = BlockManager::Impl::Create(options, open);
+  auto impl = BlockManagerImpl::Create(options, open);
   ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  BlockManager manager(std::move(impl).value());
+  EmbeddedManager manager(std::move(impl).value());
   ASSERT_NE(faults, nullptr);
   MiniEngine engine(&manager, 64);
   // 8 cache slots fill; the next commit demotes (stalled) and defers the rest.
@@ -519,9 +520,9 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
     faults = f.get();
     return f;
   };
-  auto impl = BlockManager::Impl::Create(options, open);
+  auto impl = BlockManagerImpl::Create(options, open);
   ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  BlockManager manager(std::move(impl).value());
+  EmbeddedManager manager(std::move(impl).value());
   ASSERT_NE(faults, nullptr);
   MiniEngine engine(&manager, 64);
   const auto first = Prompt(90, 16 * 4 + 1);
@@ -576,10 +577,10 @@ std::unique_ptr<BlockManager> FaultyG3Manager(const Config& config, FaultInjecti
     *faults = f.get();
     return f;
   };
-  auto impl = BlockManager::Impl::Create(options, open);
+  auto impl = BlockManagerImpl::Create(options, open);
   EXPECT_TRUE(impl.ok()) << impl.status().ToString();
   if (!impl.ok()) return nullptr;
-  return std::make_unique<BlockManager>(std::move(impl).value());
+  return std::make_unique<EmbeddedManager>(std::move(impl).value());
 }
 
 // The engine aborts a request while its load is in flight. RequestFinished answers about saves

@@ -18,6 +18,7 @@
 
 #include "hang_guard.h"
 #include "manager/block_manager_impl.h"
+#include "manager/embedded_manager.h"
 #include "manager_test_util.h"
 #include "tier/remote_store.h"
 
@@ -220,14 +221,14 @@ TEST(G4Deadline, ALoadsDeadlineHoldsWhileTheStoreCallIsStuck) {
   options.model_id = "test-model";
   options.config = config;
   StallingStore* stall = nullptr;
-  auto impl = BlockManager::Impl::Create(
+  auto impl = BlockManagerImpl::Create(
       options, {}, [&](std::unique_ptr<RemoteStore> inner) -> std::unique_ptr<RemoteStore> {
         auto s = std::make_unique<StallingStore>(std::move(inner), fifo);
         stall = s.get();
         return s;
       });
   ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  BlockManager b(std::move(impl).value());
+  EmbeddedManager b(std::move(impl).value());
   ASSERT_NE(stall, nullptr);
   MiniEngine eb(&b, kG1Blocks);
 
@@ -315,7 +316,7 @@ std::unique_ptr<BlockManager> StallingManager(const Config& config, const std::s
   options.layout = TestLayout();
   options.model_id = "test-model";
   options.config = config;
-  auto impl = BlockManager::Impl::Create(
+  auto impl = BlockManagerImpl::Create(
       options, {}, [&](std::unique_ptr<RemoteStore> inner) -> std::unique_ptr<RemoteStore> {
         auto s = std::make_unique<StallingStore>(std::move(inner), fifo);
         *stall = s.get();
@@ -323,7 +324,7 @@ std::unique_ptr<BlockManager> StallingManager(const Config& config, const std::s
       });
   EXPECT_TRUE(impl.ok()) << impl.status().ToString();
   if (!impl.ok()) return nullptr;
-  return std::make_unique<BlockManager>(std::move(impl).value());
+  return std::make_unique<EmbeddedManager>(std::move(impl).value());
 }
 
 // A G3 block that one load finds corrupt while its batch is still running (held open by a

@@ -30,6 +30,7 @@
 
 #include "kvtier/connector.h"
 #include "manager/block_manager_impl.h"
+#include "manager/embedded_manager.h"
 #include "manager/hasher_cache.h"
 #include "manager_test_util.h"
 #include "tier/block_format.h"
@@ -466,10 +467,10 @@ TEST(HasherCacheBound, TenThousandDistinctSaltsLeaveTheCacheAtItsBound) {
   o.layout = testing::TestLayout();
   o.model_id = ModelId();
   o.config = config;
-  auto impl = BlockManager::Impl::Create(o);
+  auto impl = BlockManagerImpl::Create(o);
   ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  BlockManager::Impl* raw = impl->get();
-  BlockManager manager(std::move(impl).value());
+  BlockManagerImpl* raw = impl->get();
+  EmbeddedManager manager(std::move(impl).value());
   MiniEngine e(&manager, 16, o.model_id);
 
   Identity id = BaseIdentity();

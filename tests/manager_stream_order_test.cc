@@ -16,6 +16,7 @@
 
 #include "host_device_backend.h"
 #include "manager/block_manager_impl.h"
+#include "manager/embedded_manager.h"
 #include "manager_test_util.h"
 
 namespace kvtier {
@@ -41,7 +42,7 @@ struct Rig {
     options.layout = testing::TestLayout();
     options.model_id = "test-model";
     options.config = testing::SmallConfig("", 32, 0);
-    auto impl = BlockManager::Impl::Create(
+    auto impl = BlockManagerImpl::Create(
         options, {}, nullptr,
         [this](const DeviceCopyBackend::Config& c) -> Result<std::unique_ptr<DeviceCopyBackend>> {
           auto b = std::make_unique<HostDeviceBackend>(c);
@@ -49,7 +50,7 @@ struct Rig {
           return std::unique_ptr<DeviceCopyBackend>(std::move(b));
         });
     EXPECT_TRUE(impl.ok()) << impl.status().ToString();
-    manager = std::make_unique<BlockManager>(std::move(impl).value());
+    manager = std::make_unique<EmbeddedManager>(std::move(impl).value());
     if (g1 != G1Kind::kNone) {
       engine = std::make_unique<MiniEngine>(manager.get(), 32, "test-model",
                                             /*on_device=*/g1 == G1Kind::kDevice);

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "manager/block_manager_impl.h"
+#include "manager/embedded_manager.h"
 #include "manager_test_util.h"
 #include "tier/fault_injecting_io.h"
 
@@ -59,9 +60,9 @@ TEST(ManagerStressTest, ConcurrentConversationsWithG3FaultsServeOnlyCorrectBytes
     faults = f.get();
     return f;
   };
-  auto impl = BlockManager::Impl::Create(options, open);
+  auto impl = BlockManagerImpl::Create(options, open);
   ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  BlockManager manager(std::move(impl).value());
+  EmbeddedManager manager(std::move(impl).value());
   ASSERT_NE(faults, nullptr) << "G3 did not open";
   MiniEngine engine(&manager, /*g1_blocks=*/512);
 

@@ -2,14 +2,14 @@
 // docs/service.md): which instances fetch, the kFetch frames it queues, how each answer (or the
 // lack of one) ends the items. The frames are captured instead of sent: the backend's contract
 // is what it queues and what it calls back; the real connections are service_g4_fetch_test's.
-#include "service/remote_g1_backend.h"
+#include "daemon/remote_g1_backend.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <future>
 
-#include "service/copy_gate.h"
+#include "client/copy_gate.h"
 
 #include <chrono>
 #include <mutex>

@@ -6,9 +6,9 @@
 // corrupt object, a paused server (the fetch's deadline) and a killed one.
 #include <algorithm>
 
+#include "client/g1_fetcher.h"
 #include "core/host_port.h"
 #include "redis_test_util.h"
-#include "service/g1_fetcher.h"
 #include "service_test_util.h"
 #include "tier/block_format.h"
 #include "tier/remote_store.h"

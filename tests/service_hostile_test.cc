@@ -16,7 +16,7 @@
 #include <fstream>
 
 #include "kvtier/service_lookup.h"
-#include "service/wire.h"
+#include "proto/wire.h"
 #include "service_test_util.h"
 
 namespace kvtier {

@@ -22,8 +22,8 @@
 #include <cstring>
 #include <thread>
 
+#include "client/attached_manager.h"
 #include "host_device_backend.h"
-#include "service/attached_manager.h"
 #include "service_test_util.h"
 
 namespace kvtier {
@@ -117,7 +117,7 @@ TEST(ServiceLease, ABatchThatArrivesAfterItsDeadlineNeverWritesG1) {
   e.g1.num_blocks = 64;
   e.g1.on_device = true;  // host memory the stand-in treats as a device's
   e.g1.regions = {G1Region{e.g1_bytes.data(), l.BlockBytes()}};
-  e.manager = std::make_unique<BlockManager>(std::move(attached).value());
+  e.manager = std::move(attached).value();
   ASSERT_TRUE(e.manager->RegisterDeviceMemory(e.g1).ok());
   ASSERT_NE(device, nullptr);
   ComputeAndSave(e, "save-a", 71, 2, 0);
@@ -257,7 +257,7 @@ TEST(ServiceLease, ALoadWhoseDeadlinePassesBetweenLayersWritesNoLaterLayer) {
   e.g1.layout = l;
   e.g1.num_blocks = kBlocks;
   e.g1.regions = {G1Region{memory.data(), l.BlockBytes()}};
-  e.manager = std::make_unique<BlockManager>(std::move(attached).value());
+  e.manager = std::move(attached).value();
   ASSERT_TRUE(e.manager->RegisterDeviceMemory(e.g1).ok());
 
   // Save prompt 81 from blocks 0..3 (not held), as ComputeAndSave would from g1_bytes.
@@ -324,7 +324,7 @@ TEST(ServiceLease, ASaveWhoseDeadlinePassesBetweenBlocksIsRefused) {
   e.g1.layout = l;
   e.g1.num_blocks = 16;
   e.g1.regions = {G1Region{e.g1_bytes.data(), l.BlockBytes()}};
-  e.manager = std::make_unique<BlockManager>(std::move(attached).value());
+  e.manager = std::move(attached).value();
   ASSERT_TRUE(e.manager->RegisterDeviceMemory(e.g1).ok());
 
   const auto t0 = Clock::now();

@@ -1,4 +1,4 @@
-// kvtier serve's message decoders (src/service/protocol.h), fuzzed: every message type encoded
+// kvtier serve's message decoders (src/proto/protocol.h), fuzzed: every message type encoded
 // from random valid contents decodes back to them, and the same bytes damaged (bits flipped,
 // lengths forged, truncated, extended, bytes inserted or erased) decode to Ok or to
 // InvalidArgument "service protocol: ..." only, never allocating past what the bytes can hold.
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "service/protocol.h"
+#include "proto/protocol.h"
 #include "stats_test_util.h"
 
 namespace kvtier::service {

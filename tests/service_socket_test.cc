@@ -1,4 +1,4 @@
-// kvtier serve's Unix socket transport (src/service/unix_socket.h) between real processes:
+// kvtier serve's Unix socket transport (src/proto/unix_socket.h) between real processes:
 // forked peers, memfds passed with frames, deadlines on both sides, stale and live sockets,
 // the socket directory's checks, and peer credentials under another uid; and UniqueFd.
 #include <dirent.h>
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "hang_guard.h"
-#include "service/unix_socket.h"
+#include "proto/unix_socket.h"
 
 namespace kvtier::service {
 namespace {

@@ -19,12 +19,12 @@
 
 #include <gtest/gtest.h>
 
+#include "client/attached_manager.h"
 #include "core/unique_fd.h"
 #include "kvtier/connector.h"
 #include "kvtier/service_lookup.h"
-#include "service/attached_manager.h"
-#include "service/protocol.h"
-#include "service/unix_socket.h"
+#include "proto/protocol.h"
+#include "proto/unix_socket.h"
 #include "service_test_util.h"
 
 namespace kvtier {

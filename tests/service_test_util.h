@@ -21,8 +21,8 @@
 #include <gtest/gtest.h>
 
 #include "kvtier/connector.h"
-#include "service/protocol.h"
-#include "service/unix_socket.h"
+#include "proto/protocol.h"
+#include "proto/unix_socket.h"
 
 namespace kvtier::service_test {
 

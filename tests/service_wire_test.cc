@@ -1,4 +1,4 @@
-// kvtier serve's byte format (src/service/wire.h): the frame header (golden bytes, each
+// kvtier serve's byte format (src/proto/wire.h): the frame header (golden bytes, each
 // refusal), every payload field type and each bound of the reader, and a seeded fuzz of damaged
 // messages. The socket transport is tested in service_socket_test.cc (the same binary).
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "service/wire.h"
+#include "proto/wire.h"
 
 namespace kvtier::service {
 namespace {

@@ -42,9 +42,6 @@
 #include "kvtier/tier.h"
 
 namespace kvtier {
-namespace service {
-class AttachedManager;
-}
 
 // A G1 block id that names no block: the engine does not hold the request's block at that
 // index (a hybrid model's sliding-window group frees the blocks that left its window, and vLLM
@@ -99,6 +96,8 @@ struct FinishedRequests {
   std::vector<std::string> loads_done;
 };
 
+// An interface with two implementations, chosen by Create: embedded (src/manager) and attached
+// (src/client). Engines, tools and the Python package hold a BlockManager and see nothing else.
 class BlockManager {
  public:
   // With service.socket set (a file, KVTIER_SERVICE_SOCKET or Set): attached mode. The manager
@@ -123,7 +122,7 @@ class BlockManager {
   // Finishes transfers in flight, then closes the tiers (G3 writes its restart snapshot). With
   // G4, the saves and demotions in flight end first, with their G4 writes: a block committed
   // before the destructor reaches G4 unless its write fails or times out.
-  ~BlockManager();
+  virtual ~BlockManager() = default;
   BlockManager(const BlockManager&) = delete;
   BlockManager& operator=(const BlockManager&) = delete;
 
@@ -135,7 +134,7 @@ class BlockManager {
   // before it (the engine does; a hybrid model's state group holds only some boundaries).
   // No I/O, no pins: may be asked again for a request that cannot be scheduled yet.
   // InvalidArgument for an empty request id or a misaligned num_computed_tokens.
-  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens);
+  virtual Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens) = 0;
 
   // vLLM update_state_after_alloc. The engine allocated G1 blocks for the request:
   // `g1_block_ids[i]` holds the request's i-th block. Binds the next `num_external_tokens`
@@ -147,9 +146,9 @@ class BlockManager {
   // waits for it, and LoadedTokens(request_id) still waits for it.
   // A kNoG1Block id in the load's range ends the load at that block.
   // NotFound for a request without a Lookup; InvalidArgument for too few G1 block ids.
-  Result<uint32_t> PrepareLoad(const std::string& request_id,
-                               std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
-                               bool async_load = false);
+  virtual Result<uint32_t> PrepareLoad(const std::string& request_id,
+                                       std::span<const uint32_t> g1_block_ids,
+                                       uint32_t num_external_tokens, bool async_load = false) = 0;
 
   // The engine finished computing more of the request: `tokens` is everything so far (prompt
   // and generated), `g1_block_ids` its block table. Full blocks not committed before are keyed;
@@ -162,8 +161,8 @@ class BlockManager {
   // dropped and counted.
   // Blocks whose G1 id is kNoG1Block are skipped (neither saved nor counted as reuse).
   // NotFound for a request without a Lookup.
-  Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
-                std::span<const uint32_t> g1_block_ids);
+  virtual Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                        std::span<const uint32_t> g1_block_ids) = 0;
 
   // vLLM request_finished. True when saves still read the request's G1 blocks: the engine must
   // keep them until Finished() lists the request in saves_done. False: no save reads them.
@@ -172,18 +171,18 @@ class BlockManager {
   // Finished().loads_done lists the request then; the engine frees those blocks only after
   // that. Forgets the request once nothing of it is in flight; after a load, LoadedTokens
   // still answers until the Finished() call after the one that listed it. Unknown ids: false.
-  bool RequestFinished(const std::string& request_id);
+  virtual bool RequestFinished(const std::string& request_id) = 0;
 
   // ---- worker side ----
 
   // vLLM register_kv_caches. Where G1 lives. REQUIRES: before any load or save; the layout
   // must be the one given at Create. Unavailable for GPU memory without a CUDA backend.
-  Status RegisterDeviceMemory(const G1Memory& g1);
+  virtual Status RegisterDeviceMemory(const G1Memory& g1) = 0;
 
   // vLLM start_load_kv. Starts every load that PrepareLoad bound since the last call (by any
   // thread) at load priority: the synchronous ones as one batch, the asynchronous ones as
   // another. Returns at once.
-  Status StartLoad();
+  virtual Status StartLoad() = 0;
   // StartLoad for a device G1 that the engine's work on a CUDA stream uses: the loads started
   // by this call and by later calls write G1 only after the work queued on `engine_stream`
   // before this call has finished (vLLM zeroes new blocks and copies blocks on its stream just
@@ -206,23 +205,23 @@ class BlockManager {
   // CUDA error for a stream the device refuses.
   // REQUIRES: `engine_stream` is a live stream (or 0); a dangling handle is undefined behaviour
   // in CUDA itself.
-  Status StartLoad(uintptr_t engine_stream);
+  virtual Status StartLoad(uintptr_t engine_stream) = 0;
 
   // vLLM wait_for_layer_load. Blocks until layer `layer` of every synchronous load started so
   // far has landed in G1; asynchronous loads (PrepareLoad's async_load) are never waited for.
   // Ok, or the first failure: then LoadedTokens() says how much of each request arrived
   // intact, and the engine computes the rest. InvalidArgument for a layer past the layout's.
-  Status WaitLayer(uint32_t layer);
+  virtual Status WaitLayer(uint32_t layer) = 0;
 
   // Waits for the request's loads to end, then returns how many tokens past its
   // num_computed_tokens arrived intact (a prefix of what PrepareLoad promised; 0 when none
   // were planned or the request is unknown).
-  uint32_t LoadedTokens(const std::string& request_id);
+  virtual uint32_t LoadedTokens(const std::string& request_id) = 0;
 
   // vLLM save_kv_layer / wait_for_save. Starts the saves that Commit queued, and deferred
   // saves whose G2 slot has freed since. Returns at once. For a host G1, or a device G1 whose
   // engine has finished (synchronized) the work that wrote the committed blocks.
-  Status StartSave();
+  virtual Status StartSave() = 0;
   // StartSave for a device G1 that the engine's kernels write on a CUDA stream (vLLM launches
   // the forward pass asynchronously, then calls wait_for_save): the saves started by this call,
   // and every save started after it (deferred saves that Finished() or WaitForSaves() retry
@@ -239,42 +238,36 @@ class BlockManager {
   // Errors as StartLoad(engine_stream), with "saves" for "loads": the saves are started all the
   // same and, when the ordering failed, fail (dropped and counted, never read out of order);
   // device saves keep failing until an ordering of saves succeeds.
-  Status StartSave(uintptr_t engine_stream);
+  virtual Status StartSave(uintptr_t engine_stream) = 0;
   // Blocks until every save (deferred ones included) and every demotion to G3 started so far
   // has ended (for tests, benchmarks and shutdown).
-  void WaitForSaves();
+  virtual void WaitForSaves() = 0;
   // The engine is about to free or reuse this request's G1 blocks (vLLM preemption): drops the
   // request's saves that have not started (deferred, or queued for StartSave; counted as
   // dropped_saves) and blocks until none of its saves still reads G1 (a save batch holding
   // some of them ends). Other requests' saves, demotions and G4 writes are not waited for.
   // Returns at once for an unknown request or one without saves.
-  void WaitForRequestSaves(const std::string& request_id);
+  virtual void WaitForRequestSaves(const std::string& request_id) = 0;
 
   // vLLM get_finished. Also starts deferred saves whose G2 slot has freed (an engine polls
   // this each step, so deferred saves progress without another call).
-  FinishedRequests Finished();
+  virtual FinishedRequests Finished() = 0;
 
   // ---- observability ----
   // The counters and gauges (kvtier/manager_stats.h; each field's meaning is in its row of
   // manager_stats_fields.h).
-  ManagerStats Stats();
+  virtual ManagerStats Stats() = 0;
   // Registers a callback for every store/removal event in every tier. Attached: the daemon's
   // events for this model's pool, from the moment its events connection opens (the first
   // subscriber of a pool also hears the blocks G3 recovered at the daemon's start).
-  void SubscribeEvents(KvEventCallback callback);
-  const KvLayout& layout() const;
+  virtual void SubscribeEvents(KvEventCallback callback) = 0;
+  virtual const KvLayout& layout() const = 0;
   // True in attached mode.
-  bool attached() const;
+  virtual bool attached() const = 0;
 
-  // Internal: what Create builds (src/manager). Users cannot make an Impl; tests use it to
-  // inject faults into G3.
-  class Impl;
-  explicit BlockManager(std::unique_ptr<Impl> impl);
-  explicit BlockManager(std::unique_ptr<service::AttachedManager> attached);
-
- private:
-  std::unique_ptr<Impl> impl_;                          // embedded, or
-  std::unique_ptr<service::AttachedManager> attached_;  // attached
+ protected:
+  // Only the two implementations (embedded: src/manager; attached: src/client) derive from it.
+  BlockManager() = default;
 };
 
 }  // namespace kvtier

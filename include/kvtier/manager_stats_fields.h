@@ -2,7 +2,7 @@
 // gauge is defined. Every consumer reads this table: ManagerStats's members, kvtier's /metrics,
 // the service protocol's Stats reply, the attached manager's sums, the Python stats dict and
 // stats_fields(), and the vLLM connector's metric lists. Adding a counter is one row here plus
-// the line of BlockManager::Impl::Stats that fills it.
+// the line of BlockManagerImpl::Stats (src/manager) that fills it.
 //
 //   KVTIER_STAT(name, type, kind, vllm, metric, label, help)
 //     name    the member of ManagerStats, and its key in Python's stats dict

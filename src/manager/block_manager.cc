@@ -1,4 +1,4 @@
-// BlockManager::Impl: construction and start-up (tiers, policies, metrics, the event
+// BlockManagerImpl: construction and start-up (tiers, policies, metrics, the event
 // publisher), the KV events, Stats. The other parts: block_manager_{tiers,lookup,save,
 // requests,g4}.cc.
 #include <time.h>
@@ -32,10 +32,10 @@ const char* KvEventKindName(KvEvent::Kind kind) {
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-BlockManager::Impl::Impl(const ManagerOptions& options)
+BlockManagerImpl::BlockManagerImpl(const ManagerOptions& options)
     : options_(options), layout_(options.layout), tpb_(options.layout.tokens_per_block) {}
 
-Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
+Result<std::unique_ptr<BlockManagerImpl>> BlockManagerImpl::Create(
     const ManagerOptions& options, const DiskTier::OpenOptions& g3_open, WrapG4 wrap_g4,
     DeviceBackendFactory device_backend, bool shared_g2) {
   KVTIER_RETURN_IF_ERROR(options.layout.Validate());
@@ -47,7 +47,7 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
   // The settings, typed and checked, once: nothing below reads options.config again.
   KVTIER_ASSIGN_OR_RETURN(ManagerSettings settings, ManagerSettings::FromConfig(options.config));
   for (const std::string& warning : options.config.Warnings()) KVTIER_LOG(kWarn) << warning;
-  std::unique_ptr<Impl> impl(new Impl(options));
+  std::unique_ptr<BlockManagerImpl> impl(new BlockManagerImpl(options));
   impl->settings_ = std::move(settings);
   impl->wrap_g4_ = std::move(wrap_g4);
   impl->device_backend_ = std::move(device_backend);
@@ -56,7 +56,7 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
   return impl;
 }
 
-Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
+Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
   const ManagerSettings& cfg = settings_;
   algorithm_ = cfg.requests.hash;
   hashers_ = std::make_unique<HasherCache>(options_.model_id, layout_.Fingerprint(), tpb_,
@@ -204,7 +204,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   return InitMetrics();
 }
 
-Status BlockManager::Impl::InitMetrics() {
+Status BlockManagerImpl::InitMetrics() {
   ManagerMetrics::Sources sources;
   sources.stats = [this] { return Stats(); };
   sources.queues = [this] {
@@ -227,7 +227,7 @@ Status BlockManager::Impl::InitMetrics() {
   return Status::Ok();
 }
 
-BlockManager::Impl::~Impl() {
+BlockManagerImpl::~BlockManagerImpl() {
   // No scrape may read the tiers while they close. The histograms stay until the members go
   // (after engine_, below): the flush and the drain still record I/O into them.
   if (metrics_) metrics_->StopServer();
@@ -248,7 +248,7 @@ BlockManager::Impl::~Impl() {
   publisher_.reset();
 }
 
-Status BlockManager::Impl::InitEventPublisher() {
+Status BlockManagerImpl::InitEventPublisher() {
   // EventOptions::Validate refused a replay endpoint without a stream.
   const EventOptions& ev = settings_.events;
   if (ev.endpoint.empty()) return Status::Ok();
@@ -272,8 +272,8 @@ Status BlockManager::Impl::InitEventPublisher() {
 // ---------------------------------------------------------------------------------------------
 // Events
 
-KvEvent BlockManager::Impl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
-                                  TierId tier) const {
+KvEvent BlockManagerImpl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
+                                TierId tier) const {
   KvEvent e;
   e.kind = kind;
   e.key = key;
@@ -283,9 +283,9 @@ KvEvent BlockManager::Impl::Event(KvEvent::Kind kind, const BlockKey& key, const
   return e;
 }
 
-KvEvent BlockManager::Impl::StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
-                                        uint64_t namespace_id, std::span<const TokenId> tokens,
-                                        bool always) {
+KvEvent BlockManagerImpl::StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
+                                      uint64_t namespace_id, std::span<const TokenId> tokens,
+                                      bool always) {
   KvEvent e = Event(KvEvent::Kind::kStored, key, parent, tier);
   if (!always && !events_wanted_.load(std::memory_order_relaxed)) return e;
   e.block_size = tpb_;
@@ -301,8 +301,8 @@ KvEvent BlockManager::Impl::StoredEvent(const BlockKey& key, const BlockKey& par
   return e;
 }
 
-KvEvent BlockManager::Impl::G2StoredEvent(uint32_t slot, const BlockKey& key,
-                                          const BlockKey& parent) {
+KvEvent BlockManagerImpl::G2StoredEvent(uint32_t slot, const BlockKey& key,
+                                        const BlockKey& parent) {
   if (!events_wanted_.load(std::memory_order_relaxed)) {
     return Event(KvEvent::Kind::kStored, key, parent, kTierG2);
   }
@@ -317,7 +317,7 @@ KvEvent BlockManager::Impl::G2StoredEvent(uint32_t slot, const BlockKey& key,
   return StoredEvent(key, parent, kTierG2, namespace_id, tokens);
 }
 
-void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
+void BlockManagerImpl::Emit(std::vector<KvEvent> events) {
   if (events.empty()) return;
   c_.events.fetch_add(events.size(), std::memory_order_relaxed);
   std::vector<KvEventCallback> subs;
@@ -329,7 +329,7 @@ void BlockManager::Impl::Emit(std::vector<KvEvent> events) {
   if (publisher_) publisher_->Publish(std::move(events));  // queued or dropped; never waits
 }
 
-void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
+void BlockManagerImpl::SubscribeEvents(KvEventCallback callback) {
   std::vector<KvEvent> replay;
   events_wanted_.store(true);
   {
@@ -344,7 +344,7 @@ void BlockManager::Impl::SubscribeEvents(KvEventCallback callback) {
 // ---------------------------------------------------------------------------------------------
 // Stats
 
-ManagerStats BlockManager::Impl::Stats() {
+ManagerStats BlockManagerImpl::Stats() {
   ManagerStats s;
   s.lookups = c_.lookups.load();
   s.lookup_blocks = c_.lookup_blocks.load();

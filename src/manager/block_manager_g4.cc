@@ -1,4 +1,4 @@
-// BlockManager::Impl, the G4 part: opening the store, the Lookup query, write-through and
+// BlockManagerImpl, the G4 part: opening the store, the Lookup query, write-through and
 // eviction writes. The design and its reasons: docs/g4.md.
 #include <string>
 
@@ -8,7 +8,7 @@
 
 namespace kvtier {
 
-Status BlockManager::Impl::InitG4() {
+Status BlockManagerImpl::InitG4() {
   const G4Options& cfg = settings_.g4;
   if (cfg.backend == G4Options::Backend::kNone) return Status::Ok();
   const std::string backend = G4Options::BackendName(cfg.backend);
@@ -73,7 +73,7 @@ Status BlockManager::Impl::InitG4() {
   return Status::Ok();
 }
 
-uint32_t BlockManager::Impl::MatchInG4(std::span<const BlockKey> keys, uint64_t namespace_id) {
+uint32_t BlockManagerImpl::MatchInG4(std::span<const BlockKey> keys, uint64_t namespace_id) {
   if (!g4_ || keys.empty()) return 0;
   // Never past a block whose object failed a load of ours (not even asked about).
   keys = keys.first(g4_rejected_.FirstIn(keys));
@@ -94,7 +94,7 @@ uint32_t BlockManager::Impl::MatchInG4(std::span<const BlockKey> keys, uint64_t 
   return n;
 }
 
-std::optional<BlockManager::Impl::G4Write> BlockManager::Impl::PrepareWriteThrough(
+std::optional<BlockManagerImpl::G4Write> BlockManagerImpl::PrepareWriteThrough(
     const BlockKey& key, const BlockKey& parent, uint32_t slot) {
   if (!g4_ || !g4_write_through_) return std::nullopt;
   if (!((SlotStoreTiers(slot) >> kTierG4) & 1u)) return std::nullopt;
@@ -121,7 +121,7 @@ std::optional<BlockManager::Impl::G4Write> BlockManager::Impl::PrepareWriteThrou
   return w;
 }
 
-void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
+void BlockManagerImpl::SubmitG4Writes(std::vector<G4Write> writes) {
   if (writes.empty()) return;
   std::vector<BlockTransfer> moves;
   moves.reserve(writes.size());
@@ -170,7 +170,7 @@ void BlockManager::Impl::SubmitG4Writes(std::vector<G4Write> writes) {
   }
 }
 
-bool BlockManager::Impl::DemoteToG4(const EvictedBlock& victim) {
+bool BlockManagerImpl::DemoteToG4(const EvictedBlock& victim) {
   if (!g4_ || g4_write_through_) return false;
   if (!((SlotStoreTiers(victim.slot) >> kTierG4) & 1u)) return false;
   G4Write w;
@@ -192,8 +192,8 @@ bool BlockManager::Impl::DemoteToG4(const EvictedBlock& victim) {
   return true;
 }
 
-void BlockManager::Impl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
-                                          const BlockKey& parent) {
+void BlockManagerImpl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
+                                        const BlockKey& parent) {
   G4Write w;
   w.key = key;
   w.parent = parent;
@@ -212,7 +212,7 @@ void BlockManager::Impl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
   SubmitG4Writes(std::move(one));
 }
 
-void BlockManager::Impl::RejectG4Load(const PlannedLoad& p, const Status& st) {
+void BlockManagerImpl::RejectG4Load(const PlannedLoad& p, const Status& st) {
   if (!st.Is(StatusCode::kCorruption) && !st.Is(StatusCode::kNotFound)) return;  // transient
   g4_rejected_.Add(p.key);
   if (st.Is(StatusCode::kCorruption) && g4_remover_) {
@@ -220,7 +220,7 @@ void BlockManager::Impl::RejectG4Load(const PlannedLoad& p, const Status& st) {
   }
 }
 
-void BlockManager::Impl::EndG4Write() {
+void BlockManagerImpl::EndG4Write() {
   MutexLock lock(&mu_);
   g4_writes_in_flight_.fetch_sub(1);
   saves_cv_.notify_all();

@@ -1,4 +1,6 @@
-// BlockManager::Impl: the orchestration behind the connector API (include/kvtier/connector.h).
+// BlockManagerImpl (the Impl): the orchestration behind the embedded BlockManager
+// (include/kvtier/connector.h; EmbeddedManager in embedded_manager.h is the interface over it, and
+// SharedManager in shared_manager.h is kvtier serve's per-engine view of it).
 //
 // Ownership: the Impl owns the tiers (G2 arena, G3 disk tier), the block index and the transfer
 // engine. Transfer callbacks run on the engine's and the disk tier's threads and update the
@@ -61,7 +63,7 @@ namespace kvtier {
 
 class EventPublisher;  // events/event_publisher.h
 
-class BlockManager::Impl {
+class BlockManagerImpl {
  public:
   // Wraps the G4 store the manager opened (a seam for tests: e.g. a store whose calls stall).
   using WrapG4 = std::function<std::unique_ptr<RemoteStore>(std::unique_ptr<RemoteStore>)>;
@@ -72,7 +74,7 @@ class BlockManager::Impl {
   // `g3_open`, `wrap_g4` and `device_backend` are the seams for tests: e.g. g3_open.wrap_io
   // injects faults under G3; device_backend puts a host stand-in where no GPU exists.
   // Engine instances. An in-process manager serves one engine: every request is instance 0.
-  // kvtier serve (src/service) serves many through one Impl: each attached engine is an
+  // kvtier serve (src/daemon) serves many through one Impl: each attached engine is an
   // instance, its requests carry its number, and the per-engine calls (StartLoad, WaitLayer,
   // StartSave, Finished) touch only that instance's work, so one engine never starts, waits for
   // or reports another's. kAllInstances (WaitForSaves, shutdown) means every instance.
@@ -81,12 +83,11 @@ class BlockManager::Impl {
     return want == kAllInstances || instance == want;
   }
 
-  static Result<std::unique_ptr<Impl>> Create(const ManagerOptions& options,
-                                              const DiskTier::OpenOptions& g3_open = {},
-                                              WrapG4 wrap_g4 = nullptr,
-                                              DeviceBackendFactory device_backend = nullptr,
-                                              bool shared_g2 = false);
-  ~Impl();
+  static Result<std::unique_ptr<BlockManagerImpl>> Create(
+      const ManagerOptions& options, const DiskTier::OpenOptions& g3_open = {},
+      WrapG4 wrap_g4 = nullptr, DeviceBackendFactory device_backend = nullptr,
+      bool shared_g2 = false);
+  ~BlockManagerImpl();
   // The G2 arena. kvtier serve makes it shared (Create's shared_g2: a memfd that attached
   // engines map; HostArena::Config::shared) and hands out its descriptor.
   const HostArena* g2_arena() const { return g2_.get(); }
@@ -241,7 +242,7 @@ class BlockManager::Impl {
     uint64_t commit_checksum = 0;
   };
 
-  Impl(const ManagerOptions& options);
+  explicit BlockManagerImpl(const ManagerOptions& options);
   Status Init(const DiskTier::OpenOptions& g3_open);
   Result<std::shared_ptr<const BlockHasher>> HasherFor(const std::string& salt,
                                                        const std::string& adapter) {

@@ -1,4 +1,4 @@
-// BlockManager::Impl, the load path: Lookup and PrepareLoad (planning), then starting,
+// BlockManagerImpl, the load path: Lookup and PrepareLoad (planning), then starting,
 // submitting and finishing the planned loads, WaitLayer and LoadedTokens.
 #include <algorithm>
 #include <chrono>
@@ -25,8 +25,8 @@ constexpr auto kG4PartialLookupReuse = std::chrono::milliseconds(50);
 // ---------------------------------------------------------------------------------------------
 // Scheduler side
 
-Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
-                                                uint32_t num_computed_tokens, uint32_t instance) {
+Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec, uint32_t num_computed_tokens,
+                                              uint32_t instance) {
   if (spec.request_id.empty()) return Status::InvalidArgument("Lookup: empty request_id");
   if (num_computed_tokens % tpb_ != 0) {
     return Status::InvalidArgument(
@@ -137,9 +137,9 @@ Result<LookupResult> BlockManager::Impl::Lookup(const RequestSpec& spec,
   return result;
 }
 
-Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
-                                                 std::span<const uint32_t> g1_block_ids,
-                                                 uint32_t num_external_tokens, bool async_load) {
+Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
+                                               std::span<const uint32_t> g1_block_ids,
+                                               uint32_t num_external_tokens, bool async_load) {
   if (num_external_tokens % tpb_ != 0) {
     return Status::InvalidArgument(
         "PrepareLoad: num_external_tokens = " + std::to_string(num_external_tokens) +
@@ -276,7 +276,7 @@ Result<uint32_t> BlockManager::Impl::PrepareLoad(const std::string& request_id,
 // ---------------------------------------------------------------------------------------------
 // Worker side
 
-Status BlockManager::Impl::StartLoad(uint32_t instance) {
+Status BlockManagerImpl::StartLoad(uint32_t instance) {
   MutexLock start_lock(&start_load_mu_);
   std::vector<PlannedLoad> loads;
   {
@@ -298,7 +298,7 @@ Status BlockManager::Impl::StartLoad(uint32_t instance) {
   return s.ok() ? a : s;
 }
 
-Status BlockManager::Impl::SubmitLoads(std::vector<PlannedLoad> loads, bool async) {
+Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async) {
   if (loads.empty()) return Status::Ok();
   std::vector<BlockTransfer> moves;
   moves.reserve(loads.size());
@@ -377,9 +377,9 @@ Status BlockManager::Impl::SubmitLoads(std::vector<PlannedLoad> loads, bool asyn
   return Status::Ok();
 }
 
-void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
-                                         const TransferJob& job,
-                                         std::chrono::steady_clock::time_point started) {
+void BlockManagerImpl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
+                                       const TransferJob& job,
+                                       std::chrono::steady_clock::time_point started) {
   const int64_t took = metrics_ ? NanosSince(started) : 0;
   std::vector<BlockKey> pinned, hits;
   pinned.reserve(loads.size());
@@ -432,7 +432,7 @@ void BlockManager::Impl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
   }
 }
 
-Status BlockManager::Impl::WaitLayer(uint32_t layer, uint32_t instance) {
+Status BlockManagerImpl::WaitLayer(uint32_t layer, uint32_t instance) {
   if (layer >= layout_.num_layers) {
     return Status::InvalidArgument("WaitLayer(" + std::to_string(layer) + "): the layout has " +
                                    std::to_string(layout_.num_layers) + " layers");
@@ -453,7 +453,7 @@ Status BlockManager::Impl::WaitLayer(uint32_t layer, uint32_t instance) {
   return first;
 }
 
-uint32_t BlockManager::Impl::LoadedTokens(const std::string& request_id) {
+uint32_t BlockManagerImpl::LoadedTokens(const std::string& request_id) {
   std::shared_ptr<TransferJob> job;
   bool unstarted = false;
   uint32_t instance = 0;

@@ -1,4 +1,4 @@
-// BlockManager::Impl, the request table and engine instances: request entries, their
+// BlockManagerImpl, the request table and engine instances: request entries, their
 // idle sweep and retirement, Finished, and taking over or forgetting an instance.
 #include <algorithm>
 #include <chrono>
@@ -19,7 +19,7 @@ constexpr int kSweepBatch = 64;
 // ---------------------------------------------------------------------------------------------
 // Scheduler side
 
-BlockManager::Impl::Request& BlockManager::Impl::ActiveRequest(const std::string& id, bool* made) {
+BlockManagerImpl::Request& BlockManagerImpl::ActiveRequest(const std::string& id, bool* made) {
   auto [it, inserted] = requests_.try_emplace(id);
   if (inserted) it->second.by_activity = by_activity_.insert(by_activity_.end(), id);
   *made = inserted;
@@ -27,17 +27,17 @@ BlockManager::Impl::Request& BlockManager::Impl::ActiveRequest(const std::string
   return it->second;
 }
 
-void BlockManager::Impl::Touch(RequestMap::iterator it) {
+void BlockManagerImpl::Touch(RequestMap::iterator it) {
   it->second.last_active = std::chrono::steady_clock::now();
   by_activity_.splice(by_activity_.end(), by_activity_, it->second.by_activity);
 }
 
-void BlockManager::Impl::EraseRequest(RequestMap::iterator it) {
+void BlockManagerImpl::EraseRequest(RequestMap::iterator it) {
   by_activity_.erase(it->second.by_activity);
   requests_.erase(it);
 }
 
-void BlockManager::Impl::RetireIfDone(RequestMap::iterator it) {
+void BlockManagerImpl::RetireIfDone(RequestMap::iterator it) {
   Request& r = it->second;
   if (!r.finished || !Idle(r)) return;
   if (r.kept_for_saves) {
@@ -47,7 +47,7 @@ void BlockManager::Impl::RetireIfDone(RequestMap::iterator it) {
   if (!r.load_unreported && !r.retiring) EraseRequest(it);
 }
 
-void BlockManager::Impl::SweepIdleRequests(std::chrono::steady_clock::time_point now) {
+void BlockManagerImpl::SweepIdleRequests(std::chrono::steady_clock::time_point now) {
   for (int n = 0; n < kSweepBatch && !by_activity_.empty(); ++n) {
     auto it = requests_.find(by_activity_.front());
     if (it == requests_.end()) {  // cannot happen (the invariant); heal rather than spin
@@ -64,12 +64,12 @@ void BlockManager::Impl::SweepIdleRequests(std::chrono::steady_clock::time_point
   }
 }
 
-bool BlockManager::Impl::DrainingSaves(const std::string& id) const {
+bool BlockManagerImpl::DrainingSaves(const std::string& id) const {
   auto it = requests_.find(id);
   return it != requests_.end() && it->second.save_drains > 0;
 }
 
-void BlockManager::Impl::EndSave(const std::string& request_id, const BlockKey& key) {
+void BlockManagerImpl::EndSave(const std::string& request_id, const BlockKey& key) {
   MutexLock lock(&mu_);
   saving_keys_.erase(key);
   --saves_outstanding_;
@@ -77,7 +77,7 @@ void BlockManager::Impl::EndSave(const std::string& request_id, const BlockKey& 
   if (saves_outstanding_ == 0) saves_cv_.notify_all();
 }
 
-bool BlockManager::Impl::RequestFinished(const std::string& request_id) {
+bool BlockManagerImpl::RequestFinished(const std::string& request_id) {
   MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return false;
@@ -94,7 +94,7 @@ bool BlockManager::Impl::RequestFinished(const std::string& request_id) {
 // ---------------------------------------------------------------------------------------------
 // Worker side
 
-FinishedRequests BlockManager::Impl::Finished(uint32_t instance) {
+FinishedRequests BlockManagerImpl::Finished(uint32_t instance) {
   {
     bool deferred;
     {
@@ -137,8 +137,8 @@ FinishedRequests BlockManager::Impl::Finished(uint32_t instance) {
   return f;
 }
 
-void BlockManager::Impl::TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from,
-                                      uint32_t instance, std::vector<std::string>* to) {
+void BlockManagerImpl::TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from,
+                                    uint32_t instance, std::vector<std::string>* to) {
   std::erase_if(*from, [&](std::pair<uint32_t, std::string>& e) {
     if (!Matches(e.first, instance)) return false;
     to->push_back(std::move(e.second));
@@ -146,19 +146,19 @@ void BlockManager::Impl::TakeInstance(std::vector<std::pair<uint32_t, std::strin
   });
 }
 
-void BlockManager::Impl::AdoptInstance(uint32_t instance) {
+void BlockManagerImpl::AdoptInstance(uint32_t instance) {
   MutexLock lock(&mu_);
   gone_instances_.erase(instance);
 }
 
-size_t BlockManager::Impl::InstanceRequests(uint32_t instance) {
+size_t BlockManagerImpl::InstanceRequests(uint32_t instance) {
   MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [id, r] : requests_) n += Matches(r.instance, instance);
   return n;
 }
 
-size_t BlockManager::Impl::ForgetInstance(uint32_t instance) {
+size_t BlockManagerImpl::ForgetInstance(uint32_t instance) {
   std::vector<std::string> ids;
   {
     MutexLock lock(&mu_);

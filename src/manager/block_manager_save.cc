@@ -1,4 +1,4 @@
-// BlockManager::Impl, the save path: Commit (and deferred saves), starting the saves,
+// BlockManagerImpl, the save path: Commit (and deferred saves), starting the saves,
 // waiting for them, the end of a demotion write.
 #include <algorithm>
 #include <chrono>
@@ -14,8 +14,8 @@ namespace kvtier {
 // ---------------------------------------------------------------------------------------------
 // Scheduler side
 
-Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const TokenId> tokens,
-                                  std::span<const uint32_t> g1_block_ids) {
+Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const TokenId> tokens,
+                                std::span<const uint32_t> g1_block_ids) {
   const ScopedLatency latency(metrics_ ? metrics_->commit : nullptr);
   struct Candidate {
     BlockKey key, parent;
@@ -159,7 +159,7 @@ Status BlockManager::Impl::Commit(const std::string& request_id, std::span<const
   return Status::Ok();
 }
 
-void BlockManager::Impl::RetryDeferredSaves() {
+void BlockManagerImpl::RetryDeferredSaves() {
   std::deque<DeferredSave> waiting;
   {
     MutexLock lock(&mu_);
@@ -202,7 +202,7 @@ void BlockManager::Impl::RetryDeferredSaves() {
   }
 }
 
-void BlockManager::Impl::ReleaseSaveHolds(const std::string& request_id, uint32_t n) {
+void BlockManagerImpl::ReleaseSaveHolds(const std::string& request_id, uint32_t n) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
   Request& r = it->second;
@@ -216,7 +216,7 @@ void BlockManager::Impl::ReleaseSaveHolds(const std::string& request_id, uint32_
 // ---------------------------------------------------------------------------------------------
 // Worker side
 
-Status BlockManager::Impl::RegisterDeviceMemory(const G1Memory& g1) {
+Status BlockManagerImpl::RegisterDeviceMemory(const G1Memory& g1) {
   if (g1.layout.Fingerprint() != layout_.Fingerprint() ||
       g1.layout.g1_arrangement != layout_.g1_arrangement) {
     return Status::InvalidArgument("RegisterDeviceMemory: layout " + g1.layout.ToString() +
@@ -227,7 +227,7 @@ Status BlockManager::Impl::RegisterDeviceMemory(const G1Memory& g1) {
   return Status::Ok();
 }
 
-Status BlockManager::Impl::StartSave(uint32_t instance) {
+Status BlockManagerImpl::StartSave(uint32_t instance) {
   StartG2Reserve();
   RetryDeferredSaves();
   std::vector<PendingSave> saves;
@@ -319,7 +319,7 @@ Status BlockManager::Impl::StartSave(uint32_t instance) {
   return Status::Ok();
 }
 
-void BlockManager::Impl::WaitForSaves(uint32_t instance) {
+void BlockManagerImpl::WaitForSaves(uint32_t instance) {
   if (instance != kAllInstances) {
     for (;;) {
       {
@@ -360,7 +360,7 @@ void BlockManager::Impl::WaitForSaves(uint32_t instance) {
   }
 }
 
-void BlockManager::Impl::WaitForRequestSaves(const std::string& request_id) {
+void BlockManagerImpl::WaitForRequestSaves(const std::string& request_id) {
   MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
@@ -401,7 +401,7 @@ void BlockManager::Impl::WaitForRequestSaves(const std::string& request_id) {
   --it->second.save_drains;
 }
 
-void BlockManager::Impl::EndDemotion() {
+void BlockManagerImpl::EndDemotion() {
   MutexLock lock(&mu_);
   demotions_in_flight_.fetch_sub(1);
   saves_cv_.notify_all();

@@ -1,4 +1,4 @@
-// BlockManager::Impl, the G2 slot part: slot metadata and namespaces, G2 allocation and
+// BlockManagerImpl, the G2 slot part: slot metadata and namespaces, G2 allocation and
 // eviction, demotion of G2 victims to G3 (admission, making room, the G3 flush).
 #include <algorithm>
 #include <chrono>
@@ -9,8 +9,8 @@
 
 namespace kvtier {
 
-void BlockManager::Impl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
-                                     std::span<const TokenId> tokens) {
+void BlockManagerImpl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
+                                   std::span<const TokenId> tokens) {
   AssignSlotNamespace(slot, meta.namespace_id);
   MutexLock lock(&slot_mu_);
   slot_meta_[slot] = meta;
@@ -19,7 +19,7 @@ void BlockManager::Impl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
               slot_tokens_.begin() + size_t{slot} * tpb_);
 }
 
-void BlockManager::Impl::AssignSlotNamespace(uint32_t slot, uint64_t ns) {
+void BlockManagerImpl::AssignSlotNamespace(uint32_t slot, uint64_t ns) {
   MutexLock lock(&ns_mu_);
   if (slot >= slot_ns_.size() || slot_ns_[slot] == ns) return;
   if (uint64_t old = slot_ns_[slot]; old != 0) {
@@ -30,7 +30,7 @@ void BlockManager::Impl::AssignSlotNamespace(uint32_t slot, uint64_t ns) {
   if (ns != 0) ++ns_slots_[ns];
 }
 
-bool BlockManager::Impl::EvictableFor(uint64_t ns, uint32_t slot) {
+bool BlockManagerImpl::EvictableFor(uint64_t ns, uint32_t slot) {
   if (ns == 0 || ns_share_ <= 0) return true;
   MutexLock lock(&ns_mu_);
   if (slot >= slot_ns_.size()) return true;
@@ -44,13 +44,13 @@ bool BlockManager::Impl::EvictableFor(uint64_t ns, uint32_t slot) {
   return it != ns_slots_.end() && static_cast<double>(it->second) > guaranteed;
 }
 
-void BlockManager::Impl::ReleaseG2Slot(uint32_t slot) {
+void BlockManagerImpl::ReleaseG2Slot(uint32_t slot) {
   AssignSlotNamespace(slot, 0);
   Status s = g2_->Release(slot);
   if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
 }
 
-void BlockManager::Impl::FlushG2ToG3() {
+void BlockManagerImpl::FlushG2ToG3() {
   WaitForSaves();  // saves into G2 land first
   const auto start = std::chrono::steady_clock::now();
   const uint32_t max_in_flight =
@@ -80,12 +80,12 @@ void BlockManager::Impl::FlushG2ToG3() {
       << " ms";
 }
 
-uint8_t BlockManager::Impl::SlotStoreTiers(uint32_t slot) {
+uint8_t BlockManagerImpl::SlotStoreTiers(uint32_t slot) {
   MutexLock lock(&slot_mu_);
   return slot_meta_[slot].store_tiers;
 }
 
-bool BlockManager::Impl::AdmitToG3(const BlockKey& key) {
+bool BlockManagerImpl::AdmitToG3(const BlockKey& key) {
   if (!g3_ || g3_->quarantined()) return false;
   bool first_sighting = false;
   if (g3_filter_->Estimate(key) < g3_filter_->min_seen()) {
@@ -97,7 +97,7 @@ bool BlockManager::Impl::AdmitToG3(const BlockKey& key) {
   return admitted;
 }
 
-void BlockManager::Impl::MakeRoomInG3() {
+void BlockManagerImpl::MakeRoomInG3() {
   // Blocks in G3 plus demotions in flight must fit its slots.
   while (index_->TierCount(kTierG3) + demotions_in_flight_.load() >= g3_->num_slots()) {
     auto victim = index_->EvictOne(kTierG3);
@@ -112,7 +112,7 @@ void BlockManager::Impl::MakeRoomInG3() {
   }
 }
 
-void BlockManager::Impl::DropReplacedG3Copy(const BlockKey& key, const BlockKey& parent) {
+void BlockManagerImpl::DropReplacedG3Copy(const BlockKey& key, const BlockKey& parent) {
   // The engine computed this block again although G3 held it (Commit saves such blocks), so
   // G3's copy could not serve it and may be damaged unread: the fresh copy replaces it, and
   // reaches G3 again by demotion or the shutdown flush. A copy a load is reading (pinned) stays.
@@ -128,7 +128,7 @@ void BlockManager::Impl::DropReplacedG3Copy(const BlockKey& key, const BlockKey&
   Emit({Event(KvEvent::Kind::kRemoved, key, parent, kTierG3)});
 }
 
-void BlockManager::Impl::Demote(const EvictedBlock& victim) {
+void BlockManagerImpl::Demote(const EvictedBlock& victim) {
   BlockTransfer m;
   m.op = BlockTransfer::Op::kG2ToG3;
   m.key = victim.key;
@@ -181,7 +181,7 @@ void BlockManager::Impl::Demote(const EvictedBlock& victim) {
   }
 }
 
-bool BlockManager::Impl::EvictFromG2(uint64_t ns) {
+bool BlockManagerImpl::EvictFromG2(uint64_t ns) {
   auto victim =
       ns == 0 || ns_share_ <= 0
           ? index_->EvictOne(kTierG2)
@@ -203,7 +203,7 @@ bool BlockManager::Impl::EvictFromG2(uint64_t ns) {
   return true;
 }
 
-std::optional<uint32_t> BlockManager::Impl::AllocateStagingSlot(uint64_t ns) {
+std::optional<uint32_t> BlockManagerImpl::AllocateStagingSlot(uint64_t ns) {
   if (std::optional<uint32_t> free_slot = g2_->Allocate()) return free_slot;
   if (staging_slots_ > 0) {
     c_.staged_via_pool.fetch_add(1, std::memory_order_relaxed);
@@ -212,17 +212,17 @@ std::optional<uint32_t> BlockManager::Impl::AllocateStagingSlot(uint64_t ns) {
   return AllocateG2Slot(ns, SlotUse::kStaging);
 }
 
-uint32_t BlockManager::Impl::MaxDemotions() const {
+uint32_t BlockManagerImpl::MaxDemotions() const {
   // Beyond it the disk is behind: a save is better dropped than paid for by evicting more of
   // G2, and no single call starts a burst of demotions.
   return std::clamp<uint32_t>(g2_->num_slots() / 8, 8, 64);
 }
 
-uint32_t BlockManager::Impl::G2Reserve() const {
+uint32_t BlockManagerImpl::G2Reserve() const {
   return std::clamp<uint32_t>(g2_->num_slots() / 16, 1, 256);
 }
 
-std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot(uint64_t ns, SlotUse use) {
+std::optional<uint32_t> BlockManagerImpl::AllocateG2Slot(uint64_t ns, SlotUse use) {
   last_alloc_ns_.store(ns, std::memory_order_relaxed);
   std::optional<uint32_t> slot = g2_->Allocate();
   // Each round frees a slot now (a victim G3 does not take, or holds already) or starts a
@@ -246,7 +246,7 @@ std::optional<uint32_t> BlockManager::Impl::AllocateG2Slot(uint64_t ns, SlotUse 
   return slot;
 }
 
-void BlockManager::Impl::StartG2Reserve() {
+void BlockManagerImpl::StartG2Reserve() {
   // Saves wait for a slot and no demotion is in flight to free one: evict for them and for a
   // reserve of free slots, so the next saves and staged loads find one without waiting for a
   // demotion write, until a demotion starts (the deferred saves then wait for it) or enough
@@ -268,7 +268,7 @@ void BlockManager::Impl::StartG2Reserve() {
   }
 }
 
-int64_t BlockManager::Impl::G2SlotsShort() {
+int64_t BlockManagerImpl::G2SlotsShort() {
   size_t deferred;
   {
     MutexLock lock(&mu_);

@@ -147,7 +147,7 @@ struct MetricsOptions {
   Status Validate() const;
 };
 
-// Every part's settings: what BlockManager::Impl keeps.
+// Every part's settings: what BlockManagerImpl keeps.
 struct ManagerSettings {
   RequestOptions requests;
   IndexOptions index;

@@ -17,23 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "core/g4_fetch.h"
 #include "kvtier/block_key.h"
 #include "kvtier/g1_memory.h"
 #include "kvtier/status.h"
 #include "transfer/device_copy_plan.h"
 
 namespace kvtier {
-
-// One G4 object for a G1 block's owner to fetch itself (DeviceCopyBackend::Fetch): the name,
-// and what the object's header must say (block_format.h's ExpectedBlock, less what the layout
-// gives).
-struct G4Fetch {
-  uint32_t g1_block = 0;
-  std::string name;
-  uint64_t namespace_id = 0;
-  BlockKey key;
-  std::vector<uint32_t> tokens;
-};
 
 class DeviceCopyBackend {
  public:

@@ -18,7 +18,7 @@
 // Every repetition's time is kept and printed (min / median / max), and each ratio is given
 // best/best and median/median: on a shared VM one run's best moves by 30% (issue 40). memcpy
 // is measured between the repetitions, not once. The one-host load is traced phase by phase
-// (service/load_trace.h), and run twice per repetition, in turns: with the configured
+// (proto/load_trace.h), and run twice per repetition, in turns: with the configured
 // transfer.load_stores (auto: non-temporal stores for a load larger than the last-level
 // cache) and with cached stores (kvtier's copy before issue 40), to show what the stores cost.
 #include <sys/mman.h>
@@ -42,9 +42,9 @@
 #include "cli/commands.h"
 #include "cli/embedded_redis.h"
 #include "cli/json_writer.h"
+#include "daemon/server.h"
 #include "kvtier/connector.h"
-#include "service/load_trace.h"
-#include "service/server.h"
+#include "proto/load_trace.h"
 #include "transfer/block_copy.h"
 
 namespace kvtier::cli {
@@ -203,7 +203,7 @@ Status Produce(BlockManager& p, HostG1& g1, const std::string& id, uint32_t seed
   return Status::Ok();
 }
 
-// Where a traced one-host load spent its time (service/load_trace.h), in seconds.
+// Where a traced one-host load spent its time (proto/load_trace.h), in seconds.
 struct Phases {
   bool traced = false;
   double to_daemon_copy = 0;  // StartLoad -> the daemon queued the first kCopy

@@ -12,8 +12,8 @@
 #include "bench/bench_timer.h"
 #include "cli/commands.h"
 #include "cli/json_writer.h"
+#include "daemon/server.h"
 #include "kvtier/connector.h"
-#include "service/server.h"
 
 namespace kvtier::cli {
 namespace {

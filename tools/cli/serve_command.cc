@@ -1,4 +1,4 @@
-// kvtier serve: the per-host daemon that engines attach to (src/service, docs/service.md).
+// kvtier serve: the per-host daemon that engines attach to (src/daemon, docs/service.md).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -6,8 +6,8 @@
 
 #include "cli/cli_args.h"
 #include "cli/commands.h"
+#include "daemon/server.h"
 #include "kvtier/config.h"
-#include "service/server.h"
 
 namespace kvtier::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "service/g1_fetcher.h"
+#include "client/g1_fetcher.h"
 
 #include <chrono>
 #include <string>

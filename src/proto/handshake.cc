@@ -1,11 +1,11 @@
-#include "service/handshake.h"
+#include "proto/handshake.h"
 
 #include <unistd.h>
 
 #include <cstdlib>
 
-#include "service/unix_socket.h"
-#include "service/wire.h"
+#include "proto/unix_socket.h"
+#include "proto/wire.h"
 
 namespace kvtier::service {
 

@@ -13,7 +13,7 @@
 #include "core/unique_fd.h"
 #include "kvtier/config.h"
 #include "kvtier/status.h"
-#include "service/protocol.h"
+#include "proto/protocol.h"
 
 namespace kvtier::service {
 

@@ -1,4 +1,4 @@
-#include "service/protocol.h"
+#include "proto/protocol.h"
 
 #include <type_traits>
 

@@ -7,7 +7,7 @@
 // connection one more writing its kCopy frames from a queue, so a stuck engine never blocks the
 // thread that submitted a copy.
 //
-// Pools: one BlockManager::Impl per (model id, layout fingerprint), made on the first Hello that
+// Pools: one SharedManager per (model id, layout fingerprint), made on the first Hello that
 // names it, each with g2.capacity_bytes / service.max_pools of shared G2 (g2.capacity_bytes is
 // the daemon's whole G2) and, with G3, its own directory under g3.dir (so a restart finds each
 // model's blocks again). When service.max_pools pools exist, a new one takes the room of a

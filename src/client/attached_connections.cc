@@ -4,11 +4,11 @@
 // events connection that feeds SubscribeEvents. The call side is attached_manager.cc.
 #include <sys/socket.h>
 
+#include "client/attached_manager.h"
+#include "client/g1_fetcher.h"
 #include "core/log.h"
-#include "service/attached_manager.h"
-#include "service/g1_fetcher.h"
-#include "service/handshake.h"
-#include "service/load_trace.h"
+#include "proto/handshake.h"
+#include "proto/load_trace.h"
 #include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 

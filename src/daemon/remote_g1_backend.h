@@ -1,5 +1,5 @@
 // RemoteG1Backend: the daemon's "device": every G1 of every attached engine, reached through
-// that engine's data connection. kvtier serve runs the same BlockManager::Impl as the
+// that engine's data connection. kvtier serve runs the same BlockManagerImpl as the
 // in-process manager; its transfer engine sees one device G1 whose block ids carry the
 // engine's instance in their top 8 bits (service::kInstanceShift), and this backend turns each
 // batch the transfer engine submits into kCopy frames, one per instance it touches. The engine
@@ -29,7 +29,7 @@
 
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
-#include "service/protocol.h"
+#include "proto/protocol.h"
 #include "transfer/device_backend.h"
 
 namespace kvtier::service {

@@ -1,4 +1,4 @@
-#include "service/remote_g1_backend.h"
+#include "daemon/remote_g1_backend.h"
 
 #include <algorithm>
 

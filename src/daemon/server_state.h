@@ -1,4 +1,4 @@
-// kvtier serve's internals (src/service/server.cc, server_pools.cc, server_calls.cc): the
+// kvtier serve's internals (src/daemon/server.cc, server_pools.cc, server_calls.cc): the
 // daemon's state, its pools, instances and connections. Not a public header.
 #pragma once
 
@@ -21,11 +21,11 @@
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "core/unique_fd.h"
-#include "manager/block_manager_impl.h"
-#include "service/protocol.h"
-#include "service/remote_g1_backend.h"
-#include "service/server.h"
-#include "service/unix_socket.h"
+#include "daemon/remote_g1_backend.h"
+#include "daemon/server.h"
+#include "manager/shared_manager.h"
+#include "proto/protocol.h"
+#include "proto/unix_socket.h"
 
 namespace kvtier::service {
 namespace server_internal {
@@ -40,16 +40,16 @@ struct Pool {
   std::string key;
   std::string model_id;  // whole, as the first engine's Hello said it
   KvLayout layout;       // the first engine's
-  // Events connections (Role::kEvents), fed by one subscription to impl's events. Declared
-  // before impl: impl's destructor may still emit events (the G3 flush).
+  // Events connections (Role::kEvents), fed by one subscription to the manager's events.
+  // Declared before manager: its destructor may still emit events (the G3 flush).
   Mutex sub_mu;
   std::vector<std::shared_ptr<Conn>> subscribers GUARDED_BY(sub_mu);
   bool subscribed GUARDED_BY(sub_mu) = false;
-  std::unique_ptr<BlockManager::Impl> impl;
-  RemoteG1Backend* backend = nullptr;  // owned by impl's transfer engine
+  std::unique_ptr<SharedManager> manager;
+  RemoteG1Backend* backend = nullptr;  // owned by the manager's transfer engine
   uint64_t g2_capacity = 0;
   uint64_t g2_slot_bytes = 0;
-  int memfd = -1;  // owned by impl's arena
+  int memfd = -1;  // owned by the manager's G2 arena
   // The Redis G4 offered to every data connection (kG4Config), so engines fetch G4 blocks
   // straight into their G1; unset without a Redis G4 or with g4.direct_to_g1 = false.
   std::optional<G4Config> g4_offer;

@@ -28,19 +28,19 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/copy_gate.h"
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "core/unique_fd.h"
 #include "kvtier/connector.h"
-#include "service/copy_gate.h"
-#include "service/protocol.h"
-#include "service/unix_socket.h"
+#include "proto/protocol.h"
+#include "proto/unix_socket.h"
 #include "tier/host_arena.h"
 #include "transfer/device_backend.h"
 
 namespace kvtier::service {
 
-class AttachedManager {
+class AttachedManager final : public BlockManager {
  public:
   using DeviceBackendFactory =
       std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>;
@@ -52,33 +52,34 @@ class AttachedManager {
   // `device_backend`: as the in-process manager's seam (null = the CUDA backend), for a device G1.
   static Result<std::unique_ptr<AttachedManager>> Create(const ManagerOptions& options,
                                                          DeviceBackendFactory device_backend = {});
-  ~AttachedManager();
+  ~AttachedManager() override;
 
-  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens);
+  Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens) override;
   Result<uint32_t> PrepareLoad(const std::string& request_id,
                                std::span<const uint32_t> g1_block_ids, uint32_t num_external_tokens,
-                               bool async_load);
+                               bool async_load = false) override;
   Status Commit(const std::string& request_id, std::span<const TokenId> tokens,
-                std::span<const uint32_t> g1_block_ids);
-  bool RequestFinished(const std::string& request_id);
-  Status RegisterDeviceMemory(const G1Memory& g1);
-  Status StartLoad();
-  Status StartLoad(uintptr_t engine_stream);
-  Status WaitLayer(uint32_t layer);
-  uint32_t LoadedTokens(const std::string& request_id);
-  Status StartSave();
-  Status StartSave(uintptr_t engine_stream);
-  void WaitForSaves();
-  void WaitForRequestSaves(const std::string& request_id);
-  FinishedRequests Finished();
+                std::span<const uint32_t> g1_block_ids) override;
+  bool RequestFinished(const std::string& request_id) override;
+  Status RegisterDeviceMemory(const G1Memory& g1) override;
+  Status StartLoad() override;
+  Status StartLoad(uintptr_t engine_stream) override;
+  Status WaitLayer(uint32_t layer) override;
+  uint32_t LoadedTokens(const std::string& request_id) override;
+  Status StartSave() override;
+  Status StartSave(uintptr_t engine_stream) override;
+  void WaitForSaves() override;
+  void WaitForRequestSaves(const std::string& request_id) override;
+  FinishedRequests Finished() override;
   // The daemon's pool's counters (all of zero while detached).
-  ManagerStats Stats();
+  ManagerStats Stats() override;
   // The daemon pool's events (every engine's blocks in the shared G2, G3 and G4), as the
   // in-process manager's: on this manager's events thread, over an events connection opened
   // on the first call and opened again after the daemon comes back (events made while it was
   // away, or dropped because a callback did not keep up, are counted in client_stats()).
-  void SubscribeEvents(KvEventCallback callback);
-  const KvLayout& layout() const { return options_.layout; }
+  void SubscribeEvents(KvEventCallback callback) override;
+  const KvLayout& layout() const override { return options_.layout; }
+  bool attached() const override { return true; }
 
   struct ClientStats {
     bool attached = false;

@@ -1,6 +1,6 @@
 // kvtier serve's call dispatcher: one decoded request frame, run on the pool's manager.
 #include "core/log.h"
-#include "service/server_state.h"
+#include "daemon/server_state.h"
 
 namespace kvtier::service {
 
@@ -8,7 +8,7 @@ namespace kvtier::service {
 // nothing written); a call's own error is written into the reply and Ok returned.
 Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& frame,
                                  WireWriter* out) {
-  BlockManager::Impl& impl = *pool->impl;
+  SharedManager::EngineView engine = pool->manager->ForEngine(instance);
   WireReader r(frame.payload);
   uint32_t g1_limit = kMaxG1Blocks - 1;
   {
@@ -44,7 +44,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       spec.block_extra = std::move(m.block_extra);
       spec.load_tiers = m.load_tiers;
       spec.store_tiers = m.store_tiers;
-      Result<LookupResult> res = impl.Lookup(spec, m.num_computed_tokens, instance);
+      Result<LookupResult> res = engine.Lookup(spec, m.num_computed_tokens);
       EncodeStatus(out, res.status());
       if (res.ok()) EncodeLookupResult(out, *res);
       return Status::Ok();
@@ -54,8 +54,8 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       KVTIER_RETURN_IF_ERROR(DecodePrepareLoad(&r, &m));
       Status mapped = map_blocks(&m.g1_block_ids);
       Result<uint32_t> res = mapped.ok()
-                                 ? impl.PrepareLoad(Rid(instance, m.request_id), m.g1_block_ids,
-                                                    m.num_external_tokens, m.async_load)
+                                 ? engine.PrepareLoad(Rid(instance, m.request_id), m.g1_block_ids,
+                                                      m.num_external_tokens, m.async_load)
                                  : Result<uint32_t>(mapped);
       EncodeStatus(out, res.status());
       if (res.ok()) out->U32(*res);
@@ -66,14 +66,14 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       KVTIER_RETURN_IF_ERROR(DecodeCommit(&r, &m));
       Status mapped = map_blocks(&m.g1_block_ids);
       EncodeStatus(out, mapped.ok()
-                            ? impl.Commit(Rid(instance, m.request_id), m.tokens, m.g1_block_ids)
+                            ? engine.Commit(Rid(instance, m.request_id), m.tokens, m.g1_block_ids)
                             : mapped);
       return Status::Ok();
     }
     case MsgType::kRequestFinished: {
       std::string id;
       KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
-      const bool kept = impl.RequestFinished(Rid(instance, id));
+      const bool kept = engine.RequestFinished(Rid(instance, id));
       EncodeStatus(out, Status::Ok());
       out->U8(kept ? 1 : 0);
       return Status::Ok();
@@ -98,42 +98,42 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
     }
     case MsgType::kStartLoad:
       KVTIER_RETURN_IF_ERROR(r.Done());
-      EncodeStatus(out, impl.StartLoad(instance));
+      EncodeStatus(out, engine.StartLoad());
       return Status::Ok();
     case MsgType::kStartSave:
       KVTIER_RETURN_IF_ERROR(r.Done());
-      EncodeStatus(out, impl.StartSave(instance));
+      EncodeStatus(out, engine.StartSave());
       return Status::Ok();
     case MsgType::kWaitLayer: {
       uint32_t layer = 0;
       KVTIER_RETURN_IF_ERROR(r.U32("wait_layer.layer", &layer));
       KVTIER_RETURN_IF_ERROR(r.Done());
-      EncodeStatus(out, impl.WaitLayer(layer, instance));
+      EncodeStatus(out, engine.WaitLayer(layer));
       return Status::Ok();
     }
     case MsgType::kLoadedTokens: {
       std::string id;
       KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
-      const uint32_t n = impl.LoadedTokens(Rid(instance, id));
+      const uint32_t n = engine.LoadedTokens(Rid(instance, id));
       EncodeStatus(out, Status::Ok());
       out->U32(n);
       return Status::Ok();
     }
     case MsgType::kWaitForSaves:
       KVTIER_RETURN_IF_ERROR(r.Done());
-      impl.WaitForSaves(instance);  // its own saves: a stuck engine holds up nobody else
+      engine.WaitForSaves();  // its own saves: a stuck engine holds up nobody else
       EncodeStatus(out, Status::Ok());
       return Status::Ok();
     case MsgType::kWaitForRequestSaves: {
       std::string id;
       KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
-      impl.WaitForRequestSaves(Rid(instance, id));
+      engine.WaitForRequestSaves(Rid(instance, id));
       EncodeStatus(out, Status::Ok());
       return Status::Ok();
     }
     case MsgType::kFinished: {
       KVTIER_RETURN_IF_ERROR(r.Done());
-      FinishedRequests f = impl.Finished(instance);
+      FinishedRequests f = engine.Finished();
       f.saves_done = StripRids(instance, std::move(f.saves_done));
       f.loads_done = StripRids(instance, std::move(f.loads_done));
       EncodeStatus(out, Status::Ok());
@@ -143,7 +143,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
     case MsgType::kStats: {
       KVTIER_RETURN_IF_ERROR(r.Done());
       EncodeStatus(out, Status::Ok());
-      EncodeStats(out, impl.Stats());
+      EncodeStats(out, pool->manager->Stats());
       return Status::Ok();
     }
     default:

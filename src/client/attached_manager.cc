@@ -1,4 +1,4 @@
-#include "service/attached_manager.h"
+#include "client/attached_manager.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "core/log.h"
-#include "service/handshake.h"
+#include "proto/handshake.h"
 #include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 

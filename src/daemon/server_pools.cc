@@ -13,7 +13,8 @@
 
 #include "core/log.h"
 #include "core/sha256.h"
-#include "service/server_state.h"
+#include "daemon/server_state.h"
+#include "tier/host_arena.h"
 
 namespace kvtier::service {
 namespace server_internal {
@@ -169,8 +170,7 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
     raw->backend = backend.get();
     return std::unique_ptr<DeviceCopyBackend>(std::move(backend));
   };
-  KVTIER_ASSIGN_OR_RETURN(pool->impl,
-                          BlockManager::Impl::Create(mo, {}, nullptr, factory, /*shared_g2=*/true));
+  KVTIER_ASSIGN_OR_RETURN(pool->manager, SharedManager::Create(mo, factory));
   G1Memory g1;
   g1.layout = hello.layout;
   g1.num_blocks = UINT32_MAX;
@@ -181,13 +181,13 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
   g1.regions.assign(regions,
                     G1Region{reinterpret_cast<uint8_t*>(uintptr_t{1} << 44),
                              contiguous ? hello.layout.BlockBytes() : hello.layout.ChunkBytes()});
-  KVTIER_RETURN_IF_ERROR(pool->impl->RegisterDeviceMemory(g1));
-  const HostArena* arena = pool->impl->g2_arena();
+  KVTIER_RETURN_IF_ERROR(pool->manager->RegisterDeviceMemory(g1));
+  const HostArena* arena = pool->manager->g2_arena();
   pool->memfd = arena->shared_fd();
   pool->g2_capacity = mo.config.GetBytes("g2.capacity_bytes");
   pool->g2_slot_bytes = arena->slot_bytes();
   if (mo.config.GetString("g4.backend") == "redis" && mo.config.GetBool("g4.direct_to_g1") &&
-      pool->impl->HasG4()) {
+      pool->manager->HasG4()) {
     G4Config offer;
     offer.endpoints = mo.config.GetString("g4.endpoints");
     offer.cluster = mo.config.GetBool("g4.cluster");
@@ -211,7 +211,7 @@ bool Server::State::PoolIdle(const Pool* pool) {
     if (inst->pool == pool) return false;
   }
   for (const auto& [id, p] : ended) {
-    if (p == pool && p->impl->InstanceRequests(id) != 0) return false;
+    if (p == pool && p->manager->ForEngine(id).Requests() != 0) return false;
   }
   return true;
 }
@@ -266,7 +266,7 @@ Status Server::State::MakeRoomForPool(const std::string& key, const std::string&
   }
   KVTIER_LOG(kInfo) << "kvtier serve: pool " << closing->key
                     << " has no engine attached; closed to make room for " << key
-                    << (closing->impl->g3_enabled() ? " (its G2 is flushed to G3)" : "");
+                    << (closing->manager->g3_enabled() ? " (its G2 is flushed to G3)" : "");
   closing.reset();  // flushes G2 to G3 when configured, writes G3's snapshot
   return Status::Ok();
 }
@@ -283,7 +283,7 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
   if (!first) return;
   // One subscription per pool, fanned out to every events connection. The first connection
   // also hears the blocks G3 recovered at start-up (SubscribeEvents gives them to the first).
-  pool->impl->SubscribeEvents([pool](std::span<const KvEvent> events) {
+  pool->manager->SubscribeEvents([pool](std::span<const KvEvent> events) {
     std::vector<std::shared_ptr<Conn>> subs;
     {
       MutexLock lock(&pool->sub_mu);
@@ -361,8 +361,8 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool,
     if (instances.count(id) != 0 || leaving.count(id) != 0) continue;
     auto old = ended.find(id);
     if (old != ended.end()) {
-      if (old->second->impl->InstanceRequests(id) != 0) continue;
-      old->second->impl->AdoptInstance(id);
+      if (old->second->manager->ForEngine(id).Requests() != 0) continue;
+      old->second->manager->ForEngine(id).Adopt();
       ended.erase(old);
     }
     auto inst = std::make_unique<Instance>();
@@ -464,7 +464,7 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
     }
   }
   if (last) {
-    size_t n = pool->impl->ForgetInstance(conn->instance);
+    size_t n = pool->manager->ForEngine(conn->instance).Forget();
     KVTIER_LOG(kInfo) << "kvtier serve: instance " << conn->instance << " ended (" << n
                       << " requests finished)";
     MutexLock lock(&mu);

@@ -1,4 +1,4 @@
-#include "service/unix_socket.h"
+#include "proto/unix_socket.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,4 +1,4 @@
-#include "service/server.h"
+#include "daemon/server.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,8 +8,8 @@
 #include <system_error>
 
 #include "core/log.h"
-#include "service/load_trace.h"
-#include "service/server_state.h"
+#include "daemon/server_state.h"
+#include "proto/load_trace.h"
 #include "tier/cond_wait.h"
 
 namespace kvtier::service {

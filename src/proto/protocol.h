@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "core/g4_fetch.h"
 #include "kvtier/connector.h"
 #include "kvtier/events.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
-#include "service/wire.h"
-#include "transfer/device_backend.h"
+#include "proto/wire.h"
 
 namespace kvtier::service {
 

@@ -20,11 +20,11 @@
 #include <thread>
 #include <vector>
 
+#include "client/copy_gate.h"
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "kvtier/g1_memory.h"
-#include "service/copy_gate.h"
-#include "service/protocol.h"
+#include "proto/protocol.h"
 #include "tier/remote_store.h"
 
 namespace kvtier::service {

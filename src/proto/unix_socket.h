@@ -1,5 +1,5 @@
 // The transport of kvtier serve: a per-host daemon listens on a Unix stream socket and engine
-// processes on the same host connect to it. Each message is one frame (service/wire.h) and may
+// processes on the same host connect to it. Each message is one frame (proto/wire.h) and may
 // carry one file descriptor (SCM_RIGHTS), e.g. a memfd holding KV blocks.
 //
 // Who may connect is decided twice: the filesystem (the socket's directory is 0700 and owned by
@@ -24,7 +24,7 @@
 
 #include "core/unique_fd.h"
 #include "kvtier/status.h"
-#include "service/wire.h"
+#include "proto/wire.h"
 
 namespace kvtier::service {
 

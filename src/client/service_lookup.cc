@@ -12,10 +12,10 @@
 #include "core/mutex.h"
 #include "core/thread_annotations.h"
 #include "core/unique_fd.h"
-#include "service/handshake.h"
-#include "service/protocol.h"
-#include "service/unix_socket.h"
-#include "service/wire.h"
+#include "proto/handshake.h"
+#include "proto/protocol.h"
+#include "proto/unix_socket.h"
+#include "proto/wire.h"
 
 namespace kvtier {
 
