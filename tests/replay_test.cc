@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "policies/lab_policies.h"
 #include "replay/replay_cost.h"
 #include "replay/replay_runner.h"
 #include "replay_test_util.h"
@@ -208,6 +209,8 @@ TEST(ReplayLayoutTest, PayloadBytesPickTheLayout) {
 
 // ---- the replay core on real tiers ----
 
+// lineage-lru is a lab policy (docs/policies.md): the replay, a lab command, runs it in the real
+// manager (ReplayConfig enables the lab's policies in this process).
 TEST(ReplayRunnerTest, G2ReplayLoadsExactBytesAndMatchesTheSimulator) {
   const ReplayTrace t = Load("replay_mooncake_small.jsonl", 512);
   ReplayOptions o;
@@ -226,7 +229,7 @@ TEST(ReplayRunnerTest, G2ReplayLoadsExactBytesAndMatchesTheSimulator) {
   // The simulator with the same slots agrees with lineage-lru (exactly on the Mooncake trace;
   // a request's saves complete on two copy threads, so the order of their inserts may differ:
   // a small tolerance). Without G3 the manager keeps no free-slot reserve.
-  auto policy = MakeEvictionPolicy(PolicyKind::kLineageLru, r->g2_slots);
+  auto policy = MakeLabEvictionPolicy(PolicyKind::kLineageLru, r->g2_slots);
   ASSERT_TRUE(policy.ok());
   auto sim = SimulatePolicy(t.blocks(), **policy, r->g2_slots);
   ASSERT_TRUE(sim.ok());

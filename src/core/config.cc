@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/host_port.h"
+#include "core/policy_names.h"
 #include "core/regular_file.h"
 
 extern char** environ;
@@ -25,9 +26,8 @@ constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
 
 std::vector<ConfigFieldSpec> BaseSchema() {
   using T = ConfigType;
-  const std::vector<std::string> policies = {
-      "lru",       "lineage-lru",    "s3fifo",   "credit-lru", "arc",
-      "w-tinylfu", "leaf-first-lru", "adaptive", "hit-density"};
+  // The product's policies; Set refuses the lab's by name (core/policy_names.h).
+  const std::vector<std::string>& policies = ProductPolicyNames();
   return {
       {"hash.algorithm",
        T::kChoice,
@@ -709,6 +709,15 @@ Status Config::Set(std::string_view name, std::string_view value, ConfigSource s
     for (const auto& s : Schema()) known += (known.empty() ? "" : ", ") + s.name;
     return Status::InvalidArgument("unknown setting '" + std::string(name) + "'" + where +
                                    "; known settings: " + known);
+  }
+  if ((spec->name == "g2.policy" || spec->name == "g3.policy") && IsLabPolicyName(value)) {
+    // The lab's policies run only where the lab enabled them (`kvtier replay`).
+    if (!LabPolicyNamesAccepted()) {
+      return Status::InvalidArgument(spec->name + " = '" + std::string(value) + "'" + where + ": " +
+                                     LabPolicyRefusal(value));
+    }
+    values_[spec->name] = Value{std::string(value), source, std::string(origin)};
+    return Status::Ok();
   }
   Result<std::string> v = Normalize(*spec, value);
   if (!v.ok()) {
