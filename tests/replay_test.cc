@@ -370,6 +370,22 @@ TEST(ReplayCliTest, JsonHasTheKeysAndSaneFigures) {
   }
 }
 
+// kvtier replay is a lab command: it runs the lab's policies (docs/policies.md) in the real
+// manager, G2 and G3, which a deployment's config refuses.
+TEST(ReplayCliTest, RunsTheLabsPoliciesInTheRealManager) {
+  for (const std::string policy : {"s3fifo", "leaf-first-lru"}) {
+    CliRun r = Kvtier("replay --trace " + kData +
+                      "replay_mooncake_small.jsonl --capacity-fraction 0.1 --g3-fraction 0.5 "
+                      "--json --policy " +
+                      policy);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("\"policy\": \"" + policy + "\""), std::string::npos) << r.out;
+    EXPECT_GT(JsonNumber(r.out, "hit_ratio"), 0.0) << r.out;
+    EXPECT_EQ(JsonNumber(r.out, "mismatched_blocks"), 0.0);
+    EXPECT_GT(JsonNumber(r.out, "verified_blocks"), 0.0);
+  }
+}
+
 TEST(ReplayCliTest, TokenTraceWithG3) {
   CliRun r = Kvtier("replay --trace " + kData +
                     "replay_tokens_small.jsonl --tokens-per-block 16 --payload-bytes 256 "
