@@ -187,13 +187,13 @@ void SetLabPolicyMaker(LabPolicyMaker maker);
 
 // A policy for a tier of `capacity_blocks` slots (credit-lru scales its credits by it,
 // hit-density its histograms, ARC and W-TinyLFU size their lists and sketch, adaptive passes it
-// on to its candidates; LRU ignores it),
-// with `options` (credit-lru reads options.credit_lru, adaptive options.adaptive, hit-density
-// options.hit_density; the other kinds ignore them). InvalidArgument for kBelady, which needs the
-// future: the oracle is the lab's (MakeBeladyPolicy, lab/sim/belady_policy.h), never the
-// product's; for another lab kind (IsLabPolicy) LabPolicyRefused's, unless the lab installed its
-// maker in this process (SetLabPolicyMaker), which then builds it; and when the member the kind
-// reads does not validate.
+// on to its candidates; LRU ignores it), with `options` (credit-lru reads options.credit_lru,
+// adaptive options.adaptive, hit-density options.hit_density; the other kinds ignore them).
+// InvalidArgument for kBelady, which needs the future: the oracle is the lab's
+// (MakeBeladyPolicy, lab/sim/belady_policy.h), never the product's; for another lab kind
+// (IsLabPolicy) LabPolicyRefused's, unless the lab installed its maker in this process
+// (SetLabPolicyMaker), which then builds it; and when the member the kind reads does not
+// validate.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks,
                                                            const PolicyOptions& options);
 // MakeEvictionPolicy with the default options.
