@@ -57,6 +57,7 @@ format-check: deps
 # Clang's thread-safety analysis over the library sources (g++ ignores the annotations).
 lint: deps
 	./scripts/thread-safety-check.sh
+	./scripts/python-lint.sh
 
 # What CI runs: see .ci/run.
 ci:

@@ -455,8 +455,10 @@ def check_connector(device: Any, stand_in: bool, work: str) -> Dict[str, Any]:
             raise CheckFailed("vLLM created no KV connector from kv_transfer_config")
         connector = get_kv_transfer_group()
         out["connector"] = type(connector).__name__
-        manager = getattr(connector, "_manager", None)
-        desc = getattr(connector, "_layout", None)
+        # The connector's worker side (kvtier/vllm/worker.py) holds the manager.
+        worker_side = getattr(connector, "connector_worker", None)
+        manager = getattr(worker_side, "_manager", None)
+        desc = getattr(worker_side, "_layout", None)
         if manager is None or desc is None:
             raise CheckFailed(f"{type(connector).__name__}.register_kv_caches left no kvtier "
                               f"manager (was it called with the committed views?)")

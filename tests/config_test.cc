@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "cli_run.h"
-#include "core/policy_names.h"
+#include "index/policy_names.h"
 
 namespace kvtier {
 namespace {

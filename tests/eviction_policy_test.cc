@@ -13,8 +13,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/policy_names.h"
 #include "index/lru_policy.h"
+#include "index/policy_names.h"
 #include "policies/lab_policies.h"
 #include "policies/s3fifo_policy.h"
 #include "policy_test_util.h"
@@ -91,7 +91,7 @@ TEST(MakeEvictionPolicyTest, BuildsTheAskedKind) {
 }
 
 // Which policies are the product's is decided in docs/policies.md; the others are the lab's.
-// core/policy_names.h keeps the two lists by name (the config schema's); every kind is in exactly
+// index/policy_names.h keeps the two lists by name (the config schema's); every kind is in exactly
 // one, and every name there is a kind.
 TEST(MakeEvictionPolicyTest, EveryKindIsTheProductsOrTheLabs) {
   for (PolicyKind kind : kProductKinds) EXPECT_FALSE(IsLabPolicy(kind)) << PolicyKindName(kind);

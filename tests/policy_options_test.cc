@@ -9,9 +9,9 @@
 
 #include <gtest/gtest.h>
 
-#include "core/policy_names.h"
 #include "index/block_index.h"
 #include "index/credit_lru_policy.h"
+#include "index/policy_names.h"
 #include "kvtier/config.h"
 #include "kvtier/connector.h"
 #include "manager_test_util.h"
@@ -33,8 +33,8 @@ PolicyOptions StaleTailZero() {
   return o;
 }
 
-// core cannot include index, so the schema repeats CreditLruConfig's defaults and ranges:
-// they must agree, field for field, and every field must have a key in both tiers.
+// The keys take CreditLruConfig's defaults and ranges (index/policy_config_keys.cc): they must
+// agree, field for field, and every field must have a key in both tiers.
 TEST(PolicyOptionsTest, ConfigSchemaAgreesWithCreditLruConfig) {
   const CreditLruConfig defaults;
   const Config config;

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "core/policy_names.h"
+#include "index/policy_names.h"
 #include "policies/lineage_lru_policy.h"
 #include "policies/s3fifo_policy.h"
 

@@ -13,504 +13,22 @@
 #include <functional>
 #include <sstream>
 
-#include "core/host_port.h"
-#include "core/policy_names.h"
+#include "core/config_registry.h"
 #include "core/regular_file.h"
 
 extern char** environ;
 
 namespace kvtier {
-namespace {
 
-constexpr uint64_t kKiB = 1ull << 10, kMiB = 1ull << 20, kGiB = 1ull << 30;
-
-std::vector<ConfigFieldSpec> BaseSchema() {
-  using T = ConfigType;
-  // The product's policies; Set refuses the lab's by name (core/policy_names.h).
-  const std::vector<std::string>& policies = ProductPolicyNames();
-  return {
-      {"hash.algorithm",
-       T::kChoice,
-       "sha256",
-       "block-key hash: sha256 (safe with untrusted prompts) or xxh3-128 (trusted setups only)",
-       0,
-       0,
-       {"sha256", "xxh3-128"}},
-      {"index.shards",
-       T::kUint,
-       "64",
-       "lock shards of the block index (a power of two)",
-       1,
-       4096,
-       {}},
-      {"g2.capacity_bytes",
-       T::kBytes,
-       "2GiB",
-       "host DRAM for the G2 arena",
-       4 * kKiB,
-       UINT64_MAX,
-       {}},
-      {"g2.policy", T::kChoice, "adaptive", "G2 eviction policy", 0, 0, policies},
-      {"g2.hugepages",
-       T::kBool,
-       "true",
-       "advise transparent huge pages for the G2 arena",
-       0,
-       UINT64_MAX,
-       {}},
-      {"g2.lock_memory", T::kBool, "true", "mlock the G2 arena when permitted", 0, UINT64_MAX, {}},
-      {"g2.prefault_threads",
-       T::kUint,
-       "0",
-       "threads that pre-fault G2 at start (0 = all CPUs)",
-       0,
-       1024,
-       {}},
-      {"g2.namespace_share",
-       T::kDouble,
-       "0.5",
-       "fraction of G2 split evenly among the namespaces (model, salt, adapter) holding blocks "
-       "in it: a namespace within its part is not evicted for another's blocks (0: off)",
-       0,
-       0,
-       {},
-       0,
-       1},
-      {"g2.staging_slots",
-       T::kUint,
-       "0",
-       "G2 slots reserved for staging G3/G4 loads (0 = auto: slots/16, 4..64)",
-       0,
-       4096,
-       {}},
-      {"g3.enabled", T::kBool, "true", "use the local-SSD tier", 0, UINT64_MAX, {}},
-      {"g3.dir", T::kString, "./kvtier-data", "directory of the G3 slot files", 0, UINT64_MAX, {}},
-      {"g3.capacity_bytes", T::kBytes, "8GiB", "bytes of G3 slot files", 1 * kMiB, UINT64_MAX, {}},
-      {"g3.flush_on_close",
-       T::kBool,
-       "true",
-       "at a clean shutdown, write G2's blocks to G3 so a restart finds them",
-       0,
-       UINT64_MAX,
-       {}},
-      {"g3.files", T::kUint, "1", "slot files to spread G3 over", 1, 256, {}},
-      {"g3.queue_depth", T::kUint, "32", "G3 I/Os in flight", 1, 4096, {}},
-      {"g3.policy", T::kChoice, "adaptive", "G3 eviction policy", 0, 0, policies},
-      {"g3.admit_min_seen",
-       T::kUint,
-       "2",
-       "sightings of a block before G3 admits it (1 admits all)",
-       1,
-       15,
-       {}},
-      {"g3.admit_max_writes_per_hit",
-       T::kDouble,
-       "8",
-       "below admit_min_seen sightings, blocks still go to G3 while a 1-in-16 sample of them "
-       "yields a G3 hit per this many writes or better (0: never)",
-       0,
-       0,
-       {},
-       0,
-       1e6},
-      {"g3.write_budget_bytes_per_s",
-       T::kBytes,
-       "0",
-       "cap on G3 write bandwidth to spare SSD endurance (0 = none)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"g3.quarantine_after_errors",
-       T::kUint,
-       "8",
-       "errors in a row that quarantine G3",
-       1,
-       1000000,
-       {}},
-      {"g3.reprobe_interval_ms",
-       T::kUint,
-       "10000",
-       "wait between probes of a quarantined G3",
-       1,
-       86400000,
-       {}},
-      {"transfer.copy_threads",
-       T::kUint,
-       "2",
-       "memcpy workers moving blocks G1 <-> G2",
-       1,
-       256,
-       {}},
-      {"transfer.load_stores",
-       T::kChoice,
-       "auto",
-       "G2 -> G1 loads into a host G1: auto (non-temporal stores for a load at least the size of "
-       "the last-level cache), cached, streaming",
-       0,
-       0,
-       {"auto", "cached", "streaming"}},
-      {"transfer.max_queued_saves",
-       T::kUint,
-       "1024",
-       "saves waiting at most; beyond it a save is dropped and counted",
-       1,
-       1u << 24,
-       {}},
-      {"transfer.max_defer_ms",
-       T::kUint,
-       "500",
-       "longest a save waits for a G2 slot (holding its G1 blocks) before it is dropped",
-       0,
-       60000,
-       {}},
-      // The connector API's request table (docs/connector.md).
-      {"manager.idle_request_ttl_ms",
-       T::kUint,
-       "600000",
-       "a request entry with nothing in flight and no call for it this long is dropped (a "
-       "Lookup the engine never finished); later calls for it are NotFound",
-       1,
-       604800000,
-       {}},
-      {"manager.max_namespaces",
-       T::kUint,
-       "1024",
-       "(cache_salt, adapter) namespaces whose key hasher is kept; past it the least recently "
-       "used one is dropped and made again (the same keys) when a request names it",
-       1,
-       1u << 20,
-       {}},
-      // G4: networked storage shared by workers (docs/g4.md).
-      {"g4.backend",
-       T::kChoice,
-       "none",
-       "G4 backend: none, redis (Redis / Redis Cluster), fs (a shared directory)",
-       0,
-       0,
-       {"none", "redis", "fs"}},
-      {"g4.endpoints",
-       T::kString,
-       "",
-       "redis: comma-separated host:port of the server or of cluster seed nodes",
-       0,
-       UINT64_MAX,
-       {}},
-      {"g4.cluster",
-       T::kBool,
-       "false",
-       "redis: the endpoints are Redis Cluster nodes",
-       0,
-       UINT64_MAX,
-       {}},
-      {"g4.username", T::kString, "", "redis: ACL user (empty: default)", 0, UINT64_MAX, {}},
-      {"g4.password", T::kString, "", "redis: AUTH password (empty: none)", 0, UINT64_MAX, {}},
-      {"g4.dir", T::kString, "", "fs: the shared directory (NFS, Lustre, ...)", 0, UINT64_MAX, {}},
-      {"g4.write_through",
-       T::kBool,
-       "true",
-       "write every committed block to G4 once it is in G2 (false: only blocks leaving the "
-       "local tiers go to G4)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"g4.lookup_deadline_ms",
-       T::kUint,
-       "20",
-       "Lookup waits this long at most for G4 to say what it holds (late: a miss)",
-       1,
-       60000,
-       {}},
-      {"g4.load_deadline_ms",
-       T::kUint,
-       "500",
-       "a G4 load batch ends by this deadline (late blocks fail and are recomputed)",
-       1,
-       600000,
-       {}},
-      {"g4.save_deadline_ms",
-       T::kUint,
-       "2000",
-       "a G4 save batch ends by this deadline",
-       1,
-       600000,
-       {}},
-      {"g4.threads", T::kUint, "2", "threads making G4 calls (one call each at a time)", 1, 64, {}},
-      {"g4.redis_pipeline_kib",
-       T::kUint,
-       "4096",
-       "Redis: KiB of commands and replies in flight per connection at most (always one "
-       "command); deep pipelines of large values make Redis fault in fresh reply buffers",
-       1,
-       1u << 20,
-       {}},
-      {"g4.direct_to_g1",
-       T::kBool,
-       "true",
-       "kvtier serve with a Redis G4: attached engines with a host G1 get G4 blocks themselves, "
-       "straight into G1 (one copy; false: through the daemon's G2, two)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"g4.max_queued_saves",
-       T::kUint,
-       "256",
-       "G4 saves waiting at most; beyond it a save is dropped and counted",
-       1,
-       1u << 20,
-       {}},
-      {"g4.load_gbps",
-       T::kDouble,
-       "0",
-       "expected G4 read bandwidth into this worker, GB/s; with g4.recompute_tokens_per_s, G4 "
-       "blocks are offered only where loading one is faster than recomputing it (0: always "
-       "offer)",
-       0,
-       0,
-       {},
-       0,
-       1e6},
-      {"g4.recompute_tokens_per_s",
-       T::kDouble,
-       "0",
-       "the engine's prefill throughput, tokens/s (0: unknown, G4 blocks always offered)",
-       0,
-       0,
-       {},
-       0,
-       1e9},
-      // Prometheus /metrics (docs/metrics.md).
-      {"metrics.port",
-       T::kUint,
-       "0",
-       "serve Prometheus /metrics on this TCP port (0: off)",
-       0,
-       65535,
-       {}},
-      {"metrics.bind",
-       T::kString,
-       "127.0.0.1",
-       "address the /metrics endpoint listens on (0.0.0.0: every interface)",
-       0,
-       UINT64_MAX,
-       {}},
-      // kvtier serve: one kvtier per host that engines attach to (docs/service.md).
-      {"service.socket",
-       T::kString,
-       "",
-       "Unix socket of kvtier serve: engines attach to it (empty: embedded, in-process); the "
-       "daemon listens on it",
-       0,
-       UINT64_MAX,
-       {}},
-      {"service.instance",
-       T::kString,
-       "",
-       "attached engines: the instance name; processes of one engine (vLLM's scheduler and "
-       "worker) give the same one (empty: one instance per process)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"service.lease_ms",
-       T::kUint,
-       "5000",
-       "longest an attached engine may take to copy a batch of blocks between its G1 and G2",
-       10,
-       600000,
-       {}},
-      {"service.call_timeout_ms",
-       T::kUint,
-       "5000",
-       "attached engines: a call kvtier serve has not answered by then is a miss (the daemon "
-       "counts as gone until it answers again)",
-       10,
-       600000,
-       {}},
-      {"service.reattach_ms",
-       T::kUint,
-       "1000",
-       "attached engines: after the daemon went away, the wait between attempts to attach again",
-       1,
-       600000,
-       {}},
-      {"service.max_pools",
-       T::kUint,
-       "1",
-       "the daemon: G2 pools it holds at once (one per model and layout; a tensor-parallel "
-       "engine has one per rank); g2.capacity_bytes is the daemon's whole G2, split evenly "
-       "among them, and a pool no engine uses gives its share to a new one",
-       1,
-       64,
-       {}},
-      {"service.allowed_gids",
-       T::kString,
-       "",
-       "the daemon: comma-separated group ids whose processes (primary or supplementary "
-       "group) may attach besides its own uid; the socket's directory and the socket then "
-       "belong to the first of them (0750, 0660)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"service.daemon_uid",
-       T::kString,
-       "",
-       "attached engines: the uid kvtier serve runs as (empty: the engine's own); an engine "
-       "sends nothing to a listener of another uid (SO_PEERCRED)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"service.max_connections",
-       T::kUint,
-       "256",
-       "the daemon: connections open at once (each has a thread); past it a new one is refused "
-       "and counted, never the daemon's end",
-       4,
-       65536,
-       {}},
-      // KV events on the wire in vLLM's format (docs/events.md).
-      {"events.endpoint",
-       T::kString,
-       "",
-       "ZMQ PUB address of the KV event stream (tcp://*:5557 binds, tcp://host:5557 connects to "
-       "a subscriber that binds; empty: off)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"events.replay_endpoint",
-       T::kString,
-       "",
-       "ZMQ ROUTER address (bound) that replays past batches from a sequence number (empty: none)",
-       0,
-       UINT64_MAX,
-       {}},
-      {"events.topic", T::kString, "", "topic frame of every event message", 0, UINT64_MAX, {}},
-      {"events.queue_events",
-       T::kUint,
-       "100000",
-       "events waiting to be sent at most; beyond it events are dropped and counted",
-       1,
-       1u << 24,
-       {}},
-      {"events.replay_batches", T::kUint, "10000", "batches kept for replay", 0, 1u << 20, {}},
-      {"events.replay_bytes",
-       T::kBytes,
-       "256MiB",
-       "payload bytes kept for replay at most (the oldest batches go first)",
-       4096,
-       UINT64_MAX,
-       {}},
-      {"events.data_parallel_rank",
-       T::kUint,
-       "0",
-       "data_parallel_rank written in every batch (vLLM's)",
-       0,
-       1u << 16,
-       {}},
-  };
-}
-
-// credit-lru's settings for tier `tier` ("g2"): gN.credit_lru.<field>. The defaults and ranges
-// are CreditLruConfig's (src/index/eviction_policy.h; core cannot include index, so
-// tests/config_test.cc checks that they agree).
-std::vector<ConfigFieldSpec> CreditLruFields(const std::string& tier) {
-  constexpr double kMaxCredit = 64, kMaxGhostFactor = 64;
-  struct Field {
-    const char* name;
-    const char* default_value;
-    const char* doc;
-    double min, max;
-  };
-  const Field fields[] = {
-      {"used_twice", "0.75",
-       "credit-lru: credit of a block used twice (x the tier's capacity; higher keeps it longer)",
-       -kMaxCredit, kMaxCredit},
-      {"used_thrice", "1.5", "credit-lru: credit of a block used three times or more", -kMaxCredit,
-       kMaxCredit},
-      {"long_follow_up", "-0.5",
-       "credit-lru: credit of a run of 16+ blocks stored behind a deep hit (a follow-up turn "
-       "that pasted a lot)",
-       -kMaxCredit, kMaxCredit},
-      {"stale_tail", "-1",
-       "credit-lru: credit of a run's last block, never used since (0 when the engine's next "
-       "turn reuses a prompt's last full block)",
-       -kMaxCredit, kMaxCredit},
-      {"ghost_factor", "4",
-       "credit-lru: evicted keys whose use counts are remembered, x the tier's capacity (0: none)",
-       0, kMaxGhostFactor},
-  };
-  std::vector<ConfigFieldSpec> out;
-  for (const Field& f : fields) {
-    out.push_back(ConfigFieldSpec{tier + ".credit_lru." + f.name,
-                                  ConfigType::kDouble,
-                                  f.default_value,
-                                  f.doc,
-                                  0,
-                                  0,
-                                  {},
-                                  f.min,
-                                  f.max});
-  }
-  return out;
-}
-
-// adaptive's settings for tier `tier`: gN.adaptive.<field>. The defaults and ranges are
-// AdaptiveConfig's (src/index/eviction_policy.h; tests/policy_options_test.cc checks that they
-// agree). half_life's range is (0, 1024]: the schema's inclusive minimum is 2^-10, and
-// AdaptiveConfig::Validate checks again when the manager starts.
-std::vector<ConfigFieldSpec> AdaptiveFields(const std::string& tier) {
-  return {
-      ConfigFieldSpec{tier + ".adaptive.half_life",
-                      ConfigType::kDouble,
-                      "16",
-                      "adaptive: half-life of the shadow caches' scores, in references per "
-                      "capacity block (shorter follows phase changes sooner)",
-                      0,
-                      0,
-                      {},
-                      1.0 / 1024,
-                      1024},
-      ConfigFieldSpec{tier + ".adaptive.hysteresis",
-                      ConfigType::kDouble,
-                      "0.02",
-                      "adaptive: relative lead a candidate's score needs over the leader's "
-                      "to take over",
-                      0,
-                      0,
-                      {},
-                      0,
-                      10},
-      ConfigFieldSpec{tier + ".adaptive.with_hit_density",
-                      ConfigType::kDouble,
-                      "0",
-                      "adaptive: 1 adds hit-density as a fifth candidate (0 or 1; it did not "
-                      "beat credit-lru in the study, docs/policy-study.md 8.8)",
-                      0,
-                      0,
-                      {},
-                      0,
-                      1},
-  };
-}
-
-std::vector<ConfigFieldSpec> BuildSchema() {
-  std::vector<ConfigFieldSpec> schema = BaseSchema();
-  for (const char* tier : {"g2", "g3"}) {
-    auto after = std::find_if(schema.begin(), schema.end(), [&](const ConfigFieldSpec& s) {
-      return s.name == std::string(tier) + ".policy";
-    });
-    std::vector<ConfigFieldSpec> fields = CreditLruFields(tier);
-    const std::vector<ConfigFieldSpec> adaptive = AdaptiveFields(tier);
-    fields.insert(fields.end(), adaptive.begin(), adaptive.end());
-    schema.insert(after + 1, fields.begin(), fields.end());
-  }
-  return schema;
-}
-
-// The shortest text that reads back as `v` ("0.75", "-1").
-std::string ShortestText(double v) {
+std::string ShortestNumberText(double v) {
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
   return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
 }
+
+namespace {
+
+std::string ShortestText(double v) { return ShortestNumberText(v); }
 
 std::string EnvName(std::string_view field) {
   std::string env = "KVTIER_";
@@ -556,6 +74,43 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
 
 namespace {
 
+// The registered tables (config_registry.h), and the schema made of them when it is first read.
+struct Registry {
+  std::vector<ConfigKeyTable> tables;
+  bool frozen = false;
+  std::vector<ConfigFieldSpec> schema;  // by table order, then table order
+  std::vector<const ConfigKey*> keys;   // keys[i] registered schema[i]
+};
+
+Registry& TheRegistry() {
+  static Registry registry;
+  return registry;
+}
+
+// The registry, frozen: its schema made once (thread-safe: a function-local static).
+const Registry& FrozenRegistry() {
+  static const Registry& frozen = []() -> const Registry& {
+    Registry& r = TheRegistry();
+    r.frozen = true;
+    std::stable_sort(
+        r.tables.begin(), r.tables.end(),
+        [](const ConfigKeyTable& a, const ConfigKeyTable& b) { return a.order < b.order; });
+    for (const ConfigKeyTable& t : r.tables) {
+      for (const ConfigKey& k : t.keys) {
+        r.schema.push_back(k.spec);
+        r.keys.push_back(&k);
+      }
+    }
+    return r;
+  }();
+  return frozen;
+}
+
+[[noreturn]] void RegistryError(const std::string& what) {
+  std::fprintf(stderr, "kvtier: internal error: %s\n", what.c_str());
+  std::abort();
+}
+
 const ConfigFieldSpec* FindSpec(std::string_view name) {
   for (const ConfigFieldSpec& s : Config::Schema()) {
     if (s.name == name) return &s;
@@ -563,13 +118,14 @@ const ConfigFieldSpec* FindSpec(std::string_view name) {
   return nullptr;
 }
 
+// The registered key of `spec` (an element of Config::Schema()).
+const ConfigKey& KeyOf(const ConfigFieldSpec& spec) {
+  const Registry& r = FrozenRegistry();
+  return *r.keys[static_cast<size_t>(&spec - r.schema.data())];
+}
+
 std::string Allowed(const ConfigFieldSpec& spec) {
-  if (spec.name == "g4.endpoints") {
-    return "comma-separated host:port (e.g. 127.0.0.1:6379,[::1]:6380), or empty (not set)";
-  }
-  if (spec.name == "events.endpoint" || spec.name == "events.replay_endpoint") {
-    return "a ZMQ address: tcp://*:5557 (bind), tcp://HOST:PORT, ipc://PATH, or empty (off)";
-  }
+  if (const ConfigKey& key = KeyOf(spec); !key.allowed.empty()) return key.allowed;
   switch (spec.type) {
     case ConfigType::kBytes:
       return "a size in bytes from " + std::to_string(spec.min) +
@@ -593,8 +149,8 @@ std::string Allowed(const ConfigFieldSpec& spec) {
   return "";
 }
 
-// Normalized text for `value`, or why the field refuses it.
-Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view value) {
+// Normalized text for `value` by the field's type alone, or why the type refuses it.
+Result<std::string> NormalizeType(const ConfigFieldSpec& spec, std::string_view value) {
   switch (spec.type) {
     case ConfigType::kBytes:
     case ConfigType::kUint: {
@@ -605,9 +161,6 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
             "not " + std::string(spec.type == ConfigType::kUint ? "a whole number" : "a size"));
       }
       if (*v < spec.min || *v > spec.max) return Status::InvalidArgument("out of range");
-      if (spec.name == "index.shards" && (*v & (*v - 1)) != 0) {
-        return Status::InvalidArgument("not a power of two");
-      }
       return std::to_string(*v);
     }
     case ConfigType::kBool: {
@@ -619,31 +172,6 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
     case ConfigType::kString:
       // Empty is allowed only where the default is empty ("not set", e.g. g4.password).
       if (value.empty() && !spec.default_value.empty()) return Status::InvalidArgument("empty");
-      if ((spec.name == "events.endpoint" || spec.name == "events.replay_endpoint") &&
-          !value.empty() && !value.starts_with("tcp://") && !value.starts_with("ipc://") &&
-          !value.starts_with("inproc://")) {
-        return Status::InvalidArgument(
-            "not a ZMQ address (tcp://HOST:PORT, tcp://*:PORT, ipc://PATH or inproc://NAME)");
-      }
-      if (spec.name == "g4.endpoints") {
-        // Checked here, so that `kvtier config` refuses what the Redis store would refuse.
-        size_t start = 0;
-        while (start <= value.size()) {
-          size_t comma = value.find(',', start);
-          if (comma == std::string_view::npos) comma = value.size();
-          std::string_view item = value.substr(start, comma - start);
-          while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-          while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-          if (!item.empty()) {  // empty items are skipped, as the manager skips them
-            Result<HostPort> hp = ParseHostPort(item, "the endpoint");
-            if (!hp.ok()) {
-              return Status::InvalidArgument("not a list of host:port (" + hp.status().message() +
-                                             ")");
-            }
-          }
-          start = comma + 1;
-        }
-      }
       return std::string(value);
     case ConfigType::kChoice:
       for (const auto& c : spec.choices) {
@@ -667,7 +195,68 @@ Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view valu
   return Status::Internal("unknown field type");
 }
 
+// Normalized text for `value`, or why the field refuses it: its type's checks, then its key's.
+Result<std::string> Normalize(const ConfigFieldSpec& spec, std::string_view value) {
+  KVTIER_ASSIGN_OR_RETURN(std::string text, NormalizeType(spec, value));
+  if (const ConfigKey& key = KeyOf(spec); key.check != nullptr) {
+    KVTIER_RETURN_IF_ERROR(key.check(text));
+  }
+  return text;
+}
+
+// Config::Set's refusal of `value` for `spec`.
+Status Refusal(const ConfigFieldSpec& spec, std::string_view value, const Status& why,
+               const std::string& where) {
+  return Status::InvalidArgument(spec.name + " = '" + std::string(value) + "'" + where + " is " +
+                                 why.message() + "; allowed: " + Allowed(spec));
+}
+
+// Config::Set's verdict on `value` for `spec`: the text to keep, or the refusal (`where`: the
+// origin's words, " (from ...)" or empty). The key's screen first, then Normalize.
+Result<std::string> Judge(const ConfigFieldSpec& spec, std::string_view value,
+                          const std::string& where) {
+  if (const ConfigKey& key = KeyOf(spec); key.screen != nullptr) {
+    Result<bool> taken = key.screen(value);
+    if (!taken.ok()) {
+      return Status::InvalidArgument(spec.name + " = '" + std::string(value) + "'" + where + ": " +
+                                     taken.status().message());
+    }
+    if (*taken) return std::string(value);
+  }
+  Result<std::string> v = Normalize(spec, value);
+  if (!v.ok()) return Refusal(spec, value, v.status(), where);
+  return v;
+}
+
 }  // namespace
+
+void RegisterConfigKeys(ConfigKeyTable table) {
+  Registry& r = TheRegistry();
+  for (size_t i = 0; i < table.keys.size(); ++i) {
+    const std::string& name = table.keys[i].spec.name;
+    bool twice = false;
+    for (size_t j = 0; j < i; ++j) twice = twice || table.keys[j].spec.name == name;
+    for (const ConfigKeyTable& t : r.tables) {
+      for (const ConfigKey& other : t.keys) twice = twice || other.spec.name == name;
+    }
+    if (twice) RegistryError("config key '" + name + "' is registered twice");
+  }
+  if (r.frozen) {
+    RegistryError("config keys registered after the first Config was made (" +
+                  (table.keys.empty() ? std::string("an empty table") : table.keys[0].spec.name) +
+                  "): register them at static initialization");
+  }
+  r.tables.push_back(std::move(table));
+}
+
+Status CheckConfigValue(std::string_view name, std::string_view value) {
+  const ConfigFieldSpec* spec = FindSpec(name);
+  if (spec == nullptr) {
+    return Status::InvalidArgument("unknown setting '" + std::string(name) + "'");
+  }
+  Result<std::string> v = Judge(*spec, value, "");
+  return v.ok() ? Status::Ok() : v.status();
+}
 
 const char* ConfigSourceName(ConfigSource source) {
   switch (source) {
@@ -683,10 +272,7 @@ const char* ConfigSourceName(ConfigSource source) {
   return "?";
 }
 
-const std::vector<ConfigFieldSpec>& Config::Schema() {
-  static const std::vector<ConfigFieldSpec> kSchema = BuildSchema();
-  return kSchema;
-}
+const std::vector<ConfigFieldSpec>& Config::Schema() { return FrozenRegistry().schema; }
 
 Config::Config() {
   for (const ConfigFieldSpec& spec : Schema()) {
@@ -710,20 +296,8 @@ Status Config::Set(std::string_view name, std::string_view value, ConfigSource s
     return Status::InvalidArgument("unknown setting '" + std::string(name) + "'" + where +
                                    "; known settings: " + known);
   }
-  if ((spec->name == "g2.policy" || spec->name == "g3.policy") && IsLabPolicyName(value)) {
-    // The lab's policies run only where the lab enabled them (`kvtier replay`).
-    if (!LabPolicyNamesAccepted()) {
-      return Status::InvalidArgument(spec->name + " = '" + std::string(value) + "'" + where + ": " +
-                                     LabPolicyRefusal(value));
-    }
-    values_[spec->name] = Value{std::string(value), source, std::string(origin)};
-    return Status::Ok();
-  }
-  Result<std::string> v = Normalize(*spec, value);
-  if (!v.ok()) {
-    return Status::InvalidArgument(spec->name + " = '" + std::string(value) + "'" + where + " is " +
-                                   v.status().message() + "; allowed: " + Allowed(*spec));
-  }
+  Result<std::string> v = Judge(*spec, value, where);
+  if (!v.ok()) return v.status();
   values_[spec->name] = Value{*v, source, std::string(origin)};
   return Status::Ok();
 }
@@ -881,8 +455,11 @@ const Config::Value& Config::Find(std::string_view name, ConfigType type) const 
       spec != nullptr &&
       (spec->type == type || (type == ConfigType::kString && spec->type == ConfigType::kChoice));
   if (it == values_.end() || !type_ok) {
-    std::fprintf(stderr, "kvtier: internal error: config field '%.*s' read with the wrong type\n",
-                 static_cast<int>(name.size()), name.data());
+    // An unknown name is a key no linked module registered (config_registry.h).
+    std::fprintf(
+        stderr, "kvtier: internal error: config field '%.*s' %s\n", static_cast<int>(name.size()),
+        name.data(),
+        spec == nullptr ? "is not registered by any linked module" : "read with the wrong type");
     std::abort();
   }
   return it->second;
@@ -920,31 +497,10 @@ bool Config::IsSet(std::string_view name) const {
 
 std::vector<std::string> Config::Warnings() const {
   std::vector<std::string> out;
-  for (const char* tier : {"g2", "g3"}) {
-    const std::string policy_field = std::string(tier) + ".policy";
-    const std::string& policy = GetString(policy_field);
-    // adaptive runs credit-lru among its candidates, so both read gN.credit_lru.*; only
-    // adaptive reads gN.adaptive.*.
-    struct Group {
-      const char* prefix;
-      bool used;
-      const char* users;
-    };
-    const Group groups[] = {
-        {".credit_lru.", policy == "credit-lru" || policy == "adaptive", "credit-lru or adaptive"},
-        {".adaptive.", policy == "adaptive", "adaptive"},
-    };
-    for (const Group& g : groups) {
-      if (g.used) continue;
-      const std::string prefix = std::string(tier) + g.prefix;
-      for (const auto& [name, v] : values_) {
-        if (name.rfind(prefix, 0) != 0 || v.source == ConfigSource::kDefault) continue;
-        out.push_back(name + " = " + v.text + " (from " +
-                      (v.origin.empty() ? ConfigSourceName(v.source) : v.origin) +
-                      ") has no effect: " + policy_field + " = " + policy + "; set " +
-                      policy_field + " = " + g.users + ", or remove the setting");
-      }
-    }
+  for (const ConfigKeyTable& t : FrozenRegistry().tables) {
+    if (t.warnings == nullptr) continue;
+    std::vector<std::string> w = t.warnings(*this);
+    out.insert(out.end(), w.begin(), w.end());
   }
   return out;
 }

@@ -5,12 +5,12 @@
 #include <cmath>
 #include <string>
 
-#include "core/policy_names.h"
 #include "index/adaptive_policy.h"
 #include "index/arc_policy.h"
 #include "index/credit_lru_policy.h"
 #include "index/hit_density_policy.h"
 #include "index/lru_policy.h"
+#include "index/policy_names.h"
 #include "index/w_tinylfu_policy.h"
 
 namespace kvtier {

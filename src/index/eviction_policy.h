@@ -42,7 +42,7 @@ const char* PolicyKindName(PolicyKind kind);
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
 
 // True for the policies the product does not offer: lineage-lru, leaf-first-lru, s3fifo, belady
-// (core/policy_names.h lists them by name; docs/policies.md says why each is there).
+// (index/policy_names.h lists them by name; docs/policies.md says why each is there).
 bool IsLabPolicy(PolicyKind kind);
 // InvalidArgument: "<name> is a lab policy (docs/policy-study.md): use it with kvtier sim /
 // replay; the product offers: ...". REQUIRES: IsLabPolicy(kind).

@@ -23,29 +23,6 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-Result<PolicyKind> PolicyFromConfig(const Config& config, const char* field) {
-  return ParsePolicyKind(config.GetString(field));
-}
-
-// The policy settings of tier `tier` ("g2"): its gN.credit_lru.* and gN.adaptive.* fields. The
-// config has checked each value's range; BlockIndex validates them again for the tier's kind.
-// InvalidArgument naming the key when AdaptiveConfig refuses a value the schema let through.
-Result<PolicyOptions> PolicyOptionsFromConfig(const Config& config, const std::string& tier) {
-  PolicyOptions options;
-  for (const char* field : CreditLruConfig::kFieldNames) {
-    Status s = options.credit_lru.Set(field, config.GetDouble(tier + ".credit_lru." + field));
-    assert(s.ok() && "every CreditLruConfig field has a config key");
-    (void)s;
-  }
-  for (const char* field : AdaptiveConfig::kFieldNames) {
-    const std::string key = tier + ".adaptive." + field;
-    if (Status s = options.adaptive.Set(field, config.GetDouble(key)); !s.ok()) {
-      return Status::InvalidArgument(key + ": " + s.message());
-    }
-  }
-  return options;
-}
-
 }  // namespace
 
 const char* KvEventKindName(KvEvent::Kind kind) {
@@ -67,7 +44,11 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
         "ManagerOptions.model_id is empty; name the model, so keys of "
         "different models never collide");
   }
+  // The settings, typed and checked, once: nothing below reads options.config again.
+  KVTIER_ASSIGN_OR_RETURN(ManagerSettings settings, ManagerSettings::FromConfig(options.config));
+  for (const std::string& warning : options.config.Warnings()) KVTIER_LOG(kWarn) << warning;
   std::unique_ptr<Impl> impl(new Impl(options));
+  impl->settings_ = std::move(settings);
   impl->wrap_g4_ = std::move(wrap_g4);
   impl->device_backend_ = std::move(device_backend);
   impl->shared_g2_ = shared_g2;
@@ -76,17 +57,17 @@ Result<std::unique_ptr<BlockManager::Impl>> BlockManager::Impl::Create(
 }
 
 Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
-  const Config& cfg = options_.config;
-  KVTIER_ASSIGN_OR_RETURN(algorithm_, ParseHashAlgorithm(cfg.GetString("hash.algorithm")));
+  const ManagerSettings& cfg = settings_;
+  algorithm_ = cfg.requests.hash;
   hashers_ = std::make_unique<HasherCache>(options_.model_id, layout_.Fingerprint(), tpb_,
-                                           algorithm_, cfg.GetUint("manager.max_namespaces"));
+                                           algorithm_, cfg.requests.max_namespaces);
 
   HostArena::Config g2;
-  g2.capacity_bytes = cfg.GetBytes("g2.capacity_bytes");
+  g2.capacity_bytes = cfg.g2.capacity_bytes;
   g2.slot_bytes = G2PayloadOffset(layout_) + layout_.BlockBytes();
-  g2.hugepages = cfg.GetBool("g2.hugepages");
-  g2.lock_memory = cfg.GetBool("g2.lock_memory");
-  g2.prefault_threads = static_cast<uint32_t>(cfg.GetUint("g2.prefault_threads"));
+  g2.hugepages = cfg.g2.hugepages;
+  g2.lock_memory = cfg.g2.lock_memory;
+  g2.prefault_threads = cfg.g2.prefault_threads;
   g2.shared = shared_g2_;
   if (g2.capacity_bytes < (g2.slot_bytes + 4095) / 4096 * 4096) {
     return Status::InvalidArgument("g2.capacity_bytes = " + std::to_string(g2.capacity_bytes) +
@@ -100,40 +81,38 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     slot_meta_.resize(g2_->num_slots());
     slot_tokens_.resize(size_t{g2_->num_slots()} * tpb_);
   }
-  ns_share_ = cfg.GetDouble("g2.namespace_share");
+  ns_share_ = cfg.g2.namespace_share;
   {
     MutexLock lock(&ns_mu_);
     slot_ns_.assign(g2_->num_slots(), 0);
   }
 
   std::vector<RecoveredBlock> recovered;
-  if (cfg.GetBool("g3.enabled")) {
+  if (cfg.g3.enabled) {
     DiskTier::Config dc;
-    dc.dir = cfg.GetString("g3.dir");
-    dc.capacity_bytes = cfg.GetBytes("g3.capacity_bytes");
+    dc.dir = cfg.g3.dir;
+    dc.capacity_bytes = cfg.g3.capacity_bytes;
     dc.payload_bytes = layout_.BlockBytes();
     dc.header_bytes = G2PayloadOffset(layout_);
     dc.layout_fingerprint = layout_.Fingerprint();
-    dc.num_files = static_cast<uint32_t>(cfg.GetUint("g3.files"));
-    dc.queue_depth = static_cast<uint32_t>(cfg.GetUint("g3.queue_depth"));
-    dc.quarantine_after_errors = static_cast<uint32_t>(cfg.GetUint("g3.quarantine_after_errors"));
-    dc.reprobe_interval_ms = static_cast<uint32_t>(cfg.GetUint("g3.reprobe_interval_ms"));
+    dc.num_files = cfg.g3.files;
+    dc.queue_depth = cfg.g3.queue_depth;
+    dc.quarantine_after_errors = cfg.g3.quarantine_after_errors;
+    dc.reprobe_interval_ms = cfg.g3.reprobe_interval_ms;
     // Frequency admission is the manager's (it sees every use); the tier keeps only the budget.
     dc.admission.min_seen = 1;
-    dc.admission.write_budget_bytes_per_s = cfg.GetBytes("g3.write_budget_bytes_per_s");
+    dc.admission.write_budget_bytes_per_s = cfg.g3.write_budget_bytes_per_s;
     DiskTier::OpenOptions open = g3_open;
     if (!open.recovery_progress) open.recovery_progress = options_.g3_recovery_progress;
     auto opened = DiskTier::Open(dc, open);
     if (opened.ok()) {
       g3_ = std::move(opened->tier);
       recovered = std::move(opened->recovered);
-    } else if (cfg.IsSet("g3.dir")) {
+    } else if (cfg.g3.dir_set) {
       // A directory the user named is a tier the user asked for: it must not vanish silently
       // (a disk tier that disappears at a restart is a complaint DESIGN.md lists).
       std::string origin = "set explicitly";
-      for (const ConfigEntry& e : cfg.Entries()) {
-        if (e.spec->name == "g3.dir" && !e.origin.empty()) origin += ", from " + e.origin;
-      }
+      if (!cfg.g3.dir_origin.empty()) origin += ", from " + cfg.g3.dir_origin;
       return Status(opened.status().code(),
                     "G3 cannot open in g3.dir = " + dc.dir + " (" + origin +
                         "): " + opened.status().message() +
@@ -148,9 +127,9 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   }
 
   std::vector<uint32_t> staging;
-  if (g3_ || cfg.GetString("g4.backend") != "none") {
+  if (g3_ || cfg.g4.backend != G4Options::Backend::kNone) {
     // The staging pool (see block_manager_impl.h). Only a tier below G2 (G3, G4) needs it.
-    uint64_t target = cfg.GetUint("g2.staging_slots");
+    uint64_t target = cfg.g2.staging_slots;
     if (target == 0) target = std::clamp<uint32_t>(g2_->num_slots() / 16, 4, 64);
     target = std::min<uint64_t>(target, g2_->num_slots() / 2);
     for (uint64_t i = 0; i < target; ++i) {
@@ -162,22 +141,20 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
   }
 
   BlockIndex::Config ic;
-  ic.num_shards = static_cast<uint32_t>(cfg.GetUint("index.shards"));
-  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG2].policy, PolicyFromConfig(cfg, "g2.policy"));
+  ic.num_shards = cfg.index.shards;
+  ic.tiers[kTierG2].policy = cfg.index.g2.kind;
   ic.tiers[kTierG2].capacity_blocks = g2_->num_slots() - staging_slots_;
-  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG3].policy, PolicyFromConfig(cfg, "g3.policy"));
+  ic.tiers[kTierG3].policy = cfg.index.g3.kind;
   ic.tiers[kTierG3].capacity_blocks = g3_ ? g3_->num_slots() : 0;
-  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG2].options, PolicyOptionsFromConfig(cfg, "g2"));
-  KVTIER_ASSIGN_OR_RETURN(ic.tiers[kTierG3].options, PolicyOptionsFromConfig(cfg, "g3"));
-  for (const std::string& warning : cfg.Warnings()) KVTIER_LOG(kWarn) << warning;
+  ic.tiers[kTierG2].options = cfg.index.g2.options;
+  ic.tiers[kTierG3].options = cfg.index.g3.options;
   KVTIER_ASSIGN_OR_RETURN(index_, BlockIndex::Create(ic));
 
   AdmissionFilter::Config fc;
-  fc.min_seen = static_cast<uint32_t>(cfg.GetUint("g3.admit_min_seen"));
+  fc.min_seen = cfg.g3.admit_min_seen;
   fc.expected_keys = std::max<uint64_t>(4096, 4ull * (g3_ ? g3_->num_slots() : 0));
   KVTIER_ASSIGN_OR_RETURN(g3_filter_, AdmissionFilter::Create(fc));
-  if (const double w = cfg.GetDouble("g3.admit_max_writes_per_hit");
-      g3_ && w > 0 && fc.min_seen > 1) {
+  if (const double w = cfg.g3.admit_max_writes_per_hit; g3_ && w > 0 && fc.min_seen > 1) {
     FirstSightingGate::Config gc;
     gc.max_writes_per_hit = w;
     gc.horizon = std::max<uint64_t>(1024, g3_->num_slots());
@@ -188,15 +165,15 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     g3_gate_ = std::move(*gate);
   }
 
-  idle_ttl_ = std::chrono::milliseconds(cfg.GetUint("manager.idle_request_ttl_ms"));
+  idle_ttl_ = std::chrono::milliseconds(cfg.requests.idle_request_ttl_ms);
   // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
-  max_defer_ = std::chrono::milliseconds(cfg.GetUint("transfer.max_defer_ms"));
-  max_deferred_saves_ = static_cast<uint32_t>(std::min<uint64_t>(
-      cfg.GetUint("transfer.max_queued_saves"), g2_->num_slots() - staging_slots_));
+  max_defer_ = std::chrono::milliseconds(cfg.transfer.max_defer_ms);
+  max_deferred_saves_ = static_cast<uint32_t>(
+      std::min<uint64_t>(cfg.transfer.max_queued_saves, g2_->num_slots() - staging_slots_));
   TransferEngine::Config tc;
-  tc.copy_threads = static_cast<uint32_t>(cfg.GetUint("transfer.copy_threads"));
-  tc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("transfer.max_queued_saves"));
-  tc.stream_load_bytes = StreamLoadBytes(cfg.GetString("transfer.load_stores"));
+  tc.copy_threads = cfg.transfer.copy_threads;
+  tc.max_queued_saves = cfg.transfer.max_queued_saves;
+  tc.stream_load_bytes = StreamLoadBytes(cfg.transfer.load_stores);
   tc.device_backend_factory = device_backend_;
   KVTIER_ASSIGN_OR_RETURN(engine_, TransferEngine::Create(tc));
   KVTIER_RETURN_IF_ERROR(engine_->RegisterHostArena(g2_.get(), layout_));
@@ -222,8 +199,7 @@ Status BlockManager::Impl::Init(const DiskTier::OpenOptions& g3_open) {
     }
     // The wire hears of them too, right after its AllBlocksCleared.
     if (publisher_) publisher_->Publish(recovered_events_);
-    KVTIER_LOG(kInfo) << "G3: " << recovered.size() << " blocks recovered from "
-                      << cfg.GetString("g3.dir");
+    KVTIER_LOG(kInfo) << "G3: " << recovered.size() << " blocks recovered from " << cfg.g3.dir;
   }
   return InitMetrics();
 }
@@ -239,15 +215,15 @@ Status BlockManager::Impl::InitMetrics() {
     return q;
   };
   sources.block_bytes = layout_.BlockBytes();
-  KVTIER_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Create(options_.config, std::move(sources)));
+  KVTIER_ASSIGN_OR_RETURN(metrics_, ManagerMetrics::Create(settings_.metrics, std::move(sources)));
   if (!metrics_) return Status::Ok();
   engine_->SetIoObserver([m = metrics_.get()](TierId tier, bool write, std::chrono::nanoseconds t) {
     if (Histogram* h = m->io[tier][write ? 1 : 0]) {
       h->ObserveNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(t).count());
     }
   });
-  KVTIER_LOG(kInfo) << "metrics: serving /metrics on " << options_.config.GetString("metrics.bind")
-                    << ":" << metrics_->port();
+  KVTIER_LOG(kInfo) << "metrics: serving /metrics on " << settings_.metrics.bind << ":"
+                    << metrics_->port();
   return Status::Ok();
 }
 
@@ -255,7 +231,7 @@ BlockManager::Impl::~Impl() {
   // No scrape may read the tiers while they close. The histograms stay until the members go
   // (after engine_, below): the flush and the drain still record I/O into them.
   if (metrics_) metrics_->StopServer();
-  if (g3_ && options_.config.GetBool("g3.flush_on_close")) FlushG2ToG3();
+  if (g3_ && settings_.g3.flush_on_close) FlushG2ToG3();
   // With G4, a completion submits the next move through engine_: a save's completion submits
   // its write-through G4 write, a demotion's its G4 write. Those chains must end while engine_
   // is whole; unique_ptr::reset nulls the pointer before the destructor drains, so a chain still
@@ -273,23 +249,17 @@ BlockManager::Impl::~Impl() {
 }
 
 Status BlockManager::Impl::InitEventPublisher() {
-  const Config& cfg = options_.config;
-  if (cfg.GetString("events.endpoint").empty()) {
-    if (!cfg.GetString("events.replay_endpoint").empty()) {
-      return Status::InvalidArgument(
-          "events.replay_endpoint is set but events.endpoint is empty; set events.endpoint "
-          "(the PUB address) too, or clear both");
-    }
-    return Status::Ok();
-  }
+  // EventOptions::Validate refused a replay endpoint without a stream.
+  const EventOptions& ev = settings_.events;
+  if (ev.endpoint.empty()) return Status::Ok();
   EventPublisher::Config pc;
-  pc.endpoint = cfg.GetString("events.endpoint");
-  pc.replay_endpoint = cfg.GetString("events.replay_endpoint");
-  pc.topic = cfg.GetString("events.topic");
-  pc.queue_events = static_cast<uint32_t>(cfg.GetUint("events.queue_events"));
-  pc.replay_batches = static_cast<uint32_t>(cfg.GetUint("events.replay_batches"));
-  pc.replay_bytes = cfg.GetBytes("events.replay_bytes");
-  pc.data_parallel_rank = static_cast<int64_t>(cfg.GetUint("events.data_parallel_rank"));
+  pc.endpoint = ev.endpoint;
+  pc.replay_endpoint = ev.replay_endpoint;
+  pc.topic = ev.topic;
+  pc.queue_events = ev.queue_events;
+  pc.replay_batches = ev.replay_batches;
+  pc.replay_bytes = ev.replay_bytes;
+  pc.data_parallel_rank = static_cast<int64_t>(ev.data_parallel_rank);
   KVTIER_ASSIGN_OR_RETURN(publisher_, EventPublisher::Start(pc));
   events_wanted_.store(true);
   KVTIER_LOG(kInfo) << "events: publishing on " << publisher_->endpoint()

@@ -2,7 +2,6 @@
 // eviction writes. The design and its reasons: docs/g4.md.
 #include <string>
 
-#include "core/host_port.h"
 #include "core/log.h"
 #include "manager/block_manager_impl.h"
 #include "tier/cond_wait.h"
@@ -10,13 +9,13 @@
 namespace kvtier {
 
 Status BlockManager::Impl::InitG4() {
-  const Config& cfg = options_.config;
-  const std::string& backend = cfg.GetString("g4.backend");
-  if (backend == "none") return Status::Ok();
-  g4_write_through_ = cfg.GetBool("g4.write_through");
-  g4_lookup_deadline_ = std::chrono::milliseconds(cfg.GetUint("g4.lookup_deadline_ms"));
-  const double load_gbps = cfg.GetDouble("g4.load_gbps");
-  const double recompute_tps = cfg.GetDouble("g4.recompute_tokens_per_s");
+  const G4Options& cfg = settings_.g4;
+  if (cfg.backend == G4Options::Backend::kNone) return Status::Ok();
+  const std::string backend = G4Options::BackendName(cfg.backend);
+  g4_write_through_ = cfg.write_through;
+  g4_lookup_deadline_ = std::chrono::milliseconds(cfg.lookup_deadline_ms);
+  const double load_gbps = cfg.load_gbps;
+  const double recompute_tps = cfg.recompute_tokens_per_s;
   if (load_gbps > 0 && recompute_tps > 0) {
     const double load_s = static_cast<double>(layout_.BlockBytes()) / (load_gbps * 1e9);
     const double recompute_s = static_cast<double>(tpb_) / recompute_tps;
@@ -31,28 +30,19 @@ Status BlockManager::Impl::InitG4() {
   }
 
   Result<std::unique_ptr<RemoteStore>> opened = Status::Unavailable("no backend");
-  if (backend == "fs") {
+  // G4Options::Validate refused fs without a dir and redis without endpoints.
+  if (cfg.backend == G4Options::Backend::kFs) {
     FsStoreOptions fo;
-    fo.dir = cfg.GetString("g4.dir");
-    if (fo.dir.empty()) {
-      return Status::InvalidArgument(
-          "g4.backend = fs needs g4.dir, the shared directory (e.g. an NFS mount)");
-    }
+    fo.dir = cfg.dir;
     opened = OpenFsStore(fo);
   } else {
     RedisStoreOptions ro;
-    ro.endpoints = SplitEndpoints(cfg.GetString("g4.endpoints"));
-    if (ro.endpoints.empty()) {
-      return Status::InvalidArgument(
-          "g4.backend = redis needs g4.endpoints, e.g. 127.0.0.1:6379 (or cluster seed nodes "
-          "with g4.cluster = true)");
-    }
-    ro.cluster = cfg.GetBool("g4.cluster");
-    ro.username = cfg.GetString("g4.username");
-    ro.password = cfg.GetString("g4.password");
-    ro.connections_per_node = std::max<uint32_t>(ro.connections_per_node,
-                                                 static_cast<uint32_t>(cfg.GetUint("g4.threads")));
-    ro.max_pipeline_bytes = cfg.GetUint("g4.redis_pipeline_kib") << 10;
+    ro.endpoints = cfg.endpoints;
+    ro.cluster = cfg.cluster;
+    ro.username = cfg.username;
+    ro.password = cfg.password;
+    ro.connections_per_node = std::max<uint32_t>(ro.connections_per_node, cfg.threads);
+    ro.max_pipeline_bytes = uint64_t{cfg.redis_pipeline_kib} << 10;
     opened = OpenRedisStore(ro);
     // A malformed endpoint is the operator's mistake: refuse to start rather than run without.
     if (!opened.ok() && opened.status().Is(StatusCode::kInvalidArgument)) return opened.status();
@@ -64,10 +54,10 @@ Status BlockManager::Impl::InitG4() {
   }
   if (wrap_g4_) opened = wrap_g4_(std::move(opened).value());
   TransferEngine::RemoteConfig rc;
-  rc.threads = static_cast<uint32_t>(cfg.GetUint("g4.threads"));
-  rc.max_queued_saves = static_cast<uint32_t>(cfg.GetUint("g4.max_queued_saves"));
-  rc.load_timeout = std::chrono::milliseconds(cfg.GetUint("g4.load_deadline_ms"));
-  rc.save_timeout = std::chrono::milliseconds(cfg.GetUint("g4.save_deadline_ms"));
+  rc.threads = cfg.threads;
+  rc.max_queued_saves = cfg.max_queued_saves;
+  rc.load_timeout = std::chrono::milliseconds(cfg.load_deadline_ms);
+  rc.save_timeout = std::chrono::milliseconds(cfg.save_deadline_ms);
   // A G4 load abandoned at its deadline lends its staging slot to the store's call until the
   // call returns (TransferJob::SlotLent); then it is free again.
   rc.release_lent_slot = [this](uint32_t slot) { ReleaseG2Slot(slot); };

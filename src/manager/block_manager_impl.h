@@ -50,6 +50,7 @@
 #include "manager/g4_remover.h"
 #include "manager/hasher_cache.h"
 #include "manager/manager_metrics.h"
+#include "manager/manager_settings.h"
 #include "manager/rejected_keys.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
@@ -379,7 +380,8 @@ class BlockManager::Impl {
   // (Lookup stops before it), and a Corruption queues the object's deletion.
   void RejectG4Load(const PlannedLoad& p, const Status& st);
 
-  const ManagerOptions options_;
+  const ManagerOptions options_;  // options_.config is read once, by Create, into settings_
+  ManagerSettings settings_;      // set once by Create, before Init
   const KvLayout layout_;
   const uint32_t tpb_;
   HashAlgorithm algorithm_ = HashAlgorithm::kSha256;

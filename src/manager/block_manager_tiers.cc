@@ -53,8 +53,8 @@ void BlockManager::Impl::ReleaseG2Slot(uint32_t slot) {
 void BlockManager::Impl::FlushG2ToG3() {
   WaitForSaves();  // saves into G2 land first
   const auto start = std::chrono::steady_clock::now();
-  const uint32_t max_in_flight = std::clamp<uint32_t>(
-      static_cast<uint32_t>(options_.config.GetUint("transfer.max_queued_saves") / 2), 1, 32);
+  const uint32_t max_in_flight =
+      std::clamp<uint32_t>(settings_.transfer.max_queued_saves / 2, 1, 32);
   uint64_t written = 0;
   while (!g3_->quarantined()) {
     {

@@ -48,9 +48,9 @@ void AddManagerStats(const ManagerStats& s, uint64_t block_bytes, MetricSink& si
            {{"tier", "g3"}}, static_cast<double>(s.g3_blocks) * block_bytes);
 }
 
-Result<std::unique_ptr<ManagerMetrics>> ManagerMetrics::Create(const Config& config,
+Result<std::unique_ptr<ManagerMetrics>> ManagerMetrics::Create(const MetricsOptions& options,
                                                                Sources sources) {
-  const uint64_t port = config.GetUint("metrics.port");
+  const uint64_t port = options.port;
   if (port == 0) return std::unique_ptr<ManagerMetrics>();
   std::unique_ptr<ManagerMetrics> m(new ManagerMetrics());
   m->sources_ = std::move(sources);
@@ -84,7 +84,7 @@ Result<std::unique_ptr<ManagerMetrics>> ManagerMetrics::Create(const Config& con
              {{"queue", "g4_writes"}}, static_cast<double>(q.g4_writes_in_flight));
   });
   MetricsServer::Options so;
-  so.bind = config.GetString("metrics.bind");
+  so.bind = options.bind;
   so.port = static_cast<uint16_t>(port);
   const ManagerMetrics* self = m.get();
   KVTIER_ASSIGN_OR_RETURN(m->server_, MetricsServer::Start(so, [self] { return self->Render(); }));

@@ -13,8 +13,8 @@
 #include <functional>
 #include <memory>
 
-#include "kvtier/config.h"
 #include "kvtier/connector.h"
+#include "manager/manager_settings.h"
 #include "metrics/metrics.h"
 #include "metrics/metrics_server.h"
 
@@ -34,11 +34,12 @@ class ManagerMetrics {
     uint64_t block_bytes = 0;  // payload bytes of one block (for the bytes gauges)
   };
 
-  // Nullptr when metrics.port is 0 (off). Otherwise the histograms, the collector over
-  // `sources`, and the server listening on metrics.bind:metrics.port. Unavailable (the port is
-  // in use, the address cannot be bound) or InvalidArgument (metrics.bind is not an address)
-  // with a message saying what to change.
-  static Result<std::unique_ptr<ManagerMetrics>> Create(const Config& config, Sources sources);
+  // Nullptr when options.port (metrics.port) is 0 (off). Otherwise the histograms, the
+  // collector over `sources`, and the server listening on options.bind:options.port. Unavailable
+  // (the port is in use, the address cannot be bound) or InvalidArgument (metrics.bind is not an
+  // address) with a message saying what to change.
+  static Result<std::unique_ptr<ManagerMetrics>> Create(const MetricsOptions& options,
+                                                        Sources sources);
   // Stops the server first: no scrape runs once this returns.
   ~ManagerMetrics();
   // Stops serving /metrics (joins the server's thread); recording stays valid. Idempotent.

@@ -185,7 +185,8 @@ class Harness:
         self.worker = KvtierConnector(self.vllm_config, KVConnectorRole.WORKER,
                                       self.kv_cache_config)
         self.worker.register_kv_caches(self.kv)
-        self.worker._manager = _RecordingManager(self.worker._manager, self.commits,
+        worker_side = self.worker.connector_worker
+        worker_side._manager = _RecordingManager(worker_side._manager, self.commits,
                                                  lambda: self.step_no)
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
         cls = AsyncScheduler if async_scheduling else Scheduler

@@ -180,16 +180,14 @@ def test_events_carry_the_group_and_hide_its_tag() -> None:
 
 
 def test_hybrid_hit_takes_the_longest_boundary_every_state_group_holds_on_every_rank() -> None:
-    # The scheduler's reading of its lookups (KvtierConnector._hybrid_hit), without a vLLM:
+    # The scheduler's reading of its lookups (HybridLookup.hit), without a vLLM:
     # per rank, each state group's probes (the prompt's boundaries, longest first), then every
     # group's whole-prompt answer. Groups: state 0, state 1, full 2; prompt 1000 tokens, 128 a
     # block, nothing local: boundaries 896, 768, ..., 128.
-    from kvtier.vllm.connector import KvtierConnector
+    from kvtier.vllm.hybrid_lookup import HybridLookup
 
-    c = object.__new__(KvtierConnector)
-    c._groups = plan_groups(config([mamba(), mamba(), full()]), BS)
-    c._block_size = BS
-    ends = c._probe_ends(1000, 0)
+    c = HybridLookup(plan_groups(config([mamba(), mamba(), full()]), BS), BS)
+    ends = c.probe_ends(1000, 0)
     assert ends == [896, 768, 640, 512, 384, 256, 128]
 
     def rank(states: List[List[int]], full_tokens: int) -> List[Any]:
@@ -199,22 +197,22 @@ def test_hybrid_hit_takes_the_longest_boundary_every_state_group_holds_on_every_
     per = len(ends) * 2 + 3
     # Both groups hold 384 and 896; the full group all 7 blocks: 896.
     one = rank([[384, 896], [384, 896]], 896)
-    assert c._hybrid_hit(one, per, 1000, 0, None) == (896, (0, 5, 0, 0))
+    assert c.hit(one, per, 1000, 0, None) == (896, (0, 5, 0, 0))
     # The full group holds 5 blocks: the longest state within them is 384.
-    assert c._hybrid_hit(rank([[384, 896], [384, 896]], 640), per, 1000, 0, None)[0] == 384
+    assert c.hit(rank([[384, 896], [384, 896]], 640), per, 1000, 0, None)[0] == 384
     # One group lacks 896: 384. A cap (max_load_tokens) below 384: nothing.
-    assert c._hybrid_hit(rank([[384, 896], [384]], 896), per, 1000, 0, None)[0] == 384
-    assert c._hybrid_hit(rank([[384, 896], [384, 896]], 896), per, 1000, 0, 256)[0] == 0
+    assert c.hit(rank([[384, 896], [384]], 896), per, 1000, 0, None)[0] == 384
+    assert c.hit(rank([[384, 896], [384, 896]], 896), per, 1000, 0, 256)[0] == 0
     # Two ranks: rank 1 lost 896 in group 0: 384 for both.
     two = one + rank([[384], [384, 896]], 896)
-    assert c._hybrid_hit(two, per, 1000, 0, None)[0] == 384
+    assert c.hit(two, per, 1000, 0, None)[0] == 384
     # A local hit of 384: the boundaries above it only, the answer past it.
-    ends_after = c._probe_ends(1000, 384)
+    ends_after = c.probe_ends(1000, 384)
     assert ends_after == [896, 768, 640, 512]
     per_after = len(ends_after) * 2 + 3
     probes = [(BS if e == 896 else 0, (0, 0, 0, 0)) for _ in range(2) for e in ends_after]
     after = probes + [(0, (0, 0, 0, 0))] * 2 + [(512, (0, 4, 0, 0))]
-    assert c._hybrid_hit(after, per_after, 1000, 384, None)[0] == 896 - 384
+    assert c.hit(after, per_after, 1000, 384, None)[0] == 896 - 384
 
 
 def test_a_sliding_group_needs_only_the_window_at_the_prompts_last_boundaries() -> None:
@@ -222,12 +220,10 @@ def test_a_sliding_group_needs_only_the_window_at_the_prompts_last_boundaries() 
     # 1. The full group holds 7 blocks (896 tokens); the sliding group lost block 3, so it holds
     # blocks 0-2 contiguously (384 tokens) and blocks 4-6. Its window probes (the prompt's last
     # 4 boundaries: 896, 768, 640, 512) ask for the one block before each.
-    from kvtier.vllm.connector import KvtierConnector
+    from kvtier.vllm.hybrid_lookup import HybridLookup
 
-    c = object.__new__(KvtierConnector)
-    c._groups = plan_groups(config([sliding(), full()]), BS)
-    c._block_size = BS
-    plan = c._probe_plan(1000, 0)
+    c = HybridLookup(plan_groups(config([sliding(), full()]), BS), BS)
+    plan = c.probe_plan(1000, 0)
     assert plan == [(0, 896, 768), (0, 768, 640), (0, 640, 512), (0, 512, 384)]
     per = len(plan) + 2
 
@@ -235,17 +231,17 @@ def test_a_sliding_group_needs_only_the_window_at_the_prompts_last_boundaries() 
         probes = [(BS if e in window_held else 0, (0, 0, 0, 0)) for _, e, _ in plan]
         return probes + [(sliding_tokens, (0, 0, 0, 0)), (896, (0, 7, 0, 0))]
 
-    assert c._hybrid_hit(answers([896, 768, 640], 384), per, 1000, 0, None) == (896, (0, 7, 0, 0))
-    assert c._hybrid_hit(answers([768, 640], 384), per, 1000, 0, None)[0] == 768
+    assert c.hit(answers([896, 768, 640], 384), per, 1000, 0, None) == (896, (0, 7, 0, 0))
+    assert c.hit(answers([768, 640], 384), per, 1000, 0, None)[0] == 768
     # No window at the probed boundaries: every block from 0 is needed, as far as they go.
-    assert c._hybrid_hit(answers([], 384), per, 1000, 0, None)[0] == 384
+    assert c.hit(answers([], 384), per, 1000, 0, None)[0] == 384
     # Everything held: the full group's answer.
-    assert c._hybrid_hit(answers([], 896), per, 1000, 0, None)[0] == 896
+    assert c.hit(answers([], 896), per, 1000, 0, None)[0] == 896
     # A window of 200 tokens at block 128 needs 2 blocks before the hit's end.
-    c._groups = plan_groups(config([sliding(window=200), full()]), BS)
-    assert c._probe_plan(1000, 0)[0] == (0, 896, 640)
+    c = HybridLookup(plan_groups(config([sliding(window=200), full()]), BS), BS)
+    assert c.probe_plan(1000, 0)[0] == (0, 896, 640)
     # With a local hit of 768 the probe starts there (vLLM holds the blocks before it).
-    assert c._probe_plan(1000, 768) == [(0, 896, 768)]
+    assert c.probe_plan(1000, 768) == [(0, 896, 768)]
 
 
 def test_saves_stop_at_the_blocks_vllm_calls_publishable() -> None:
@@ -253,10 +249,10 @@ def test_saves_stop_at_the_blocks_vllm_calls_publishable() -> None:
     # saved, whatever was computed. Without the field the save covers every computed block.
     import types
 
-    from kvtier.vllm.connector import KvtierConnector, _SchedReq
     from kvtier.vllm.params import RequestControls
+    from kvtier.vllm.scheduler import KvtierScheduler, _SchedReq
 
-    c = object.__new__(KvtierConnector)
+    c = object.__new__(KvtierScheduler)
     c._groups = plan_groups(None, BS)
     c._block_size = BS
     c._settings = types.SimpleNamespace(save_decode_tokens=True, consumer_saves_prompt=False)

@@ -371,8 +371,8 @@ def _run(h: Any, rid: str, prompt: List[int]) -> int:
     h.add(rid, prompt, max_tokens=2)
     h.run()
     assert h.outputs[rid] == reference_output(prompt, 2)
-    h.worker._manager.wait_for_saves()
-    return int(h.worker._manager.stats()["hit_blocks"]["G3"])
+    h.worker.connector_worker._manager.wait_for_saves()
+    return int(h.worker.connector_worker._manager.stats()["hit_blocks"]["G3"])
 
 
 @needs_model
@@ -382,7 +382,7 @@ def test_a_restart_loads_what_was_saved_and_other_bytes_do_not(
 
     prompt = [3000 + i for i in range(5 * BS + 1)]
     first = Harness(MODEL, _g3(tmp))
-    tag = first.worker._layout_vouch.namespace_tag
+    tag = first.worker.connector_worker._layout_vouch.namespace_tag
     assert _run(first, "first", prompt) == 0
     first.shutdown()
     again = Harness(MODEL, _g3(tmp))
@@ -394,7 +394,7 @@ def test_a_restart_loads_what_was_saved_and_other_bytes_do_not(
     monkeypatch.setattr(sa, "install", lambda *a, **k: install(*a, **{**k, "isa": "amx"}))
     amx = Harness(MODEL, _g3(tmp))
     assert _run(amx, "amx", prompt) == 0, "another byte layout never loads these blocks"
-    assert amx.worker._layout_vouch.namespace_tag != tag
+    assert amx.worker.connector_worker._layout_vouch.namespace_tag != tag
     amx.shutdown()
     assert "-CPU_ATTN-p" in tag, tag
 

@@ -80,7 +80,7 @@ def pair(tmp: Path, producer_sock: str, consumer_sock: str, **extra: Any):
 
 
 def stats(h: Harness) -> Dict[str, Any]:
-    return h.worker._manager.stats()
+    return h.worker.connector_worker._manager.stats()
 
 
 def done_right(h: Harness, rids: List[str]) -> None:
@@ -99,7 +99,7 @@ def prefill(p: Harness, reqs: Dict[str, List[int]]) -> Dict[str, Any]:
         p.add(rid, pr, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
     p.run()
     done_right(p, list(reqs))
-    p.worker._manager.wait_for_saves()
+    p.worker.connector_worker._manager.wait_for_saves()
     out = {}
     for rid, pr in reqs.items():
         params = p.kv_transfer_params[rid]
@@ -130,7 +130,7 @@ def test_pd_on_one_host_decode_loads_the_prefilled_prompt_from_the_shared_g2(tmp
         assert c.scheduler_counters["pd_expected_tokens"] == loaded * BS
         # ... and saved no prompt block again: only blocks that generated tokens completed
         # (the last sampled token has no KV yet).
-        c.worker._manager.wait_for_saves()
+        c.worker.connector_worker._manager.wait_for_saves()
         decode_blocks = sum((len(pr) + 8 - 1) // BS - len(pr) // BS for pr in reqs.values())
         assert decode_blocks == 1  # r1: 107 prompt tokens + 7 generated cross 112
         assert stats(c)["saved_blocks"] == saved + decode_blocks, "the consumer saved the prompt"
@@ -158,7 +158,8 @@ def test_pd_decode_waits_for_blocks_still_in_flight_then_recomputes_what_never_c
         for _ in range(5):
             c.step()
         assert c.outputs["early"] == [], "the consumer computed before the blocks arrived"
-        assert c.scheduler_counters["pd_waits"] + c.connector._sched_counts["pd_waits"] == 1
+        assert (c.scheduler_counters["pd_waits"]
+                + c.connector.connector_scheduler._sched_counts["pd_waits"]) == 1
         prefill(p, {"early": early})
         c.run()
         done_right(c, ["early"])
@@ -186,7 +187,7 @@ def test_pd_decode_waits_for_blocks_still_in_flight_then_recomputes_what_never_c
 
 def daemon_lookups(h: Harness) -> int:
     """Lookups the consumer's scheduler sent to the daemon (kvtier.ServiceLookup's counter)."""
-    return sum(cl.stats()["lookups"] for cl in h.connector._clients)
+    return sum(cl.stats()["lookups"] for cl in h.connector.connector_scheduler._clients)
 
 
 def cpu_seconds(pid: int) -> float:

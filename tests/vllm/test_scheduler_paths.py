@@ -65,12 +65,12 @@ def check(h: Harness, expect_done: List[str]) -> None:
     assert h.wrong_commits() == []
     assert h.double_reports() == []
     assert not h.scheduler.requests, f"requests never freed: {list(h.scheduler.requests)}"
-    h.worker._manager.wait_for_saves()
-    assert h.worker._manager.stats()["pinned_blocks"] == 0
+    h.worker.connector_worker._manager.wait_for_saves()
+    assert h.worker.connector_worker._manager.stats()["pinned_blocks"] == 0
 
 
 def hits(h: Harness) -> Dict[str, int]:
-    return h.worker._manager.stats()["hit_blocks"]
+    return h.worker.connector_worker._manager.stats()["hit_blocks"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_preempt_and_resume_in_one_step_keeps_the_planned_load(tmp: Path) -> Non
         h.add(rid, p, max_tokens=30)
     # Run until every request has decoded past its prompt (its blocks are saved).
     h.run(until=lambda: all(len(h.outputs[r]) >= 10 for r in reqs))
-    h.worker._manager.wait_for_saves()
+    h.worker.connector_worker._manager.wait_for_saves()
     # reset_prefix_cache(reset_running_requests=True) preempts every running request and the
     # next step resumes them: the connector must load their prefixes in that same step.
     before = hits(h)["G2"]
@@ -184,7 +184,7 @@ def test_failed_loads_are_recomputed_and_saved_good(tmp: Path, async_load: str) 
         h.add(f"{rid}-2", p, max_tokens=4)
     h.run()
     check(h, [f"{r}-2" for r in reqs])
-    stats = h.worker._manager.stats()
+    stats = h.worker.connector_worker._manager.stats()
     assert stats["corrupt_blocks"] > 0, stats
     assert h.invalid_blocks_by_step, "the failed loads were reported to vLLM"
     for step, bad in h.invalid_blocks_by_step.items():
@@ -227,7 +227,7 @@ def test_corrupt_g4_objects_are_not_offered_in_a_loop(tmp: Path) -> None:
             h.add(f"{rid}-b", p, max_tokens=3)
         h.run(max_steps=2000)
         check(h, [f"{r}-b" for r in reqs])
-        s = h.worker._manager.stats()
+        s = h.worker.connector_worker._manager.stats()
         # One load of each request's 8 blocks fails; the manager deletes the corrupt objects
         # and never offers those keys again (without that: a load per step, forever; with only
         # the connector's bound, max_load_failures loads of each).
@@ -272,13 +272,14 @@ def test_request_controls_and_refusals(tmp: Path) -> None:
     # request that may not store in G2 saves nothing.
     h.scheduler.reset_prefix_cache()
     h.add("g3-only", p, max_tokens=2, kv_transfer_params={"kvtier": {"load_tiers": ["G3"]}})
-    saved = h.worker._manager.stats()["saved_blocks"]
+    saved = h.worker.connector_worker._manager.stats()["saved_blocks"]
     h.add("no-g2", prompt(5, 6 * BS + 2), max_tokens=2,
           kv_transfer_params={"kvtier": {"store_tiers": ["G3", "G4"]}})
     h.run()
     check(h, ["g3-only", "no-g2"])
     assert hits(h)["G2"] == 2, "g3-only loaded nothing from G2"
-    assert h.worker._manager.stats()["saved_blocks"] == saved, "no-g2 stored nothing"
+    assert h.worker.connector_worker._manager.stats()["saved_blocks"] == saved, \
+        "no-g2 stored nothing"
     h.shutdown()
 
 
@@ -289,9 +290,9 @@ def test_late_lookup_after_finish_leaves_nothing(tmp: Path) -> None:
     check(h, ["x"])
     # A lookup that reaches the worker after the request's end (it was in flight on the
     # channel) is answered without the manager keeping anything.
-    n, _ = h.worker._lookup("x#0", prompt(3, 3 * BS + 1), 0, "", "", [], "", "")
+    n, _ = h.worker.connector_worker._lookup("x#0", prompt(3, 3 * BS + 1), 0, "", "", [], "", "")
     assert n == 0
-    s = h.worker._manager.stats()
+    s = h.worker.connector_worker._manager.stats()
     if "tracked_requests" in s:
         assert s["tracked_requests"] == 0, s
     h.shutdown()

@@ -229,7 +229,7 @@ def test_a_request_that_skips_cache_reads_is_not_looked_up_for_loads(tmp: Path) 
         h.add("first", prompt, max_tokens=2)
         h.run()
         h.scheduler.reset_prefix_cache()
-        m = h.worker._manager
+        m = h.worker.connector_worker._manager
         before = m.stats()
         pinned: List[int] = []
         h.hooks_before_execute.append(lambda hh, so: pinned.append(m.stats()["pinned_blocks"]))
@@ -269,15 +269,15 @@ def test_prompt_logprobs_bound_the_hit_on_vllm_034(tmp: Path) -> None:
         h.add("first", prompt, max_tokens=2)
         h.run()
         h.scheduler.reset_prefix_cache()
-        before = h.worker._manager.stats()["hit_blocks"]
-        looked = h.worker._manager.stats()["lookup_blocks"]
+        before = h.worker.connector_worker._manager.stats()["hit_blocks"]
+        looked = h.worker.connector_worker._manager.stats()["lookup_blocks"]
         answers = _spy_on_lookups(h)
         h.add("logprobs", prompt, max_tokens=2, prompt_logprobs=1)
         req = h.scheduler.requests["logprobs"]
         assert compat.prefix_cache_hit_limit(req) is not None and compat.skips_external_kv(req)
         h.run()
-        assert h.worker._manager.stats()["hit_blocks"] == before
-        assert h.worker._manager.stats()["lookup_blocks"] == looked
+        assert h.worker.connector_worker._manager.stats()["hit_blocks"] == before
+        assert h.worker.connector_worker._manager.stats()["lookup_blocks"] == looked
         assert all(a == (0, False) for a in answers["logprobs"]), answers
     finally:
         h.shutdown()

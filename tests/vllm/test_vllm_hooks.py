@@ -72,12 +72,12 @@ def check(h: Harness, expect_done: List[str]) -> None:
     assert h.wrong_commits() == []
     assert h.double_reports() == []
     assert not h.scheduler.requests, f"requests never freed: {list(h.scheduler.requests)}"
-    h.worker._manager.wait_for_saves()
-    assert h.worker._manager.stats()["pinned_blocks"] == 0
+    h.worker.connector_worker._manager.wait_for_saves()
+    assert h.worker.connector_worker._manager.stats()["pinned_blocks"] == 0
 
 
 def hits(h: Harness) -> Dict[str, int]:
-    return h.worker._manager.stats()["hit_blocks"]
+    return h.worker.connector_worker._manager.stats()["hit_blocks"]
 
 
 def fill_g3(tmp: Path, reqs: Dict[str, List[int]]) -> None:
@@ -117,23 +117,24 @@ class HeldSaves:
 def test_sleep_drains_kvtiers_saves_and_serves_old_kv_only_without_a_reset(
         tmp: Path, reset_connector: bool) -> None:
     h = Harness(MODEL, config(tmp))
-    held = HeldSaves(h.worker._manager)
-    h.worker._manager = held
+    held = HeldSaves(h.worker.connector_worker._manager)
+    h.worker.connector_worker._manager = held
     reqs = {f"s{i}": prompt(i, 4 * BS + 5) for i in range(3)}
     for rid, p in reqs.items():
         h.add(rid, p, max_tokens=30)
     h.run(until=lambda: all(len(h.outputs[r]) >= 6 for r in reqs))
-    assert h.worker._manager.stats()["saved_blocks"] == 0, "the saves are still to be copied"
+    assert h.worker.connector_worker._manager.stats()["saved_blocks"] == 0, \
+        "the saves are still to be copied"
     # vLLM's sleep (pause mode "keep", then level 1): the running requests are preempted and
     # the prefix cache reset (the connector's too unless reset_connector=False); the worker
     # hears of the preemption only at the next step, after the wake-up.
     assert h.scheduler.reset_prefix_cache(reset_running_requests=True,
                                           reset_connector=reset_connector)
     h.worker.unregister_kv_caches()
-    drained = h.worker._manager.stats()
+    drained = h.worker.connector_worker._manager.stats()
     assert drained["saved_blocks"] + drained["dropped_saves"] >= 3 * 4, drained
-    h.worker._manager.wait_for_saves()  # nothing was left to start
-    again = h.worker._manager.stats()
+    h.worker.connector_worker._manager.wait_for_saves()  # nothing was left to start
+    again = h.worker.connector_worker._manager.stats()
     assert (again["saved_blocks"], again["dropped_saves"]) == \
         (drained["saved_blocks"], drained["dropped_saves"])
     h.worker.unregister_kv_caches()  # idempotent
@@ -238,15 +239,16 @@ def test_loads_refused_while_asleep_are_reported_failed_in_every_form() -> None:
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                             KVCacheGroupSpec, SlidingWindowSpec)
 
-    from kvtier.vllm.connector import KvtierConnector, LoadSpec
     from kvtier.vllm.groups import plan_groups
+    from kvtier.vllm.metadata import LoadSpec
+    from kvtier.vllm.worker import KvtierWorker
 
     spec = dict(block_size=BS, num_kv_heads=2, head_size=64, dtype=torch.float32)
     hybrid = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["model.layers.0.attn"], SlidingWindowSpec(sliding_window=BS, **spec)),
         KVCacheGroupSpec(["model.layers.1.attn"], FullAttentionSpec(**spec))])
-    c = object.__new__(KvtierConnector)
-    c._init_worker()
+    c = object.__new__(KvtierWorker)
+    c._init_state()
     c._groups = plan_groups(hybrid, BS)
     c._block_size = BS
     c._manager = object()  # any call to it would fail the test
@@ -275,7 +277,7 @@ def test_a_kv_cache_that_comes_back_elsewhere_is_refused_for_good(tmp: Path) -> 
         h.worker.restore_kv_caches()
     with pytest.raises(KvtierSleepError):
         h.worker.restore_kv_caches()
-    assert h.worker._worker_counts["sleep_address_changes"] == 2
+    assert h.worker.connector_worker._worker_counts["sleep_address_changes"] == 2
     # kvtier stays off the KV cache: the prompt it holds is computed, not loaded.
     h.scheduler.reset_prefix_cache()
     g2 = hits(h)["G2"]
@@ -346,9 +348,9 @@ def _predict_then_schedule(h: Harness, reqs: Dict[str, Any]) -> Dict[str, bool]:
     for rid, (p, params) in reqs.items():
         h.add(rid, p, max_tokens=2, kv_transfer_params=params)
         predicted[rid] = h.connector.may_load_async(h.scheduler.requests[rid])
-        h.connector._reqs[rid].lookup_async = None  # type: ignore[assignment]
+        h.connector.connector_scheduler._reqs[rid].lookup_async = None  # type: ignore[assignment]
     h.step()  # every request is looked up by the scheduler in this step
-    actual = {rid: h.connector._reqs[rid].lookup_async for rid in reqs}
+    actual = {rid: h.connector.connector_scheduler._reqs[rid].lookup_async for rid in reqs}
     assert all(isinstance(a, bool) for a in actual.values()), actual
     for rid in reqs:
         assert predicted[rid] == actual[rid], (rid, predicted, actual)
@@ -360,7 +362,8 @@ def test_may_load_async_is_true_exactly_for_g3_loads(tmp: Path) -> None:
     fill_g3(tmp, cold)
     h = Harness(MODEL, g3_config(tmp), num_blocks=96, max_num_seqs=8,
                 max_num_batched_tokens=1024)
-    h.connector._settings.pd_wait_ms = 20  # the consumer below waits for nothing
+    # The consumer below waits for nothing.
+    h.connector.connector_scheduler._settings.pd_wait_ms = 20
     h.add("g2", prompt(2, 6 * BS + 3), max_tokens=2)
     h.run()
     h.scheduler.reset_prefix_cache()
@@ -374,7 +377,7 @@ def test_may_load_async_is_true_exactly_for_g3_loads(tmp: Path) -> None:
     })
     assert got == {"g3-hit": True, "g2-hit": False, "miss": False, "g3-but-g2-only": False,
                    "g3-but-no-load": False, "one-block": False}
-    counts = h.scheduler_counters + h.connector._sched_counts
+    counts = h.scheduler_counters + h.connector.connector_scheduler._sched_counts
     # The requests that could not load asynchronously were answered without a lookup.
     assert counts["async_probes"] == 3, counts
     # A P/D consumer waiting for a producer: its blocks may not be there yet to ask about.
@@ -386,14 +389,15 @@ def test_may_load_async_is_true_exactly_for_g3_loads(tmp: Path) -> None:
     h.shutdown()
     # Where nothing is asynchronous, no request is asked about.
     n = Harness(MODEL, g3_config(tmp, **{"g3.dir": str(tmp / "g3-other")}))
-    n.connector._settings.async_load = "never"
+    n.connector.connector_scheduler._settings.async_load = "never"
     n.add("x", cold["g3"], max_tokens=2)
     assert n.connector.may_load_async(n.scheduler.requests["x"]) is False
     g2only = Harness(MODEL, config(tmp))
     g2only.add("y", cold["g3"], max_tokens=2)
     assert g2only.connector.may_load_async(g2only.scheduler.requests["y"]) is False
     for x in (n, g2only):
-        assert (x.scheduler_counters + x.connector._sched_counts)["async_probes"] == 0
+        counts = x.scheduler_counters + x.connector.connector_scheduler._sched_counts
+        assert counts["async_probes"] == 0
         x.run()
         x.shutdown()
 
@@ -407,8 +411,8 @@ def test_may_load_async_late_lookup_says_true_and_is_reused(tmp: Path) -> None:
     from kvtier.vllm import lookup as channel
 
     with channel._LOCAL_LOCK:
-        del channel._LOCAL[h.worker._server._key]
-    real_lookup = h.worker._manager.lookup
+        del channel._LOCAL[h.worker.connector_worker._server._key]
+    real_lookup = h.worker.connector_worker._manager.lookup
     calls = []
 
     def slow_lookup(*args: Any, **kwargs: Any) -> Any:
@@ -416,10 +420,10 @@ def test_may_load_async_late_lookup_says_true_and_is_reused(tmp: Path) -> None:
         time.sleep(0.02)  # longer than may_load_async waits
         return real_lookup(*args, **kwargs)
 
-    h.worker._manager.lookup = slow_lookup
+    h.worker.connector_worker._manager.lookup = slow_lookup
     h.add("late", prompt(6, 6 * BS + 3), max_tokens=2)  # a miss, but the answer comes late
     assert h.connector.may_load_async(h.scheduler.requests["late"]) is True
-    counts = h.connector._sched_counts
+    counts = h.connector.connector_scheduler._sched_counts
     assert counts["async_probes_late"] == 1, counts
     h.run()
     check(h, ["late"])

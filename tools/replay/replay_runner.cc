@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "cli/service_env.h"
-#include "core/policy_names.h"
+#include "index/policy_names.h"
 #include "policies/lab_policies.h"
 #include "replay/replay_host_g1.h"
 

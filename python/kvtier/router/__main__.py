@@ -65,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             block_bytes = _model_block_bytes(a.model, a.block_size, a.dtype_bytes)
         settings = RouterSettings(tokens_per_block=a.block_size, block_bytes=block_bytes,
                                   prefill_tokens_per_s=a.prefill_tokens_per_s,
-                                  load_gbps=gbps, queue_weight=a.queue_weight,  # type: ignore
+                                  load_gbps=gbps, queue_weight=a.queue_weight,
                                   policy=a.policy, tokenizer=a.tokenizer, topic=a.topic,
                                   health_interval_s=a.health_interval, pd=a.pd,
                                   pd_prefill_timeout_s=a.pd_prefill_timeout)

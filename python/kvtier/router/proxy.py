@@ -9,6 +9,7 @@ response through. docs/router.md has the design.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -127,7 +128,7 @@ class Router:
         for i, spec in enumerate(workers):
             self.index.add_worker(i)
             w = Worker(id=i, spec=spec)
-            for ep, rep in zip(spec.events, spec.replay):
+            for ep, rep in zip(spec.events, spec.replay, strict=False):
                 w.streams.append(StreamState(endpoint=ep, replay_endpoint=rep or None,
                                              topic=settings.topic))
                 w.translators.append(EventTranslator(settings.model_id, settings.tokens_per_block))
@@ -175,10 +176,8 @@ class Router:
             for w in self.workers:
                 ok = False
                 try:
-                    async with self._session.get(
-                            w.spec.url + "/health",
-                            timeout=aiohttp.ClientTimeout(total=max(0.5,
-                                                                    self.s.health_interval_s))) as r:
+                    timeout = aiohttp.ClientTimeout(total=max(0.5, self.s.health_interval_s))
+                    async with self._session.get(w.spec.url + "/health", timeout=timeout) as r:
                         ok = r.status == 200
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                     ok = False
@@ -214,9 +213,9 @@ class Router:
 
             self._local_tok = AutoTokenizer.from_pretrained(self.s.tokenizer)
         for w in self.workers:
-            for st, tr in zip(w.streams, w.translators):
+            for st, tr in zip(w.streams, w.translators, strict=False):
                 self._tasks.append(asyncio.create_task(subscribe(
-                    st, tr, lambda evs, cl, w=w: self._apply(w, evs, cl), self._stop)))
+                    st, tr, functools.partial(self._apply, w), self._stop)))
         self._tasks.append(asyncio.create_task(self._health()))
 
     async def stop(self) -> None:
@@ -309,7 +308,7 @@ class Router:
                                               "candidates": cands, "chosen": best}
 
     async def proxy(self, request: Any) -> Any:
-        from aiohttp import ClientError, web
+        from aiohttp import web
 
         self.counters["requests"] += 1
         raw = await request.read()
@@ -432,7 +431,7 @@ class Router:
                              "last_seq": st.last_seq, "gaps": st.gaps, "replayed": st.replayed,
                              "restarts": st.restarts, "decode_errors": st.decode_errors,
                              "translator": vars(tr.stats)}
-                            for st, tr in zip(w.streams, w.translators)],
+                            for st, tr in zip(w.streams, w.translators, strict=False)],
             })
         return out
 

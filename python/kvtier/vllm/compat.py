@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 # (major, minor) of every vLLM release line kvtier's tests run against (tests/vllm/, and the
 # version matrix of tests/vllm/run-matrix.sh).
@@ -342,7 +342,7 @@ def kv_cache_update(impl: Any) -> Optional[KvCacheUpdate]:
         return None
     if params[:5] != ["layer", "key", "value", "kv_cache", "slot_mapping"]:
         return None
-    return fn
+    return cast(KvCacheUpdate, fn)
 
 
 def has_sleep_hooks() -> bool:

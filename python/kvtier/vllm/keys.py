@@ -165,7 +165,7 @@ def _local_model_dir(model: str, revision: Optional[str]) -> Optional[str]:
     try:  # a hub id: the local snapshot, when vLLM downloaded one
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(model, revision=revision, local_files_only=True)
+        return str(snapshot_download(model, revision=revision, local_files_only=True))
     except Exception:
         return None
 

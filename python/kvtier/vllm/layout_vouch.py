@@ -33,7 +33,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -164,7 +164,8 @@ def _bytes(t: torch.Tensor, order: Sequence[int]) -> bytes:
     """t's bytes in memory order (t: a dense chunk whose dimensions, outermost first, are
     `order` followed by its size-1 dimensions)."""
     full = list(order) + [i for i in range(t.dim()) if i not in order]
-    return t.permute(full).contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return cast(bytes,
+                t.permute(full).contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
 
 
 @dataclasses.dataclass
@@ -420,6 +421,9 @@ def _run_probe(g: _Group, ratio: int, input_dtype: Optional[torch.dtype], checke
     elif not g.shape_ok:  # a kernel handed a tensor of another shape may crash the device
         why = "the tensor's shape is not the layer's"
     if not why:
+        # Else `why` says why not; shape_ok means _shape_problems found both sizes declared.
+        assert info is not None and update is not None
+        assert info.num_kv_heads is not None and info.head_size is not None
         try:
             g.probe = byte_probe(update, g.module, g.tensor, ratio, info.num_kv_heads,
                                  info.head_size, info.head_size_v or 0,
@@ -434,6 +438,7 @@ def _run_probe(g: _Group, ratio: int, input_dtype: Optional[torch.dtype], checke
     if why:
         notes.append(f"{where} ({g.backend}): no byte probe ({why}); static fingerprint")
     else:
+        assert g.probe is not None  # the probe ran and returned
         checked.append(f"{where}: byte probe (block-local"
                        f"{', a rearrangement of K and V' if g.probe.rearranged else ''})")
 

@@ -64,7 +64,7 @@ def _layer_order(name: str, fallback: int) -> Tuple[int, int]:
 
 def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
     """True when these dimensions cover one gap-free range, in some order."""
-    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
+    dims = sorted((st, sz) for sz, st in zip(shape, stride, strict=False) if sz != 1)
     expect = 1
     for st, sz in dims:
         if st != expect:

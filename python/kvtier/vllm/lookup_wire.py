@@ -36,7 +36,7 @@ from __future__ import annotations
 import array
 import struct
 import sys
-from typing import Collection, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Collection, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 MAGIC = b"KVTL"
 VERSION = 1
@@ -82,7 +82,8 @@ MAX_SERVER_BODY = max(_HELLO.size, _REPLY.size + MAX_TEXT_BYTES, _REFUSED.size +
 
 # Tokens travel as an array of 4-byte unsigned ints; array's own typecode of that size, swapped
 # on a big-endian host so that the wire stays little-endian.
-_U32_CODE = next(c for c in "IL" if array.array(c).itemsize == 4)
+_U32_CODE: Literal["I", "L"] = "I" if array.array("I").itemsize == 4 else "L"
+assert array.array(_U32_CODE).itemsize == 4, "no 4-byte typecode in array"
 _SWAP = sys.byteorder != "little"
 
 
@@ -231,7 +232,7 @@ def body_length(prefix: Buffer, limit: int) -> int:
     `limit` (checked before any byte of the body is read or allocated)."""
     if len(prefix) != PREFIX_BYTES:
         raise WireError(f"a length prefix is {PREFIX_BYTES} bytes, not {len(prefix)}")
-    (n,) = _PREFIX.unpack(prefix)
+    n: int = _PREFIX.unpack(prefix)[0]
     if n < _HEADER.size:
         raise WireError(f"a frame of {n} bytes is shorter than the {_HEADER.size}-byte header")
     if n > limit:

@@ -5,7 +5,7 @@ KVCacheEvent format."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, cast
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -79,7 +79,7 @@ _PATHS = tuple(_path_name(f"G{a}->G{b}") for a in range(1, 5) for b in range(1, 
 
 
 @dataclasses.dataclass
-class KvtierConnectorStats(KVConnectorStats):
+class KvtierConnectorStats(KVConnectorStats):  # type: ignore[misc]  # vLLM's class: Any to mypy
     """Counters since the last report, summed over workers (vLLM aggregates them)."""
 
     def __post_init__(self) -> None:
@@ -101,7 +101,7 @@ class KvtierConnectorStats(KVConnectorStats):
         return not any(self.data.values())
 
 
-class KvtierPromMetrics(KVConnectorPromMetrics):
+class KvtierPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]  # vLLM's class: Any to mypy
     """kvtier's counters in vLLM's own /metrics, as vllm:kvtier_* counters."""
 
     def __init__(self, vllm_config: "VllmConfig", metric_types: Dict[type, type],
@@ -137,7 +137,7 @@ class KvtierPromMetrics(KVConnectorPromMetrics):
                 per_engine[engine_idx].inc(value)
 
 
-class KvtierKVEvents(KVConnectorKVEvents):
+class KvtierKVEvents(KVConnectorKVEvents):  # type: ignore[misc]  # vLLM's class: Any to mypy
     """kvtier's store/remove events from the workers, on their way to take_events()."""
 
     def __init__(self, num_workers: int) -> None:
@@ -155,10 +155,10 @@ class KvtierKVEvents(KVConnectorKVEvents):
         self._aggregator.increment_workers(count)
 
     def get_all_events(self) -> List[KVCacheEvent]:
-        return self._aggregator.get_all_events()
+        return cast(List[KVCacheEvent], self._aggregator.get_all_events())
 
     def get_number_of_workers(self) -> int:
-        return self._aggregator.get_number_of_workers()
+        return int(self._aggregator.get_number_of_workers())
 
     def clear_events(self) -> None:
         self._aggregator.clear_events()

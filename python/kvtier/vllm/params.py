@@ -23,7 +23,7 @@ alone (no load, no save) and says why once: a typo never silently changes what i
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 _TIERS = ("G2", "G3", "G4")
 
@@ -44,7 +44,7 @@ class RequestControls:
     def parse(params: Optional[Mapping[str, Any]]) -> "RequestControls":
         if not params:
             return RequestControls()
-        flags = {}
+        flags: Dict[str, bool] = {}
         for name, field in (("do_remote_prefill", "remote_prefill"),
                             ("do_remote_decode", "remote_decode")):
             value = params.get(name, False)
@@ -53,7 +53,8 @@ class RequestControls:
                                              f"not {value!r}")
             flags[field] = value
         if "kvtier" not in params:
-            return RequestControls(**flags)
+            return RequestControls(remote_prefill=flags["remote_prefill"],
+                                   remote_decode=flags["remote_decode"])
         raw = params["kvtier"]
         if not isinstance(raw, Mapping):
             return RequestControls(error=f"kv_transfer_params.kvtier must be an object, not "
@@ -89,4 +90,6 @@ class RequestControls:
                 lists[name] = ",".join(t for t in _TIERS if t in tiers)
         return RequestControls(save=raw.get("save", True), load=raw.get("load", True),
                                max_load_tokens=cap, load_tiers=lists["load_tiers"],
-                               store_tiers=lists["store_tiers"], expect_tokens=expect, **flags)
+                               store_tiers=lists["store_tiers"], expect_tokens=expect,
+                               remote_prefill=flags["remote_prefill"],
+                               remote_decode=flags["remote_decode"])

@@ -7,9 +7,10 @@
 // library kvtier_lab), where `kvtier sim` and `kvtier replay` still run them; the config
 // (gN.policy) and the manager refuse them, naming where to use them.
 //
-// Kept here, below the index, because the config schema (core) needs the names and cannot
-// include the index; src/index/eviction_policy.h classifies each PolicyKind through these lists,
-// and tests/policy_options_test.cc checks that every kind is in exactly one of them.
+// The index owns the names: the gN.policy keys take their choices and their screen from here
+// (manager_config_keys.cc, policy_config_keys.h; core's Config knows no key nor policy by
+// name), and src/index/eviction_policy.h classifies each PolicyKind through these lists;
+// tests/eviction_policy_test.cc checks that every kind is in exactly one of them.
 //
 // Thread safety: the lists are constants; the lab switch is an atomic flag.
 #pragma once

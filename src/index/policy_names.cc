@@ -1,4 +1,4 @@
-#include "core/policy_names.h"
+#include "index/policy_names.h"
 
 #include <algorithm>
 #include <atomic>
