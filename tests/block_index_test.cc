@@ -2,11 +2,13 @@
 
 #include <atomic>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "policies/lab_policies.h"
 #include "sim/belady_policy.h"
 
 namespace kvtier {
@@ -14,15 +16,24 @@ namespace {
 
 BlockKey K(uint64_t i) { return BlockKey{i * 0x9e3779b97f4a7c15ull + 1, i}; }
 
+// An index whose tiers run `policy`. A lab policy (lineage-lru, the default here) is installed
+// with ReplacePolicy, as a replay installs Belady's oracle: BlockIndex::Create refuses it.
 std::unique_ptr<BlockIndex> MakeIndex(PolicyKind policy = PolicyKind::kLineageLru) {
   BlockIndex::Config cfg;
   cfg.num_shards = 8;
   for (auto& t : cfg.tiers) {
-    t.policy = policy;
+    t.policy = IsLabPolicy(policy) ? PolicyKind::kLru : policy;
     t.capacity_blocks = 64;
   }
   auto index = BlockIndex::Create(cfg);
   EXPECT_TRUE(index.ok()) << index.status().ToString();
+  if (IsLabPolicy(policy)) {
+    for (TierId t = 0; t < kNumTiers; ++t) {
+      auto lab = MakeLabEvictionPolicy(policy, 64);
+      EXPECT_TRUE(lab.ok()) << lab.status().ToString();
+      EXPECT_TRUE((*index)->ReplacePolicy(t, std::move(lab).value()).ok());
+    }
+  }
   return std::move(index).value();
 }
 
@@ -127,6 +138,25 @@ TEST(BlockIndexTest, ConfigValidation) {
   cfg.num_shards = 16;
   cfg.tiers[kTierG2].policy = PolicyKind::kBelady;
   EXPECT_EQ(BlockIndex::Create(cfg).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The manager builds its index from g2.policy / g3.policy: a lab policy that reached it (the
+// config refuses them too) is refused by name, with where to run it.
+TEST(BlockIndexTest, RefusesALabPolicyNamingWhereToRunIt) {
+  BlockIndex::Config cfg;
+  cfg.num_shards = 8;
+  for (PolicyKind lab : {PolicyKind::kLineageLru, PolicyKind::kLeafFirstLru, PolicyKind::kS3Fifo}) {
+    cfg.tiers[kTierG3].policy = lab;
+    auto index = BlockIndex::Create(cfg);
+    ASSERT_FALSE(index.ok()) << PolicyKindName(lab);
+    EXPECT_EQ(index.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(index.status().message().find(std::string(PolicyKindName(lab)) +
+                                            " is a lab policy (docs/policy-study.md): use it "
+                                            "with kvtier sim / replay; the product offers: "
+                                            "adaptive,"),
+              std::string::npos)
+        << index.status().message();
+  }
 }
 
 TEST(BlockIndexTest, ReplacePolicyOnlyWhenEmpty) {

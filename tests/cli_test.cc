@@ -74,6 +74,17 @@ TEST(CliTest, BenchIndexJsonHasTheKeys) {
   }
 }
 
+// The benchmark measures the product's hot path: a lab policy (docs/policies.md) is refused,
+// saying where it runs.
+TEST(CliTest, BenchIndexRefusesALabPolicy) {
+  CliRun r = Kvtier("bench index --tokens 64 --reps 1 --policies lru,s3fifo");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--policies: s3fifo is a lab policy (docs/policy-study.md): use it with "
+                       "kvtier sim / replay; the product offers: adaptive,"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(CliTest, BenchArenaJson) {
   CliRun r = Kvtier("bench arena --bytes 16MiB --reps 1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "cli_run.h"
+#include "index/policy_names.h"
 
 namespace kvtier {
 namespace {
@@ -54,7 +55,8 @@ TEST(ConfigTest, SetValidatesAndNamesFieldValueAndRange) {
   EXPECT_NE(s.message().find("from 1 to 4096"), std::string::npos) << s.message();
   EXPECT_EQ(c.GetUint("g3.queue_depth"), 32u) << "a refused value changes nothing";
   EXPECT_FALSE(c.Set("g2.policy", "random").ok());
-  EXPECT_NE(c.Set("g2.policy", "random").message().find("lineage-lru"), std::string::npos);
+  EXPECT_NE(c.Set("g2.policy", "random").message().find("hit-density"), std::string::npos)
+      << "the refusal lists the product's policies";
   EXPECT_FALSE(c.Set("g2.hugepages", "maybe").ok());
   EXPECT_FALSE(c.Set("g2.capacity_bytes", "12 parsecs").ok());
   EXPECT_FALSE(c.Set("index.shards", "12").ok()) << "not a power of two";
@@ -344,7 +346,7 @@ TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
   EXPECT_NE(w[0].find("set g2.policy = credit-lru or adaptive, or remove the setting"),
             std::string::npos)
       << w[0];
-  ASSERT_TRUE(c.Set("g3.policy", "s3fifo").ok());
+  ASSERT_TRUE(c.Set("g3.policy", "arc").ok());
   EXPECT_EQ(c.Warnings().size(), 2u);
   ASSERT_TRUE(c.Set("g2.policy", "credit-lru").ok());
   ASSERT_TRUE(c.Set("g3.policy", "credit-lru").ok());
@@ -359,6 +361,59 @@ TEST(ConfigTest, CreditLruSettingsUnderAnotherPolicyAreWarnings) {
       << w[0];
   ASSERT_TRUE(c.Set("g2.policy", "adaptive").ok());
   EXPECT_TRUE(c.Warnings().empty()) << "adaptive reads both credit_lru.* and adaptive.*";
+}
+
+// The lab's policies (docs/policies.md: they did not earn a place in the product) are refused
+// by name from every source, saying where they run and what the product offers; the product's
+// are accepted. Only a lab process (EnableLabPolicies, lab/policies) turns the switch on.
+constexpr const char* kLabPolicies[] = {"lineage-lru", "leaf-first-lru", "s3fifo", "belady"};
+
+std::string LabRefusal(const std::string& name) {
+  return name +
+         " is a lab policy (docs/policy-study.md): use it with kvtier sim / replay; the product "
+         "offers: adaptive, credit-lru, lru, arc, w-tinylfu, hit-density";
+}
+
+TEST(ConfigTest, LabPoliciesAreRefusedSayingWhereToRunThem) {
+  Config c;
+  for (const char* field : {"g2.policy", "g3.policy"}) {
+    for (const char* name : kLabPolicies) {
+      Status s = c.Set(field, name);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << field << " " << name;
+      EXPECT_EQ(s.message(), std::string(field) + " = '" + name + "': " + LabRefusal(name));
+      EXPECT_EQ(c.GetString(field), "adaptive") << "a refused value changes nothing";
+    }
+    for (const char* name : {"adaptive", "credit-lru", "lru", "arc", "w-tinylfu", "hit-density"}) {
+      EXPECT_TRUE(c.Set(field, name).ok()) << field << " " << name;
+    }
+  }
+  Status env = c.LoadEnvironment({"KVTIER_G3_POLICY=s3fifo"});
+  EXPECT_EQ(env.message(), "g3.policy = 's3fifo' (from KVTIER_G3_POLICY): " + LabRefusal("s3fifo"));
+
+  // The lab's switch: accepted while it is on, refused again once it is off.
+  SetLabPolicyNamesAccepted(true);
+  EXPECT_TRUE(c.Set("g2.policy", "lineage-lru").ok());
+  EXPECT_EQ(c.GetString("g2.policy"), "lineage-lru");
+  SetLabPolicyNamesAccepted(false);
+  EXPECT_FALSE(c.Set("g2.policy", "lineage-lru").ok());
+}
+
+TEST_F(ConfigFileTest, LabPolicyInAFileIsRefusedWithItsLine) {
+  Config c;
+  Status s = c.LoadFile(Write("[g2]\ncapacity_bytes = \"1GiB\"\npolicy = \"leaf-first-lru\"\n"));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("g2.policy = 'leaf-first-lru' (from " + dir_ +
+                             "/kvtier.toml:3): " + LabRefusal("leaf-first-lru")),
+            std::string::npos)
+      << s.message();
+}
+
+// `kvtier config` (the product's command) refuses one too, and exits non-zero.
+TEST(ConfigTest, ConfigCommandRefusesALabPolicy) {
+  const cli_run::CliRun run =
+      cli_run::RunShell("KVTIER_G2_POLICY=s3fifo " + std::string(KVTIER_CLI_PATH) + " config 2>&1");
+  EXPECT_NE(run.exit_code, 0) << run.out;
+  EXPECT_NE(run.out.find(LabRefusal("s3fifo")), std::string::npos) << run.out;
 }
 
 // `kvtier config` shows the keys and their sources, prints the warning and still succeeds.

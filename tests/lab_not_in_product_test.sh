@@ -2,9 +2,10 @@
 # The product never links the lab (docs/architecture.md, "The product and the lab"): fails when
 # libkvtier.so defines a symbol that the lab library defines (its own code: strong symbols only,
 # since inline functions and template instances of the standard library may be in both), or a
-# symbol named after the simulator, Belady's oracle or the trace readers (the header-only JSONL
-# reader leaves only weak symbols behind, which the first check cannot tell from the standard
-# library's).
+# symbol named after the simulator, Belady's oracle, the trace readers or the lab's eviction
+# policies (lineage-lru and leaf-first-lru, s3fifo: lab/policies; docs/policies.md) (the
+# header-only JSONL reader leaves only weak symbols behind, which the first check cannot tell
+# from the standard library's).
 # Usage: lab_not_in_product_test.sh LIBKVTIER_SO LIBKVTIER_LAB_A. Exit 77 (skip) without nm.
 set -euo pipefail
 so=$1
@@ -27,7 +28,7 @@ so_syms=$(nm --defined-only "$so" | awk 'NF == 3 { print $3 }' | sort -u)
 shared=$(comm -12 <(echo "$lab_syms") <(echo "$so_syms"))
 
 # The lab's names, demangled, wherever they are defined in the .so (any binding).
-names='BeladyPolicy|MakeBeladyPolicy|SimulatePolicy|SimulateUnbounded|MooncakeTrace|TraceReferences|TraceBlockKey|TraceRootKey|CapacityForFraction|SimResult|JsonLineParser|OpenTraceFile|kMaxTraceLine|ReplayTrace|MooncakeToken|kvtier::Trace\b'
+names='BeladyPolicy|MakeBeladyPolicy|SimulatePolicy|SimulateUnbounded|MooncakeTrace|TraceReferences|TraceBlockKey|TraceRootKey|CapacityForFraction|SimResult|JsonLineParser|OpenTraceFile|kMaxTraceLine|ReplayTrace|MooncakeToken|kvtier::Trace\b|LineageLruPolicy|S3FifoPolicy|MakeLabEvictionPolicy|EnableLabPolicies'
 named=$(nm -C --defined-only "$so" | grep -E "$names" || true)
 
 if [ -n "$shared" ] || [ -n "$named" ]; then

@@ -1,5 +1,6 @@
-// The anchors' policies (issue 17): ARC, W-TinyLFU and leaf-first LRU on hand-made reference
-// strings with their exact victims, and the adaptive default following its shadow caches.
+// The anchors' policies (issue 17): ARC, W-TinyLFU and leaf-first LRU (the lab's since issue 42:
+// lab/policies) on hand-made reference strings with their exact victims, and the adaptive
+// default following its shadow caches.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,9 +13,10 @@
 #include "index/adaptive_policy.h"
 #include "index/arc_policy.h"
 #include "index/eviction_policy.h"
-#include "index/lineage_lru_policy.h"
 #include "index/lru_policy.h"
 #include "index/w_tinylfu_policy.h"
+#include "policies/lab_policies.h"
+#include "policies/lineage_lru_policy.h"
 #include "sim/policy_sim.h"
 
 namespace kvtier {
@@ -166,7 +168,7 @@ TEST(FrequencySketchTest, AgingHalvesCounts) {
 // A chain A <- B <- C and a lone D. A is used last, yet it goes last: only leaves are victims,
 // oldest first (C, then B once it is a leaf, then D, then A).
 TEST(LeafFirstLruPolicyTest, ExactVictimsEvictOnlyLeaves) {
-  auto made = MakeEvictionPolicy(PolicyKind::kLeafFirstLru, 4);
+  auto made = MakeLabEvictionPolicy(PolicyKind::kLeafFirstLru, 4);
   ASSERT_TRUE(made.ok());
   EvictionPolicy& p = **made;
   EXPECT_EQ(p.kind(), PolicyKind::kLeafFirstLru);

@@ -11,6 +11,7 @@
 
 #include "index/block_index.h"
 #include "index/credit_lru_policy.h"
+#include "index/policy_names.h"
 #include "kvtier/config.h"
 #include "kvtier/connector.h"
 #include "manager_test_util.h"
@@ -166,7 +167,8 @@ TEST(PolicyOptionsTest, MakeEvictionPolicyAppliesTheCreditLruOptions) {
   EXPECT_NE(refused.status().message().find("credit_lru.used_thrice = inf"), std::string::npos)
       << refused.status().message();
   // Other kinds ignore credit-lru's options, valid or not.
-  for (PolicyKind kind : {PolicyKind::kLru, PolicyKind::kLineageLru, PolicyKind::kS3Fifo}) {
+  for (PolicyKind kind :
+       {PolicyKind::kLru, PolicyKind::kArc, PolicyKind::kWTinyLfu, PolicyKind::kHitDensity}) {
     EXPECT_TRUE(MakeEvictionPolicy(kind, 8, bad).ok()) << PolicyKindName(kind);
   }
 }
@@ -289,7 +291,7 @@ TEST(PolicyOptionsTest, ManagerTakesStaleTailFromItsConfig) {
 
 TEST(PolicyOptionsTest, ManagerWarnsWhenCreditLruSettingsCannotApply) {
   Config config = SmallConfig("", 8, 0);
-  ASSERT_TRUE(config.Set("g2.policy", "lineage-lru").ok());
+  ASSERT_TRUE(config.Set("g2.policy", "lru").ok());
   ASSERT_TRUE(config.Set("g2.credit_lru.stale_tail", "0").ok());
   ManagerOptions o;
   o.layout = TestLayout();
@@ -301,9 +303,31 @@ TEST(PolicyOptionsTest, ManagerWarnsWhenCreditLruSettingsCannotApply) {
   ASSERT_TRUE(made.ok()) << "a warning, not an error: " << made.status().ToString();
   EXPECT_NE(err.find("WARN"), std::string::npos) << err;
   EXPECT_NE(err.find("g2.credit_lru.stale_tail = 0 (from set) has no effect: g2.policy = "
-                     "lineage-lru"),
+                     "lru"),
             std::string::npos)
       << err;
+}
+
+// The manager refuses a lab policy (docs/policies.md) even in a config that holds one (a lab
+// process accepts their names): without the lab linked and enabled, it cannot build one.
+TEST(PolicyOptionsTest, ManagerRefusesALabPolicy) {
+  Config config = SmallConfig("", 8, 0);
+  SetLabPolicyNamesAccepted(true);  // as EnableLabPolicies does; this binary has no lab
+  const Status set = config.Set("g3.policy", "s3fifo");
+  SetLabPolicyNamesAccepted(false);
+  ASSERT_TRUE(set.ok()) << set.ToString();
+  ManagerOptions o;
+  o.layout = TestLayout();
+  o.model_id = "test-model";
+  o.config = config;
+  auto made = BlockManager::Create(o);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(made.status().message().find(
+                "s3fifo is a lab policy (docs/policy-study.md): use it with kvtier sim / replay; "
+                "the product offers: adaptive, credit-lru, lru, arc, w-tinylfu, hit-density"),
+            std::string::npos)
+      << made.status().ToString();
 }
 
 }  // namespace

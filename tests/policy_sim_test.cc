@@ -17,6 +17,7 @@
 #include "cli_run.h"
 
 #include "index/eviction_policy.h"
+#include "policies/lab_policies.h"
 #include "sim/belady_policy.h"
 
 namespace kvtier {
@@ -48,7 +49,7 @@ SimResult Simulate(const Trace& trace, PolicyKind kind, uint64_t capacity) {
   if (kind == PolicyKind::kBelady) {
     policy = MakeBeladyPolicy(TraceReferences(trace));
   } else {
-    policy = std::move(MakeEvictionPolicy(kind, capacity)).value();
+    policy = std::move(MakeLabEvictionPolicy(kind, capacity)).value();  // the lab's too
   }
   auto result = SimulatePolicy(trace, *policy, capacity);
   EXPECT_TRUE(result.ok()) << result.status().ToString();

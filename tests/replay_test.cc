@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "policies/lab_policies.h"
 #include "replay/replay_cost.h"
 #include "replay/replay_runner.h"
 #include "replay_test_util.h"
@@ -208,6 +209,8 @@ TEST(ReplayLayoutTest, PayloadBytesPickTheLayout) {
 
 // ---- the replay core on real tiers ----
 
+// lineage-lru is a lab policy (docs/policies.md): the replay, a lab command, runs it in the real
+// manager (ReplayConfig enables the lab's policies in this process).
 TEST(ReplayRunnerTest, G2ReplayLoadsExactBytesAndMatchesTheSimulator) {
   const ReplayTrace t = Load("replay_mooncake_small.jsonl", 512);
   ReplayOptions o;
@@ -226,7 +229,7 @@ TEST(ReplayRunnerTest, G2ReplayLoadsExactBytesAndMatchesTheSimulator) {
   // The simulator with the same slots agrees with lineage-lru (exactly on the Mooncake trace;
   // a request's saves complete on two copy threads, so the order of their inserts may differ:
   // a small tolerance). Without G3 the manager keeps no free-slot reserve.
-  auto policy = MakeEvictionPolicy(PolicyKind::kLineageLru, r->g2_slots);
+  auto policy = MakeLabEvictionPolicy(PolicyKind::kLineageLru, r->g2_slots);
   ASSERT_TRUE(policy.ok());
   auto sim = SimulatePolicy(t.blocks(), **policy, r->g2_slots);
   ASSERT_TRUE(sim.ok());
@@ -364,6 +367,22 @@ TEST(ReplayCliTest, JsonHasTheKeysAndSaneFigures) {
     EXPECT_LE(JsonNumber(r.out, "ttft_p50_ms"), JsonNumber(r.out, "recompute_ttft_p50_ms"));
     EXPECT_LE(JsonNumber(r.out, "ttft_p50_ms"), JsonNumber(r.out, "ttft_p99_ms"));
     EXPECT_NEAR(hit, JsonNumber(r.out, "sim_hit_ratio"), 0.05);
+  }
+}
+
+// kvtier replay is a lab command: it runs the lab's policies (docs/policies.md) in the real
+// manager, G2 and G3, which a deployment's config refuses.
+TEST(ReplayCliTest, RunsTheLabsPoliciesInTheRealManager) {
+  for (const std::string policy : {"s3fifo", "leaf-first-lru"}) {
+    CliRun r = Kvtier("replay --trace " + kData +
+                      "replay_mooncake_small.jsonl --capacity-fraction 0.1 --g3-fraction 0.5 "
+                      "--json --policy " +
+                      policy);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("\"policy\": \"" + policy + "\""), std::string::npos) << r.out;
+    EXPECT_GT(JsonNumber(r.out, "hit_ratio"), 0.0) << r.out;
+    EXPECT_EQ(JsonNumber(r.out, "mismatched_blocks"), 0.0);
+    EXPECT_GT(JsonNumber(r.out, "verified_blocks"), 0.0);
   }
 }
 

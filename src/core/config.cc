@@ -211,6 +211,23 @@ Status Refusal(const ConfigFieldSpec& spec, std::string_view value, const Status
                                  why.message() + "; allowed: " + Allowed(spec));
 }
 
+// Config::Set's verdict on `value` for `spec`: the text to keep, or the refusal (`where`: the
+// origin's words, " (from ...)" or empty). The key's screen first, then Normalize.
+Result<std::string> Judge(const ConfigFieldSpec& spec, std::string_view value,
+                          const std::string& where) {
+  if (const ConfigKey& key = KeyOf(spec); key.screen != nullptr) {
+    Result<bool> taken = key.screen(value);
+    if (!taken.ok()) {
+      return Status::InvalidArgument(spec.name + " = '" + std::string(value) + "'" + where + ": " +
+                                     taken.status().message());
+    }
+    if (*taken) return std::string(value);
+  }
+  Result<std::string> v = Normalize(spec, value);
+  if (!v.ok()) return Refusal(spec, value, v.status(), where);
+  return v;
+}
+
 }  // namespace
 
 void RegisterConfigKeys(ConfigKeyTable table) {
@@ -237,8 +254,8 @@ Status CheckConfigValue(std::string_view name, std::string_view value) {
   if (spec == nullptr) {
     return Status::InvalidArgument("unknown setting '" + std::string(name) + "'");
   }
-  Result<std::string> v = Normalize(*spec, value);
-  return v.ok() ? Status::Ok() : Refusal(*spec, value, v.status(), "");
+  Result<std::string> v = Judge(*spec, value, "");
+  return v.ok() ? Status::Ok() : v.status();
 }
 
 const char* ConfigSourceName(ConfigSource source) {
@@ -279,8 +296,8 @@ Status Config::Set(std::string_view name, std::string_view value, ConfigSource s
     return Status::InvalidArgument("unknown setting '" + std::string(name) + "'" + where +
                                    "; known settings: " + known);
   }
-  Result<std::string> v = Normalize(*spec, value);
-  if (!v.ok()) return Refusal(*spec, value, v.status(), where);
+  Result<std::string> v = Judge(*spec, value, where);
+  if (!v.ok()) return v.status();
   values_[spec->name] = Value{*v, source, std::string(origin)};
   return Status::Ok();
 }

@@ -36,6 +36,13 @@ struct ConfigKey {
   // What errors say is allowed, where the type's own words ("any text") are not enough. Empty:
   // the type's.
   std::string allowed = {};
+  // A check of the value as given, before the type's own, for names a key judges whatever its
+  // choices say (gN.policy's lab policies, src/index/policy_config_keys.h): Ok(true) takes the
+  // value as given (the type's checks and `check` skipped), Ok(false) leaves it to them, and
+  // InvalidArgument refuses it with a message that is whole: Config puts only the name, the
+  // value and its origin before it ("g2.policy = 's3fifo' (from ...): <message>"), no
+  // `allowed`. Null: none.
+  Result<bool> (*screen)(std::string_view value) = nullptr;
 };
 
 // One module's settings.

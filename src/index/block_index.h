@@ -66,9 +66,11 @@ class BlockIndex {
   struct TierConfig {
     // The config's default (g2.policy, g3.policy): adaptive, which follows whichever of
     // credit-lru, W-TinyLFU, ARC and LRU its shadow caches favour (docs/policy-study.md 8.7).
+    // A lab policy (IsLabPolicy) makes Create fail with LabPolicyRefused's message unless the
+    // lab installed its maker in this process (EnableLabPolicies); ReplacePolicy takes any.
     PolicyKind policy = PolicyKind::kAdaptive;
-    // Sizes S3-FIFO's queues and scales credit-lru's credits (0: no credits, i.e. lineage-aware
-    // LRU); the index itself never refuses.
+    // Sizes ARC's and W-TinyLFU's structures and hit-density's histograms, and scales
+    // credit-lru's credits (0: no credits, i.e. lineage-aware LRU); the index never refuses it.
     uint64_t capacity_blocks = 0;
     // The policy's settings (credit-lru's credits); validated for the kind in `policy`.
     PolicyOptions options;

@@ -1,5 +1,6 @@
 #include "index/eviction_policy.h"
 
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <string>
@@ -8,9 +9,8 @@
 #include "index/arc_policy.h"
 #include "index/credit_lru_policy.h"
 #include "index/hit_density_policy.h"
-#include "index/lineage_lru_policy.h"
 #include "index/lru_policy.h"
-#include "index/s3fifo_policy.h"
+#include "index/policy_names.h"
 #include "index/w_tinylfu_policy.h"
 
 namespace kvtier {
@@ -22,6 +22,9 @@ constexpr PolicyKind kAllKinds[] = {PolicyKind::kLru,       PolicyKind::kLineage
                                     PolicyKind::kCreditLru, PolicyKind::kArc,
                                     PolicyKind::kWTinyLfu,  PolicyKind::kLeafFirstLru,
                                     PolicyKind::kAdaptive,  PolicyKind::kHitDensity};
+
+// The lab's maker of its policies, when it installed one in this process (SetLabPolicyMaker).
+std::atomic<LabPolicyMaker> lab_policy_maker{nullptr};
 
 // The shortest text that reads back as `v` ("0.75", "-1", "nan", "inf").
 std::string Shortest(double v) {
@@ -197,6 +200,14 @@ Result<PolicyKind> ParsePolicyKind(std::string_view name) {
                                  "'; accepted: " + accepted);
 }
 
+bool IsLabPolicy(PolicyKind kind) { return IsLabPolicyName(PolicyKindName(kind)); }
+
+Status LabPolicyRefused(PolicyKind kind) {
+  return Status::InvalidArgument(LabPolicyRefusal(PolicyKindName(kind)));
+}
+
+void SetLabPolicyMaker(LabPolicyMaker maker) { lab_policy_maker.store(maker); }
+
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind,
                                                            size_t capacity_blocks) {
   return MakeEvictionPolicy(kind, capacity_blocks, PolicyOptions());
@@ -208,9 +219,12 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size
     case PolicyKind::kLru:
       return std::unique_ptr<EvictionPolicy>(std::make_unique<LruPolicy>());
     case PolicyKind::kLineageLru:
-      return std::unique_ptr<EvictionPolicy>(std::make_unique<LineageLruPolicy>());
     case PolicyKind::kS3Fifo:
-      return std::unique_ptr<EvictionPolicy>(std::make_unique<S3FifoPolicy>(capacity_blocks));
+    case PolicyKind::kLeafFirstLru: {
+      const LabPolicyMaker maker = lab_policy_maker.load();
+      if (maker == nullptr) return LabPolicyRefused(kind);
+      return maker(kind, capacity_blocks, options);
+    }
     case PolicyKind::kCreditLru: {
       auto policy = CreditLruPolicy::Create(capacity_blocks, options.credit_lru);
       if (!policy.ok()) return policy.status();
@@ -220,8 +234,6 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size
       return std::unique_ptr<EvictionPolicy>(std::make_unique<ArcPolicy>(capacity_blocks));
     case PolicyKind::kWTinyLfu:
       return std::unique_ptr<EvictionPolicy>(std::make_unique<WTinyLfuPolicy>(capacity_blocks));
-    case PolicyKind::kLeafFirstLru:
-      return std::unique_ptr<EvictionPolicy>(std::make_unique<LineageLruPolicy>(true));
     case PolicyKind::kAdaptive: {
       auto policy = AdaptivePolicy::Create(capacity_blocks, options);
       if (!policy.ok()) return policy.status();

@@ -18,15 +18,18 @@
 
 namespace kvtier {
 
+// Every policy kvtier knows. The product builds the ones that earned it in the study (the
+// default kAdaptive and the candidates it runs); the others (IsLabPolicy) are the lab's
+// (lab/policies, lab/sim; docs/policies.md), built only where the lab is linked and enabled.
 enum class PolicyKind : uint8_t {
   kLru = 0,           // least recently used
-  kLineageLru = 1,    // LRU over leaves only: a block whose child is cached outlives the child
-  kS3Fifo = 2,        // S3-FIFO (small/main/ghost FIFOs): frequency-aware, scan-resistant
-  kBelady = 3,        // offline oracle for replays: evicts the block used furthest in the future
+  kLineageLru = 1,    // lab: LRU over leaves only: a block outlives its cached children
+  kS3Fifo = 2,        // lab: S3-FIFO (small/main/ghost FIFOs): frequency-aware, scan-resistant
+  kBelady = 3,        // lab: offline oracle for replays: evicts the block used furthest ahead
   kCreditLru = 4,     // lineage-aware LRU with reuse credits (use count, run shape, stale tails)
   kArc = 5,           // Adaptive Replacement Cache (recency/frequency lists with ghost adaptation)
   kWTinyLfu = 6,      // W-TinyLFU: 1% LRU window, frequency-sketch admission, segmented LRU main
-  kLeafFirstLru = 7,  // LRU over leaves only; never evicts a block with a cached child
+  kLeafFirstLru = 7,  // lab: LRU over leaves only; never evicts a block with a cached child
   kAdaptive = 8,      // follows, at run time, whichever candidate policy a shadow cache favours
   kHitDensity = 9,    // lineage-aware; evicts the lowest hit density learned per class and age
 };
@@ -34,8 +37,16 @@ enum class PolicyKind : uint8_t {
 // "lru", "lineage-lru", "s3fifo", "belady", "credit-lru", "arc", "w-tinylfu", "leaf-first-lru",
 // "adaptive", "hit-density".
 const char* PolicyKindName(PolicyKind kind);
-// Parses PolicyKindName's output; InvalidArgument listing the accepted names otherwise.
+// Parses PolicyKindName's output, the lab's names included; InvalidArgument listing the accepted
+// names otherwise.
 Result<PolicyKind> ParsePolicyKind(std::string_view name);
+
+// True for the policies the product does not offer: lineage-lru, leaf-first-lru, s3fifo, belady
+// (index/policy_names.h lists them by name; docs/policies.md says why each is there).
+bool IsLabPolicy(PolicyKind kind);
+// InvalidArgument: "<name> is a lab policy (docs/policy-study.md): use it with kvtier sim /
+// replay; the product offers: ...". REQUIRES: IsLabPolicy(kind).
+Status LabPolicyRefused(PolicyKind kind);
 
 // The settings of CreditLruPolicy (the class itself: credit_lru_policy.h). Defined here so that
 // PolicyOptions, which every tier's config carries, needs no policy header. Deployments set them
@@ -165,12 +176,24 @@ class EvictionPolicy {
   virtual bool Contains(const BlockKey& key) const = 0;
 };
 
-// A policy for a tier of `capacity_blocks` slots (S3-FIFO sizes its queues from it, credit-lru
-// scales its credits by it, hit-density its histograms; the others ignore it), with `options`
-// (credit-lru reads options.credit_lru, adaptive options.adaptive, hit-density
-// options.hit_density; the other kinds ignore them). InvalidArgument for kBelady, which needs the
-// future: the oracle is the lab's (MakeBeladyPolicy, lab/sim/belady_policy.h), never the
-// product's; and when the member the kind reads does not validate.
+// Builds a lab policy (IsLabPolicy(kind), not kBelady) for MakeEvictionPolicy, or refuses it.
+using LabPolicyMaker = Result<std::unique_ptr<EvictionPolicy>> (*)(PolicyKind kind,
+                                                                   size_t capacity_blocks,
+                                                                   const PolicyOptions& options);
+// Installs `maker` for this process (nullptr removes it). Only the lab calls it
+// (EnableLabPolicies, lab/policies/lab_policies.h), in the processes that run its commands
+// (`kvtier replay`, whose manager then builds a lab policy); the product never does. Thread-safe.
+void SetLabPolicyMaker(LabPolicyMaker maker);
+
+// A policy for a tier of `capacity_blocks` slots (credit-lru scales its credits by it,
+// hit-density its histograms, ARC and W-TinyLFU size their lists and sketch, adaptive passes it
+// on to its candidates; LRU ignores it), with `options` (credit-lru reads options.credit_lru,
+// adaptive options.adaptive, hit-density options.hit_density; the other kinds ignore them).
+// InvalidArgument for kBelady, which needs the future: the oracle is the lab's
+// (MakeBeladyPolicy, lab/sim/belady_policy.h), never the product's; for another lab kind
+// (IsLabPolicy) LabPolicyRefused's, unless the lab installed its maker in this process
+// (SetLabPolicyMaker), which then builds it; and when the member the kind reads does not
+// validate.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(PolicyKind kind, size_t capacity_blocks,
                                                            const PolicyOptions& options);
 // MakeEvictionPolicy with the default options.

@@ -1,7 +1,7 @@
 // OrphanChildren: for each key a lineage-aware policy does not track, how many tracked keys name
-// it as their parent (lineage-lru, credit-lru, hit-density). A child can be cached before its
-// parent (the parent was evicted, or loads arrive out of order); when the parent comes back it
-// adopts the count, so it is an inner block again at once.
+// it as their parent (credit-lru, hit-density; the lab's lineage-lru). A child can be cached
+// before its parent (the parent was evicted, or loads arrive out of order); when the parent comes
+// back it adopts the count, so it is an inner block again at once.
 // Not thread-safe: its owner (a policy) serializes calls. Every call is one hash-map operation.
 #pragma once
 

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "index/eviction_policy.h"
+#include "index/policy_names.h"
 
 namespace kvtier {
 
@@ -74,6 +75,12 @@ std::vector<ConfigKey> PolicyConfigKeys(const std::string& tier) {
     out.push_back(std::move(k));
   }
   return out;
+}
+
+Result<bool> ScreenPolicyName(std::string_view value) {
+  if (!IsLabPolicyName(value)) return false;
+  if (LabPolicyNamesAccepted()) return true;
+  return Status::InvalidArgument(LabPolicyRefusal(value));
 }
 
 std::vector<std::string> PolicyConfigWarnings(const Config& config) {

@@ -20,6 +20,7 @@
 #include "core/host_port.h"
 #include "events/event_config_keys.h"
 #include "index/policy_config_keys.h"
+#include "index/policy_names.h"
 
 // Linked with --undefined=kvtier_manager_config_keys (CMakeLists.txt): see above.
 extern "C" {
@@ -63,9 +64,8 @@ Status CheckHostPortList(std::string_view value) {
 
 ConfigKeyTable ManagerConfigKeys() {
   using T = ConfigType;
-  const std::vector<std::string> policies = {
-      "lru",       "lineage-lru",    "s3fifo",   "credit-lru", "arc",
-      "w-tinylfu", "leaf-first-lru", "adaptive", "hit-density"};
+  // The product's policies; the keys' screen refuses the lab's by name (index/policy_names.h).
+  const std::vector<std::string>& policies = ProductPolicyNames();
   ConfigKeyTable table;
   table.order = 100;
   table.warnings = PolicyConfigWarnings;
@@ -92,7 +92,10 @@ ConfigKeyTable ManagerConfigKeys() {
         4 * kKiB,
         UINT64_MAX,
         {}}},
-      {{"g2.policy", T::kChoice, "adaptive", "G2 eviction policy", 0, 0, policies}},
+      {{"g2.policy", T::kChoice, "adaptive", "G2 eviction policy", 0, 0, policies},
+       nullptr,
+       {},
+       ScreenPolicyName},
       {{"g2.hugepages",
         T::kBool,
         "true",
@@ -155,7 +158,10 @@ ConfigKeyTable ManagerConfigKeys() {
         {}}},
       {{"g3.files", T::kUint, "1", "slot files to spread G3 over", 1, 256, {}}},
       {{"g3.queue_depth", T::kUint, "32", "G3 I/Os in flight", 1, 4096, {}}},
-      {{"g3.policy", T::kChoice, "adaptive", "G3 eviction policy", 0, 0, policies}},
+      {{"g3.policy", T::kChoice, "adaptive", "G3 eviction policy", 0, 0, policies},
+       nullptr,
+       {},
+       ScreenPolicyName},
       {{"g3.admit_min_seen",
         T::kUint,
         "2",

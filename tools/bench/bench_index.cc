@@ -104,7 +104,9 @@ int RunBenchIndex(const CliArgs& args) {
         "  --policies P1,P2,... [--capacity C]: also each eviction policy's cost on the index's\n"
         "  hot path: a multi-turn workload (20 x C block references) through a G2 of C blocks\n"
         "  (default 16384), as the manager drives it (Match, Touch, EvictOne, Insert); ns per\n"
-        "  block referenced (best of 3), and that over hash + match's ns per block.\n");
+        "  block referenced (best of 3), and that over hash + match's ns per block. The\n"
+        "  product's policies: adaptive, credit-lru, lru, arc, w-tinylfu, hit-density (the\n"
+        "  lab's are refused: docs/policies.md).\n");
     return 0;
   }
   if (Status s = args.CheckKnown(
@@ -123,6 +125,10 @@ int RunBenchIndex(const CliArgs& args) {
       if (*kind == PolicyKind::kBelady) {
         return UsageError(Status::InvalidArgument(
             "--policies: belady needs the future and is not a hot-path policy; drop it"));
+      }
+      if (IsLabPolicy(*kind)) {
+        return UsageError(
+            Status::InvalidArgument("--policies: " + LabPolicyRefused(*kind).message()));
       }
       policies.push_back(*kind);
       start = comma + 1;

@@ -23,6 +23,7 @@
 #include "cli/progress.h"
 #include "index/eviction_policy.h"
 #include "kvtier/config.h"
+#include "policies/lab_policies.h"
 #include "replay/multi_worker_command.h"
 #include "replay/replay_g4.h"
 #include "replay/replay_runner.h"
@@ -51,9 +52,11 @@ void PrintReplayHelp(const std::string& default_policy) {
       "                             ({\"tokens\": [...]}); see docs/replay.md\n"
       "  --format auto|mooncake|kvtier   default auto (a first line with hash_ids = mooncake)\n"
       "  --tokens-per-block N       1..4096, default 512 (Mooncake's block)\n"
-      "  --policy NAME              adaptive, credit-lru, lru, arc, w-tinylfu, lineage-lru,\n"
-      "                             leaf-first-lru, s3fifo, hit-density (default %s,\n"
-      "                             the manager's default)\n"
+      "  --policy NAME              adaptive, credit-lru, lru, arc, w-tinylfu, hit-density\n"
+      "                             (default %s, the manager's default), or one of the\n"
+      "                             lab's: lineage-lru, leaf-first-lru, s3fifo (the replay\n"
+      "                             runs them in the real manager; a deployment's config\n"
+      "                             refuses them: docs/policies.md)\n"
       "  --capacity-fraction F      G2 slots = ceil(F x distinct blocks of the trace); default "
       "0.05\n"
       "  --g3-fraction F            add a G3 of ceil(F x distinct blocks) slots (default 0: none)\n"
@@ -144,7 +147,7 @@ Result<SimResult> Simulate(const Trace& t, PolicyKind kind, uint64_t capacity,
   if (kind == PolicyKind::kBelady) {
     policy = MakeBeladyPolicy(TraceReferences(t));
   } else {
-    KVTIER_ASSIGN_OR_RETURN(policy, MakeEvictionPolicy(kind, capacity, options));
+    KVTIER_ASSIGN_OR_RETURN(policy, MakeLabEvictionPolicy(kind, capacity, options));
   }
   return SimulatePolicy(t, *policy, std::max<uint64_t>(capacity, 1));
 }

@@ -7,6 +7,8 @@
 #include <numeric>
 
 #include "cli/service_env.h"
+#include "index/policy_names.h"
+#include "policies/lab_policies.h"
 #include "replay/replay_host_g1.h"
 
 namespace kvtier::cli {
@@ -25,6 +27,9 @@ uint64_t Mix(uint64_t x) {
 
 // `g4_staging` slots are added to G2 for the staging pool when G4 is on (0 otherwise).
 Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint64_t g4_staging) {
+  // The replay is a lab command: a lab policy (lineage-lru, s3fifo, ...) runs in the real
+  // manager of this process, which a deployment's config refuses (docs/policies.md).
+  if (IsLabPolicyName(o.policy)) EnableLabPolicies();
   Config c;
   // Attached mode (docs/service.md): with KVTIER_SERVICE_SOCKET set, the replay's manager is
   // kvtier serve on that socket (whose own settings size G2 and G3; the ones below are then

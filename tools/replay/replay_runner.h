@@ -28,7 +28,7 @@
 namespace kvtier::cli {
 
 struct ReplayOptions {
-  std::string policy = "adaptive";  // eviction policy of G2 and G3 (lru, lineage-lru, ...)
+  std::string policy = "adaptive";  // eviction policy of G2 and G3 (lru, ...; or the lab's)
   uint64_t g2_blocks = 1;           // G2 slots (capacity); >= 1
   uint64_t g3_blocks = 0;           // G3 slots; 0 = no G3
   std::string g3_dir;               // where G3's slot files go; REQUIRED when g3_blocks > 0
@@ -93,7 +93,10 @@ Result<KvLayout> ReplayLayout(uint64_t payload_bytes, uint32_t tokens_per_block)
 
 // The manager configuration RunReplay builds from `o`: G2 of (o.g2_blocks + g4_staging) slots
 // (`g4_staging`: the G4 staging pool, 0 without G4), G3 and G4 as `o` says, then o.settings.
-// InvalidArgument when a setting is refused. (Also used by the multi-worker replay.)
+// InvalidArgument when a setting is refused. A lab policy in o.policy (lineage-lru,
+// leaf-first-lru, s3fifo) enables the lab's policies in this process first (EnableLabPolicies,
+// lab/policies/lab_policies.h), so the real manager runs it. (Also used by the multi-worker
+// replay.)
 Result<Config> ReplayConfig(const ReplayOptions& o, const KvLayout& layout, uint64_t g4_staging);
 
 // What a replay of `trace` under `o` is sized by (shared by the single- and multi-worker

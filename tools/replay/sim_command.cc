@@ -13,6 +13,7 @@
 #include "cli/credit_lru_flags.h"
 #include "cli/json_writer.h"
 #include "index/eviction_policy.h"
+#include "policies/lab_policies.h"
 #include "sim/belady_policy.h"
 #include "sim/policy_sim.h"
 
@@ -20,7 +21,8 @@ namespace kvtier::cli {
 
 namespace {
 
-// The online policies `--policy all` runs, the default first.
+// The online policies `--policy all` runs, the default first; the lab's among them
+// (lineage-lru, leaf-first-lru, s3fifo: lab/policies, docs/policies.md).
 // The default of g2.policy / g3.policy (src/core/config.cc).
 constexpr PolicyKind kDefaultPolicy = PolicyKind::kAdaptive;
 constexpr PolicyKind kOnlinePolicies[] = {
@@ -42,7 +44,10 @@ void PrintSimHelp() {
       "  --trace FILE              the trace (required)\n"
       "  --capacity-fraction F     tier capacity = ceil(F x distinct blocks of the trace);\n"
       "                            default 0.05\n"
-      "  --policy NAME|all         %s, or all (default %s)\n"
+      "  --policy NAME|all         the product's: adaptive, credit-lru, lru, arc, w-tinylfu,\n"
+      "                            hit-density; the lab's (a deployment's config refuses\n"
+      "                            them): lineage-lru, leaf-first-lru, s3fifo; or all\n"
+      "                            (default %s)\n"
       "%s"
       "  --adaptive KEY=VALUE      a setting of adaptive: half_life (score half-life in\n"
       "                            references per capacity block, default 16) or hysteresis\n"
@@ -66,8 +71,6 @@ void PrintSimHelp() {
       "  the policy's victim when the tier is full); one that happens to be cached already is\n"
       "  used but is not a hit. A block's parent is the previous block of its request.\n"
       "  Nothing is pinned. hit_ratio = prefix-hit blocks / all blocks.\n",
-      "credit-lru, adaptive, lru, arc, w-tinylfu, lineage-lru, leaf-first-lru, s3fifo, "
-      "hit-density",
       PolicyKindName(kDefaultPolicy), CreditLruFlagsHelp(28).c_str(),
       PolicyKindName(kDefaultPolicy));
 }
@@ -84,7 +87,7 @@ Result<PolicyRun> RunOne(const Trace& trace, PolicyKind kind, uint64_t capacity,
   if (kind == PolicyKind::kBelady) {
     policy = MakeBeladyPolicy(*references);
   } else {
-    auto made = MakeEvictionPolicy(kind, capacity, options);
+    auto made = MakeLabEvictionPolicy(kind, capacity, options);
     if (!made.ok()) return made.status();
     policy = std::move(*made);
   }

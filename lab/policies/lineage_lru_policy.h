@@ -1,6 +1,10 @@
 // LineageLruPolicy: LRU over the leaves of the block forest, so that a block outlives every
 // descendant cached in the same tier.
 //
+// The lab's (`lineage-lru`, `leaf-first-lru`; not in libkvtier.so): it never beat the default by
+// the study's 2% margin, and credit-lru with every credit 0 ranks the same way (docs/policies.md,
+// "Which policies the product offers"). `kvtier sim` and `kvtier replay` still run it.
+//
 // A child is reachable by a prefix match only through its parent, so evicting a parent first
 // would strand its whole subtree. Candidates are therefore leaves (tracked keys with no tracked
 // child), oldest first; when no leaf may be evicted (all pinned), the oldest evictable inner

@@ -1,6 +1,10 @@
 // S3FifoPolicy: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
 // SOSP'23), adapted to a policy that names a victim and lets its owner remove it.
 //
+// The lab's (`s3fifo`; not in libkvtier.so): it never beat the default by the study's 2% margin
+// (docs/policies.md, "Which policies the product offers"). `kvtier sim` and `kvtier replay`
+// still run it.
+//
 // Three FIFO queues: `small` (new blocks, ~10% of the tier), `main` (blocks that proved reuse)
 // and `ghost` (keys only, of blocks recently dropped from small). Each tracked block has a
 // 2-bit use counter, capped at 3, bumped by OnAccess; a hit never reorders anything.

@@ -1,4 +1,4 @@
-#include "index/lineage_lru_policy.h"
+#include "policies/lineage_lru_policy.h"
 
 #include <cassert>
 

@@ -1,4 +1,4 @@
-#include "index/s3fifo_policy.h"
+#include "policies/s3fifo_policy.h"
 
 #include <algorithm>
 #include <cassert>
