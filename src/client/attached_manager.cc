@@ -64,6 +64,16 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
 }
 
 AttachedManager::~AttachedManager() {
+  // connector.h: the destructor finishes transfers in flight. Attached, the saves this engine
+  // started run in the daemon, copying from this engine's G1 over the data connection, so they
+  // are waited for before that connection closes, bounded as WaitForSaves is. Call (not
+  // KVTIER_CALL) never attaches again: a manager that is not attached has no save left (Detach
+  // failed them), and one the daemon does not answer in time goes on to close.
+  {
+    std::vector<uint8_t> reply;
+    (void)Call(MsgType::kWaitForSaves, WireWriter(),
+               call_timeout_ + 4 * std::chrono::milliseconds(lease_ms_.load()), &reply, nullptr);
+  }
   {
     MutexLock lock(&events_mu_);
     events_stop_ = true;
