@@ -394,7 +394,9 @@ TEST_P(DataPathContract, G2VictimsGoToG3AndLoadBackByteExact) {
   EXPECT_EQ(back.mismatched_blocks, 0u);
   s = m->Stats();
   EXPECT_GT(s.hit_blocks[kTierG3], 0u);
-  EXPECT_GT(s.promoted_blocks, 0u);
+  // Not checked: promoted_blocks. Whether a G3 load stays in G2 (promoted) depends on a free
+  // cache slot at that moment, else it is staged through the reserve (block_manager_impl.h);
+  // under ASan on a busy machine it was 0 once. block_manager_test checks promotion itself.
   EXPECT_EQ(s.pinned_blocks, 0u);
 }
 
