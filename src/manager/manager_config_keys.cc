@@ -43,21 +43,13 @@ Status CheckPowerOfTwo(std::string_view normalized) {
 }  // namespace
 
 Status CheckHostPortList(std::string_view value) {
-  // Checked here, so that `kvtier config` refuses what the Redis store would refuse.
-  size_t start = 0;
-  while (start <= value.size()) {
-    size_t comma = value.find(',', start);
-    if (comma == std::string_view::npos) comma = value.size();
-    std::string_view item = value.substr(start, comma - start);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (!item.empty()) {  // empty items are skipped, as the manager skips them
-      Result<HostPort> hp = ParseHostPort(item, "the endpoint");
-      if (!hp.ok()) {
-        return Status::InvalidArgument("not a list of host:port (" + hp.status().message() + ")");
-      }
+  // Checked here, so that `kvtier config` refuses what the Redis store would refuse; split as
+  // the manager splits (SplitEndpoints skips empty items).
+  for (const std::string& item : SplitEndpoints(value)) {
+    Result<HostPort> hp = ParseHostPort(item, "the endpoint");
+    if (!hp.ok()) {
+      return Status::InvalidArgument("not a list of host:port (" + hp.status().message() + ")");
     }
-    start = comma + 1;
   }
   return Status::Ok();
 }
