@@ -189,6 +189,44 @@ TEST(ServiceHostile, DetachedEngineWritesNoSlotTheDaemonGaveBack) {
   EXPECT_TRUE(bytes_ok) << "B's blocks were overwritten by a detached engine's copies";
 }
 
+// The attached destructor waits for the engine's saves in flight (connector.h), bounded as
+// WaitForSaves is: a daemon stopped (SIGSTOP) in the middle of them holds the engine's exit no
+// longer than service.call_timeout_ms plus four leases.
+TEST(ServiceHostile, StoppedDaemonHoldsTheAttachedDestructorNoLongerThanItsBound) {
+  const std::string dir = TempDir("dtor");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/500));
+  ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "100", 1);
+  Result<Engine> a =
+      TryMakeEngine(socket, "engine-a", "service-test", 64, {{"service.call_timeout_ms", "300"}});
+  ::unsetenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const KvLayout& l = a->g1.layout;
+  const std::vector<TokenId> prompt = Prompt(7, 16 * l.tokens_per_block + 1);
+  RequestSpec spec;
+  spec.request_id = "a-req";
+  spec.prompt = prompt;
+  ASSERT_TRUE(a->manager->Lookup(spec, 0).ok());
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i <= 16; ++i) ids.push_back(i);
+  ASSERT_TRUE(a->manager->PrepareLoad("a-req", ids, 0).ok());
+  for (uint32_t i = 0; i < 16; ++i) {
+    FillBlock(a->g1_bytes.data() + uint64_t{i} * l.BlockBytes(), l.BlockBytes(), 7, i);
+  }
+  ASSERT_TRUE(a->manager->Commit("a-req", prompt, ids).ok());
+  ASSERT_TRUE(a->manager->StartSave().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ::kill(daemon.pid(), SIGSTOP);
+  const auto t0 = Clock::now();
+  a->manager.reset();
+  const auto took = Clock::now() - t0;
+  ::kill(daemon.pid(), SIGCONT);
+  // 300 ms + 4 x 500 ms, and room for a sanitizer build on a busy machine.
+  EXPECT_LT(took, std::chrono::milliseconds(300 + 4 * 500 + 3000))
+      << "a stopped daemon held the attached destructor past its bound";
+}
+
 // The highest-numbered descriptor of this process connected to `daemon`: an engine's data
 // connection opens after its first call connection.
 int NewestConnectionTo(pid_t daemon) {
