@@ -193,7 +193,8 @@ Result<ReplayResult> RunReplay(const ReplayTrace& trace, const ReplayOptions& o)
 
   const auto start = std::chrono::steady_clock::now();
   for (size_t r = 0; r < requests; ++r) {
-    const uint64_t seed = o.reseed_at_request != 0 && r >= o.reseed_at_request ? 1 : 0;
+    const uint64_t seed =
+        o.content_seed + (o.reseed_at_request != 0 && r >= o.reseed_at_request ? 1 : 0);
     trace.Prompt(r, &prompt);
     const std::string id = trace.RequestId(r);
     const std::vector<BlockKey> keys = hasher.KeysFor(prompt);

@@ -60,7 +60,10 @@ struct ReplayOptions {
   // after_request: called after each request's saves ended (e.g. to damage G3's files).
   // after_lookup: called between a request's Lookup and its load, with the blocks Lookup
   // offered from G4 (e.g. to kill the G4 server under a planned load).
+  // content_seed: the seed of every block's bytes before reseed_at_request (a second worker
+  // with another seed is an engine whose KV changed under the same keys).
   uint64_t reseed_at_request = 0;
+  uint64_t content_seed = 0;
   std::function<void(size_t request)> after_request;
   std::function<void(size_t request, uint32_t g4_blocks)> after_lookup;
 };
