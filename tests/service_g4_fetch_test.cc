@@ -121,11 +121,12 @@ void Produce(SplitEngine& e, const std::string& id, uint32_t seed, uint32_t bloc
 }
 
 struct Consumed {
-  uint32_t found_g4 = 0;    // blocks the Lookup found in G4
-  uint32_t loaded = 0;      // blocks loaded intact (LoadedTokens)
-  bool bytes_ok = false;    // every loaded block holds the producer's bytes
-  Status wait_status;       // the first WaitLayer failure
-  double load_seconds = 0;  // StartLoad until the last WaitLayer returned
+  uint32_t found_g4 = 0;       // blocks the Lookup found in G4
+  uint32_t loaded = 0;         // blocks loaded intact (LoadedTokens)
+  bool bytes_ok = false;       // every loaded block holds the producer's bytes
+  Status wait_status;          // the first WaitLayer failure
+  double load_seconds = 0;     // StartLoad until the last WaitLayer returned
+  double prepare_seconds = 0;  // PrepareLoad
 };
 
 // The consumer looks prompt `seed` up until `want_g4` blocks are in G4 (write-through may still
@@ -157,7 +158,9 @@ Consumed Consume(SplitEngine& e, const std::string& id, uint32_t seed, uint32_t 
   for (uint32_t b = 0; b < blocks; ++b) {
     e.SetBlock(first + b, std::vector<uint8_t>(l.BlockBytes(), 0));
   }
+  const auto prepare = Clock::now();
   EXPECT_TRUE(e.manager->PrepareLoad(spec.request_id, ids, found.num_tokens).ok());
+  c.prepare_seconds = std::chrono::duration<double>(Clock::now() - prepare).count();
   if (before_load) before_load();
   const auto start = Clock::now();
   EXPECT_TRUE(e.manager->StartLoad().ok());
@@ -230,6 +233,62 @@ TEST_F(G4FetchTest, ConsumerFetchesStraightIntoItsG1ByteExact) {
   const Consumed c2 = Consume(*consumer_, "d2", 12, 5, 5, nullptr, /*first=*/10);
   EXPECT_EQ(c2.loaded, 5u);
   EXPECT_TRUE(c2.bytes_ok);
+}
+
+// An engine whose first load is planned before the daemon has its answer to the G4 offer
+// (kG4Ready; here the answer comes 600 ms late): the daemon waits for it (at most
+// RemoteG1Backend::kFetcherAnswerWait), so even that load fetches straight into G1. Without the
+// wait it went through the daemon's G2 (once in CI under TSan, with no delay at all).
+TEST_F(G4FetchTest, FirstLoadAfterAttachWaitsForTheEnginesAnswer) {
+  ASSERT_NO_FATAL_FAILURE(Produce(*producer_, "p1", 61, 6));
+  ASSERT_EQ(setenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS", "600", 1), 0);
+  std::unique_ptr<SplitEngine> e = MakeSplitEngine(dir_ + "/d/kvtier.sock", "decode-late");
+  unsetenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS");
+  ASSERT_NE(e, nullptr);
+  const ManagerStats before = e->manager->Stats();
+  const auto t0 = Clock::now();
+  const Consumed c = Consume(*e, "late1", 61, 6, 6);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(c.loaded, 6u);
+  EXPECT_TRUE(c.bytes_ok);
+  const ManagerStats after = e->manager->Stats();
+  EXPECT_EQ(after.bytes_by_path[kG4ToG1] - before.bytes_by_path[kG4ToG1],
+            6 * SplitLayout().BlockBytes());
+  EXPECT_EQ(after.bytes_by_path[kG4ToG2], before.bytes_by_path[kG4ToG2]);
+  EXPECT_LT(took, 5.0);
+  e.reset();
+}
+
+// An engine that answers later than the bound: the daemon plans its first load without waiting
+// longer than the bound, through its G2 (the copy into G1 then waits for the engine's data
+// connection, busy until it answers), byte-exact; later loads fetch straight into G1.
+TEST_F(G4FetchTest, AnAnswerPastTheBoundSendsTheFirstLoadThroughG2) {
+  ASSERT_NO_FATAL_FAILURE(Produce(*producer_, "p1", 71, 6));
+  ASSERT_NO_FATAL_FAILURE(Produce(*producer_, "p2", 72, 6));
+  ASSERT_EQ(setenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS", "3500", 1), 0);
+  std::unique_ptr<SplitEngine> e = MakeSplitEngine(dir_ + "/d/kvtier.sock", "decode-later");
+  unsetenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS");
+  ASSERT_NE(e, nullptr);
+  const ManagerStats before = e->manager->Stats();
+  const auto t0 = Clock::now();
+  const Consumed c = Consume(*e, "later1", 71, 6, 6);
+  // Whether the copy into G1 still made the load's deadline depends on the machine; what
+  // arrived is exact.
+  EXPECT_TRUE(c.bytes_ok);
+  EXPECT_LT(c.prepare_seconds, 3.0) << "PrepareLoad waited for the answer past the bound";
+  EXPECT_GT(c.prepare_seconds, 0.5) << "PrepareLoad did not wait for the answer at all";
+  const ManagerStats after = e->manager->Stats();
+  EXPECT_GE(after.bytes_by_path[kG4ToG2] - before.bytes_by_path[kG4ToG2],
+            6 * SplitLayout().BlockBytes());
+  // Once the answer has come, the next load fetches straight into G1.
+  std::this_thread::sleep_until(t0 + std::chrono::milliseconds(3800));
+  const ManagerStats mid = e->manager->Stats();
+  const Consumed c2 = Consume(*e, "later2", 72, 6, 6, nullptr, /*first=*/10);
+  EXPECT_EQ(c2.loaded, 6u);
+  EXPECT_TRUE(c2.bytes_ok);
+  EXPECT_EQ(e->manager->Stats().bytes_by_path[kG4ToG1] - mid.bytes_by_path[kG4ToG1],
+            6 * SplitLayout().BlockBytes());
+  e.reset();
 }
 
 TEST_F(G4FetchTest, ThroughTheDaemonsG2WhenDirectIsOff) {

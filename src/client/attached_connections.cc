@@ -234,6 +234,7 @@ std::unique_ptr<G1Fetcher> AttachedManager::OpenFetcher(int fd, const G4Config& 
         EncodeFetchDone(&w, done);
         (void)SendFrameLocked(fd, MsgType::kFetchDone, w);
       });
+  if (g4_ready_delay_.count() > 0) std::this_thread::sleep_for(g4_ready_delay_);
   WireWriter w;
   EncodeStatus(&w, opened.status());
   (void)SendFrameLocked(fd, MsgType::kG4Ready, w);

@@ -44,6 +44,10 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
   if (const char* stall = std::getenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS"); stall != nullptr) {
     m->copy_stall_ = std::chrono::milliseconds(std::atoi(stall));
   }
+  // Test hook (tests/service_g4_fetch_test.cc): the engine answers the daemon's G4 offer late.
+  if (const char* d = std::getenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS"); d != nullptr) {
+    m->g4_ready_delay_ = std::chrono::milliseconds(std::atoi(d));
+  }
   {
     MutexLock attach(&m->attach_mu_);
     bool refused = false;

@@ -188,6 +188,8 @@ class AttachedManager final : public BlockManager {
   std::unique_ptr<DeviceCopyBackend> device_;  // device G1 only
   std::atomic<uint64_t> seq_{0};
   std::chrono::milliseconds copy_stall_{0};  // KVTIER_TEST_ATTACHED_COPY_STALL_MS (Create)
+  // KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS (Create): how late the engine answers kG4Config.
+  std::chrono::milliseconds g4_ready_delay_{0};
   // A kCopy load of at least this many bytes is copied with non-temporal stores
   // (transfer.load_stores, block_copy.h). Set by Create, read-only after.
   uint64_t stream_load_bytes_ = UINT64_MAX;

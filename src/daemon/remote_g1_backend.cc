@@ -28,14 +28,28 @@ RemoteG1Backend::~RemoteG1Backend() {
     }
   }
   cv_.notify_all();
+  answer_cv_.notify_all();
   for (auto& b : open) Deliver(b);
   for (auto& [id, f] : fetches) EndFetch(f, Status::Unavailable("kvtier serve is shutting down"));
   watchdog_.join();
 }
 
 bool RemoteG1Backend::CanFetch(uint32_t g1_block) const {
+  const uint32_t instance = g1_block >> kInstanceShift;
   MutexLock lock(&mu_);
-  return fetchers_.count(g1_block >> kInstanceShift) != 0;
+  for (;;) {
+    auto it = awaited_.find(instance);
+    if (it == awaited_.end() || stop_) break;
+    const auto until = it->second;
+    if (std::chrono::steady_clock::now() >= until) break;
+    CondWaitFor(&answer_cv_, &mu_, until - std::chrono::steady_clock::now());
+  }
+  return fetchers_.count(instance) != 0;
+}
+
+void RemoteG1Backend::AwaitFetcherAnswer(uint32_t instance) {
+  MutexLock lock(&mu_);
+  awaited_[instance] = std::chrono::steady_clock::now() + kFetcherAnswerWait;
 }
 
 void RemoteG1Backend::SetFetcher(uint32_t instance, bool fetches) {
@@ -45,6 +59,8 @@ void RemoteG1Backend::SetFetcher(uint32_t instance, bool fetches) {
   } else {
     fetchers_.erase(instance);
   }
+  awaited_.erase(instance);
+  answer_cv_.notify_all();
 }
 
 void RemoteG1Backend::EndFetch(const FetchBatch& b, const Status& status) {
@@ -295,6 +311,8 @@ void RemoteG1Backend::FailInstance(uint32_t instance, const Status& why) {
   {
     MutexLock lock(&mu_);
     fetchers_.erase(instance);
+    awaited_.erase(instance);
+    answer_cv_.notify_all();
     for (auto it = open_fetches_.begin(); it != open_fetches_.end();) {
       if (it->second.instance == instance) {
         fetches.push_back(std::move(it->second));

@@ -66,6 +66,10 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   Result<PlainCopyTime> TimePlainCopy(CopyDirection, uint8_t*, uint8_t*, uint64_t,
                                       uint32_t) override;
   // True when the engine of the block's instance said it fetches G4 blocks itself (kG4Ready).
+  // While an instance that was offered G4 (AwaitFetcherAnswer) has not answered, waits for the
+  // answer, at most until kFetcherAnswerWait after the offer: an engine's first loads, planned
+  // as it attaches, then fetch straight into its G1 too. Past that, false (through G2) until
+  // it answers.
   bool CanFetch(uint32_t g1_block) const override EXCLUDES(mu_);
   // One kFetch frame per instance the items name. Items of an instance that no longer fetches,
   // or whose frame cannot be queued, end at once (Unavailable). An engine that never answers:
@@ -81,6 +85,9 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   void OnDone(uint32_t instance, uint64_t batch, const Status& status) EXCLUDES(mu_);
   // The engine's data connection ended: every part of a batch it held fails with `why`.
   void FailInstance(uint32_t instance, const Status& why) EXCLUDES(mu_);
+  // The daemon offered G4 to the instance's data connection (kG4Config): its answer is due.
+  void AwaitFetcherAnswer(uint32_t instance) EXCLUDES(mu_);
+  static constexpr std::chrono::milliseconds kFetcherAnswerWait{2000};
   // From the engine's data connection: whether it fetches G4 blocks itself (kG4Ready).
   void SetFetcher(uint32_t instance, bool fetches) EXCLUDES(mu_);
   // From the engine's data connection: a kFetch batch ended. A count that does not match the
@@ -146,6 +153,9 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   std::map<uint64_t, std::shared_ptr<Batch>> open_ GUARDED_BY(mu_);
   SendFetch send_fetch_;  // set once by SetFetchSender, before the backend is used
   std::set<uint32_t> fetchers_ GUARDED_BY(mu_);  // instances that fetch G4 blocks themselves
+  // Instances offered G4 that have not answered yet, and until when CanFetch waits for them.
+  std::map<uint32_t, std::chrono::steady_clock::time_point> awaited_ GUARDED_BY(mu_);
+  mutable std::condition_variable answer_cv_;  // an awaited instance answered, or ended
   // By batch id (shared with open_'s ids).
   std::map<uint64_t, FetchBatch> open_fetches_ GUARDED_BY(mu_);
   uint64_t next_batch_ GUARDED_BY(mu_) = 1;

@@ -401,6 +401,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     // The engine may fetch G4 blocks itself, straight into its G1 (kG4Ready Ok).
     WireWriter w;
     EncodeG4Config(&w, *p->g4_offer);
+    p->backend->AwaitFetcherAnswer(instance);
     (void)Queue(conn, MsgType::kG4Config, w.Take());
   }
   for (;;) {
