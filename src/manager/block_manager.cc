@@ -211,7 +211,7 @@ Status BlockManagerImpl::InitMetrics() {
     ManagerMetrics::Queues q;
     q.queued_saves = engine_->queued_saves();
     q.demotions_in_flight = demotions_in_flight_.load(std::memory_order_relaxed);
-    q.g4_writes_in_flight = g4_writes_in_flight_.load(std::memory_order_relaxed);
+    q.g4_writes_in_flight = g4_ ? g4_->writes_in_flight() : 0;
     return q;
   };
   sources.block_bytes = layout_.BlockBytes();
@@ -239,7 +239,7 @@ BlockManagerImpl::~BlockManagerImpl() {
   if (g4_ != nullptr) WaitForSaves();
   // The engine drains first: its callbacks use the index, the arena and the request table.
   engine_.reset();
-  g4_remover_.reset();  // its thread calls g4_; what is still queued is dropped
+  if (g4_) g4_->StopRemover();  // its thread calls the store; what is still queued is dropped
   if (g3_) {
     Status s = g3_->Close();
     if (!s.ok()) KVTIER_LOG(kWarn) << "G3 close: " << s.ToString();
@@ -388,23 +388,11 @@ ManagerStats BlockManagerImpl::Stats() {
     s.corrupt_blocks = std::max<uint64_t>(s.corrupt_blocks, ds.verify_failures);
   }
   s.pinned_blocks = index_->TotalPins();
-  s.g4_enabled = g4_ != nullptr;
-  if (g4_) s.g4_breaker_open = g4_->Stats().breaker_open;
-  s.g4_lookup_blocks = c_.g4_lookup_blocks.load();
-  s.g4_skipped_lookups = c_.g4_skipped_lookups.load();
-  s.g4_lookup_failures = c_.g4_lookup_failures.load();
-  s.g4_lookup_timeouts = c_.g4_lookup_timeouts.load();
-  s.g4_saved_blocks = c_.g4_saved.load();
-  s.g4_save_failures = c_.g4_save_failures.load();
-  s.g4_dropped_saves = c_.g4_dropped.load();
-  s.g4_load_failures = c_.g4_load_failures.load();
-  s.g4_corrupt_blocks = c_.g4_corrupt.load();
+  if (g4_) g4_->FillStats(&s);
   s.g4_timeouts = ts.remote_timeouts;
   s.g4_abandoned_loads = ts.remote_abandoned;
   s.g4_late_returns = ts.remote_late_returns;
-  s.g4_rejected_keys = g4_rejected_.size();
   s.expired_requests = c_.expired_requests.load();
-  s.g4_removed_corrupt = g4_remover_ ? g4_remover_->removed() : 0;
   {
     MutexLock lock(&mu_);
     s.tracked_requests = requests_.size();

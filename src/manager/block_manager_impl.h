@@ -49,11 +49,10 @@
 #include "index/block_index.h"
 #include "index/first_sighting_gate.h"
 #include "kvtier/connector.h"
-#include "manager/g4_remover.h"
+#include "manager/g4_path.h"
 #include "manager/hasher_cache.h"
 #include "manager/manager_metrics.h"
 #include "manager/manager_settings.h"
-#include "manager/rejected_keys.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 #include "tier/remote_store.h"
@@ -66,7 +65,7 @@ class EventPublisher;  // events/event_publisher.h
 class BlockManagerImpl {
  public:
   // Wraps the G4 store the manager opened (a seam for tests: e.g. a store whose calls stall).
-  using WrapG4 = std::function<std::unique_ptr<RemoteStore>(std::unique_ptr<RemoteStore>)>;
+  using WrapG4 = G4Path::WrapStore;
   // Makes the device copy backend when a device G1 is registered (TransferEngine::Config::
   // device_backend_factory); null = the CUDA backend.
   using DeviceBackendFactory =
@@ -355,20 +354,17 @@ class BlockManagerImpl {
     return tiers;
   }
 
-  // ---- G4 (block_manager_g4.cc) ----
-  // Opens the configured G4 store and registers it with the transfer engine. InvalidArgument
-  // for an incomplete g4 config; a store that cannot open is logged and left out.
+  // ---- G4 (block_manager_g4.cc; what G4 holds and is asked: g4_, a G4Path) ----
+  // Opens the configured G4 (G4Path::Open) and registers its store with the transfer engine.
+  // A store that cannot open is logged and left out (g4_ stays null).
   Status InitG4();
-  // How many of `keys` (consecutive, from the first) G4 holds, asked within the lookup
-  // deadline. Any failure or a late answer is 0 (a miss), counted.
-  uint32_t MatchInG4(std::span<const BlockKey> keys, uint64_t namespace_id);
   // Write-through for a block just saved to G2 in `slot`: pins it and returns the write, or
   // nullopt when G4 is off, write-through is off, or the block left G2 already.
   std::optional<G4Write> PrepareWriteThrough(const BlockKey& key, const BlockKey& parent,
                                              uint32_t slot) EXCLUDES(slot_mu_);
   // Submits G4 writes (one save batch). Each one's pin is dropped, or its evicted slot freed,
-  // when it ends; a refused batch is dropped and counted. REQUIRES: g4_writes_in_flight_
-  // already counts them.
+  // when it ends; a refused batch is dropped and counted. REQUIRES: g4_->BeginWrite was
+  // called for each.
   void SubmitG4Writes(std::vector<G4Write> writes);
   // A G2 victim leaving the local tiers goes to G4 (write_through off). False: not taken.
   bool DemoteToG4(const EvictedBlock& victim) EXCLUDES(slot_mu_);
@@ -377,9 +373,7 @@ class BlockManagerImpl {
   void WriteEvictedToG4(uint32_t slot, const BlockKey& key, const BlockKey& parent)
       EXCLUDES(slot_mu_);
   void EndG4Write() EXCLUDES(mu_);
-  // A G4 load of `p` ended `st` (not Ok): a Corruption or a NotFound remembers the key as bad
-  // (Lookup stops before it), and a Corruption queues the object's deletion.
-  void RejectG4Load(const PlannedLoad& p, const Status& st);
+  uint64_t G4WritesInFlight() const { return g4_ ? g4_->writes_in_flight() : 0; }
 
   const ManagerOptions options_;  // options_.config is read once, by Create, into settings_
   ManagerSettings settings_;      // set once by Create, before Init
@@ -395,7 +389,9 @@ class BlockManagerImpl {
   std::unique_ptr<FirstSightingGate> g3_gate_;
   std::unique_ptr<TransferEngine> engine_;
   bool g1_registered_ = false;
-  std::unique_ptr<RemoteStore> g4_;      // null without G4; outlives engine_ (see ~Impl)
+  // Null without G4. Its store outlives engine_ (~Impl resets engine_ first), and its remover
+  // stops after engine_ (whose callbacks queue into it).
+  std::unique_ptr<G4Path> g4_;
   WrapG4 wrap_g4_;                       // set once by Create, before Init
   DeviceBackendFactory device_backend_;  // set once by Create, before Init
   bool shared_g2_ = false;
@@ -404,17 +400,6 @@ class BlockManagerImpl {
   std::vector<uint64_t> slot_ns_ GUARDED_BY(ns_mu_);  // per G2 slot
   std::unordered_map<uint64_t, uint32_t> ns_slots_
       GUARDED_BY(ns_mu_);  // set once by Create, before Init
-  bool g4_write_through_ = true;
-  std::chrono::milliseconds g4_lookup_deadline_{20};
-  // G4 blocks are offered only when loading one is expected to be faster than recomputing it
-  // (g4.load_gbps and g4.recompute_tokens_per_s both given); false: always offered.
-  bool g4_slower_than_recompute_ = false;
-  std::atomic<uint64_t> g4_writes_in_flight_{0};
-  // G4 keys whose object failed this manager (RejectedKeys); Lookup never offers them.
-  RejectedKeys g4_rejected_;
-  // Deletes corrupt G4 objects off the engine's paths; null without G4. Reset in ~Impl after
-  // engine_ (whose callbacks queue into it), before g4_.
-  std::unique_ptr<G4Remover> g4_remover_;
 
   // The hashers of the namespaces (salt, adapter) requests named lately, and their names for
   // events; at most manager.max_namespaces. Set once, first in Init.
@@ -476,10 +461,6 @@ class BlockManagerImpl {
         first_sighting{0};
     std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
     std::atomic<uint64_t> corrupt{0}, events{0}, staged_via_pool{0}, deferred{0};
-    std::atomic<uint64_t> g4_lookup_blocks{0}, g4_lookup_failures{0}, g4_lookup_timeouts{0};
-    std::atomic<uint64_t> g4_skipped_lookups{0};
-    std::atomic<uint64_t> g4_saved{0}, g4_save_failures{0}, g4_dropped{0};
-    std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};
     std::atomic<uint64_t> expired_requests{0};
   };
   Counters c_;

@@ -72,8 +72,8 @@ Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec, uint32_t 
     local = start + loadable;
     for (size_t i = 0; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
     const bool g4_allowed = g4_ && ((spec.load_tiers >> kTierG4) & 1u);
-    if (g4_allowed && local < max_blocks && g4_slower_than_recompute_) {
-      c_.g4_skipped_lookups.fetch_add(1, std::memory_order_relaxed);
+    if (g4_allowed && local < max_blocks && g4_->SkipLookup()) {
+      // Loading from G4 is slower than recomputing: not asked (counted).
     } else if (g4_allowed && local < max_blocks) {
       // G4 only for what the local tiers lack, in one round trip within the lookup deadline. A
       // repeated Lookup (the scheduler asking again) reuses a recent answer.
@@ -92,12 +92,11 @@ Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec, uint32_t 
       if (reused) {
         // A block whose load failed since the answer is not offered again.
         in_g4 = static_cast<uint32_t>(
-            g4_rejected_.FirstIn(std::span<const BlockKey>(keys).subspan(local, in_g4)));
+            g4_->FirstRejected(std::span<const BlockKey>(keys).subspan(local, in_g4)));
       }
       if (!reused) {
-        in_g4 = MatchInG4(std::span<const BlockKey>(keys).subspan(local, max_blocks - local),
-                          hasher->root().hi);
-        c_.g4_lookup_blocks.fetch_add(in_g4, std::memory_order_relaxed);
+        in_g4 = g4_->Match(std::span<const BlockKey>(keys).subspan(local, max_blocks - local),
+                           hasher->root().hi);
       }
       const uint32_t end = local + in_g4;
       if (end > start) {
@@ -224,7 +223,7 @@ Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
     for (; planned < want; ++planned) {
       const uint32_t i = start + static_cast<uint32_t>(planned);
       if (i < g4_first || i >= g4_end) break;
-      if (g4_rejected_.Contains(keys[planned])) break;  // its load failed since the Lookup
+      if (g4_->Rejected(keys[planned])) break;  // its load failed since the Lookup
       // An engine that fetches G4 blocks itself needs no G2 slot (the block is not promoted).
       std::optional<uint32_t> staging =
           engine_->CanFetch(g1_block_ids[i])
@@ -338,11 +337,9 @@ Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async)
         if (HoldsCacheSlot(p) && !job.SlotLent(i)) ReleaseG2Slot(p.g2_slot);
         if (p.source == kTierG4) {
           // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt or vanished
-          // object is not offered by this manager again (g4_rejected_) until it writes the
+          // object is not offered by this manager again (G4Path::Rejected) until it writes the
           // block again; a corrupt one is also deleted from the store, off this thread.
-          c_.g4_load_failures.fetch_add(1, std::memory_order_relaxed);
-          if (st.Is(StatusCode::kCorruption)) c_.g4_corrupt.fetch_add(1, std::memory_order_relaxed);
-          RejectG4Load(p, st);
+          g4_->LoadFailed(p.key, p.namespace_id, st);
           return;
         }
         if (st.Is(StatusCode::kCorruption) || st.Is(StatusCode::kNotFound)) {

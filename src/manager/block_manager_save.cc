@@ -295,7 +295,7 @@ Status BlockManagerImpl::StartSave(uint32_t instance) {
         DropReplacedG3Copy(s.key, s.parent);
         if (auto w = PrepareWriteThrough(s.key, s.parent, s.g2_slot)) {
           // Counted before the save ends, so WaitForSaves sees it.
-          g4_writes_in_flight_.fetch_add(1);
+          g4_->BeginWrite();
           writes.push_back(std::move(*w));
         }
       } else {
@@ -331,8 +331,7 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
             holds += r.instance == instance ? r.saves_in_flight : 0;
           for (const DeferredSave& d : deferred_saves_) waiting += d.instance == instance;
           for (const PendingSave& p : pending_saves_) waiting += p.instance == instance;
-          const bool pool_busy =
-              demotions_in_flight_.load() != 0 || g4_writes_in_flight_.load() != 0;
+          const bool pool_busy = demotions_in_flight_.load() != 0 || G4WritesInFlight() != 0;
           if (holds <= waiting && !pool_busy) {
             if (waiting == 0) return;
             break;
@@ -349,7 +348,7 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
     {
       MutexLock lock(&mu_);
       while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0 ||
-             g4_writes_in_flight_.load() != 0) {
+             G4WritesInFlight() != 0) {
         CondWait(&saves_cv_, &mu_);
       }
       if (deferred_saves_.empty() && pending_saves_.empty()) return;

@@ -150,7 +150,7 @@ void BlockManagerImpl::Demote(const EvictedBlock& victim) {
   // both writes encode their header into the slot's header area. So G4 holds every block G3
   // was given, and G3's own victims are already in G4 when G3 drops them.
   const bool feed_g4 =
-      g4_ != nullptr && !g4_write_through_ && ((SlotStoreTiers(slot) >> kTierG4) & 1u);
+      g4_ != nullptr && !g4_->write_through() && ((SlotStoreTiers(slot) >> kTierG4) & 1u);
   auto end = [this, slot, key, parent, feed_g4] {
     if (feed_g4) {
       WriteEvictedToG4(slot, key, parent);  // frees the slot and ends the demotion
