@@ -165,7 +165,10 @@ Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
     g3_gate_ = std::move(*gate);
   }
 
-  idle_ttl_ = std::chrono::milliseconds(cfg.requests.idle_request_ttl_ms);
+  {
+    MutexLock lock(&mu_);  // no other thread yet; the table is mu_'s
+    requests_.set_idle_ttl(std::chrono::milliseconds(cfg.requests.idle_request_ttl_ms));
+  }
   // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
   max_defer_ = std::chrono::milliseconds(cfg.transfer.max_defer_ms);
   max_deferred_saves_ = static_cast<uint32_t>(

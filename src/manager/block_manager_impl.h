@@ -21,12 +21,12 @@
 //    number of G3 blocks can load in one batch. A G3 load staged through a free cache slot
 //    instead promotes the block into G2; one staged through the pool does not.
 //  - Every key pinned by PrepareLoad is unpinned exactly once, when its load batch ends.
-//  - requests_ and by_activity_ hold the same ids; by_activity_ is in order of last activity
-//    (Request::last_active), so the idle sweep finds expired entries at its front.
+//  - The request table (requests_, a RequestTable under mu_) keeps its entries and their
+//    activity order consistent (request_table.h).
 //  - A request entry is erased when it is finished (RequestFinished) and idle (no load, no
 //    save hold), unless a load ended after RequestFinished and the Finished() call after the
 //    one that listed it in loads_done has not come yet (so LoadedTokens still answers); or
-//    when it stayed idle past idle_ttl_.
+//    when it stayed idle past manager.idle_request_ttl_ms.
 #pragma once
 
 #include <atomic>
@@ -53,6 +53,7 @@
 #include "manager/hasher_cache.h"
 #include "manager/manager_metrics.h"
 #include "manager/manager_settings.h"
+#include "manager/request_table.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 #include "tier/remote_store.h"
@@ -141,41 +142,7 @@ class BlockManagerImpl {
   const KvLayout& layout() const { return layout_; }
 
  private:
-  struct Request {
-    uint32_t instance = 0;                      // the engine it belongs to (kAllInstances)
-    std::shared_ptr<const BlockHasher> hasher;  // of its namespace (kept if hashers_ drops it)
-    uint64_t namespace_id = 0;
-    std::vector<TokenId> tokens;           // the prompt, then what Commit reported
-    std::vector<BlockKey> keys;            // keys of the full blocks of `tokens`
-    std::vector<std::string> block_extra;  // RequestSpec::block_extra of the last Lookup
-    uint8_t load_tiers = kAllTiers;        // RequestSpec::load_tiers / store_tiers
-    uint8_t store_tiers = kAllTiers;
-    uint32_t lookup_start = 0;   // first block kvtier may supply (num_computed_tokens / tpb)
-    uint32_t lookup_blocks = 0;  // blocks the last Lookup offered
-    uint32_t load_first = 0;     // PrepareLoad: first block loaded
-    uint32_t load_planned = 0;   // PrepareLoad: blocks planned
-    uint32_t loaded_blocks = 0;  // intact prefix after the load ended
-    bool load_in_flight = false;
-    std::shared_ptr<TransferJob> load_job;  // the batch carrying this request's loads
-    uint32_t committed_blocks = 0;
-    uint32_t saves_in_flight = 0;  // save holds: its G1 blocks may still be read
-    bool finished = false;         // RequestFinished was called
-    bool kept_for_saves = false;   // RequestFinished returned true: saves_done will list it
-    // Finished while its load was in flight, the load has ended, and Finished() has not listed
-    // it in loads_done yet (retiring: listed by the last call; erased at the next one).
-    bool load_unreported = false;
-    bool retiring = false;
-    uint32_t save_drains = 0;  // WaitForRequestSaves calls in progress: no save of it starts
-    std::chrono::steady_clock::time_point last_active{};
-    std::list<std::string>::iterator by_activity;  // its place in by_activity_
-    // G4: the last Lookup found blocks [g4_first, g4_first + g4_blocks) in G4, past the local
-    // prefix; asked at g4_asked_at; g4_whole: every block asked about was there (a repeated
-    // Lookup reuses a whole answer for kG4LookupReuse, a partial one for less).
-    uint32_t g4_first = 0;
-    uint32_t g4_blocks = 0;
-    std::chrono::steady_clock::time_point g4_asked_at{};
-    bool g4_whole = false;
-  };
+  using Request = RequestState;  // request_table.h
   // One block to move into G1.
   struct PlannedLoad {
     uint32_t instance = 0;
@@ -322,18 +289,13 @@ class BlockManagerImpl {
   bool SlotComing() const REQUIRES(mu_) {
     return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
   }
-  using RequestMap = std::unordered_map<std::string, Request>;
-  // The entry of `id`, made (empty; *made = true) when there is none; marked active now.
-  Request& ActiveRequest(const std::string& id, bool* made) REQUIRES(mu_);
-  // Marks the entry active now (the idle sweep leaves it alone for idle_ttl_ more).
-  void Touch(RequestMap::iterator it) REQUIRES(mu_);
-  void EraseRequest(RequestMap::iterator it) REQUIRES(mu_);
-  static bool Idle(const Request& r) { return !r.load_in_flight && r.saves_in_flight == 0; }
   // A finished request that is idle: lists it in saves_done when RequestFinished kept it for
-  // its saves, and erases it unless its load's report is pending (see the invariants).
-  void RetireIfDone(RequestMap::iterator it) REQUIRES(mu_);
-  // Drops entries idle for longer than idle_ttl_ (at most kSweepBatch per call, from the least
-  // recently active): O(1) per call, and per Lookup no more entries are made than dropped.
+  // its saves, and erases it unless its load's report is pending (see the invariants). `r`
+  // may be gone after.
+  void RetireIfDone(Request& r) REQUIRES(mu_);
+  // Drops entries idle past manager.idle_request_ttl_ms (at most kSweepBatch per call, from
+  // the least recently active; counted): O(1) per call, and per Lookup no more entries are
+  // made than dropped.
   void SweepIdleRequests(std::chrono::steady_clock::time_point now) REQUIRES(mu_);
   // True while a WaitForRequestSaves of `id` runs: its saves are dropped instead of started.
   bool DrainingSaves(const std::string& id) const REQUIRES(mu_);
@@ -417,10 +379,9 @@ class BlockManagerImpl {
   Mutex start_load_mu_ ACQUIRED_BEFORE(mu_);
   Mutex mu_;
   std::condition_variable saves_cv_;
-  RequestMap requests_ GUARDED_BY(mu_);
-  // Request ids, least recently active first (see the invariants).
-  std::list<std::string> by_activity_ GUARDED_BY(mu_);
-  std::chrono::milliseconds idle_ttl_{600000};  // manager.idle_request_ttl_ms; set once in Init
+  // The request entries and their activity order (request_table.h; its idle TTL is set once
+  // in Init).
+  RequestTable requests_ GUARDED_BY(mu_);
   // Finished requests that the last Finished() listed in loads_done: erased at the next one.
   std::vector<std::pair<uint32_t, std::string>> retiring_ GUARDED_BY(mu_);  // (instance, id)
   std::condition_variable request_saves_cv_;  // some request's save holds reached 0

@@ -29,12 +29,12 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
   uint32_t instance;
   {
     MutexLock lock(&mu_);
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) {
+    Request* entry = requests_.Find(request_id);
+    if (entry == nullptr) {
       return Status::NotFound("Commit: request '" + request_id + "' had no Lookup");
     }
-    Touch(it);
-    Request& r = it->second;
+    requests_.Touch(*entry);
+    Request& r = *entry;
     ns = r.namespace_id;
     instance = r.instance;
     store_tiers = r.store_tiers;
@@ -203,14 +203,14 @@ void BlockManagerImpl::RetryDeferredSaves() {
 }
 
 void BlockManagerImpl::ReleaseSaveHolds(const std::string& request_id, uint32_t n) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
-  Request& r = it->second;
+  Request* entry = requests_.Find(request_id);
+  if (entry == nullptr) return;
+  Request& r = *entry;
   r.saves_in_flight -= std::min(n, r.saves_in_flight);
   if (r.saves_in_flight != 0) return;
   request_saves_cv_.notify_all();
-  Touch(it);
-  RetireIfDone(it);
+  requests_.Touch(*entry);
+  RetireIfDone(*entry);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -327,7 +327,7 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
         for (;;) {
           // A request's save holds are its deferred, queued and submitted saves.
           uint64_t holds = 0, waiting = 0;
-          for (const auto& [id, r] : requests_)
+          for (const auto& [id, r] : requests_.entries())
             holds += r.instance == instance ? r.saves_in_flight : 0;
           for (const DeferredSave& d : deferred_saves_) waiting += d.instance == instance;
           for (const PendingSave& p : pending_saves_) waiting += p.instance == instance;
@@ -361,9 +361,9 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
 
 void BlockManagerImpl::WaitForRequestSaves(const std::string& request_id) {
   MutexLock lock(&mu_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
-  ++it->second.save_drains;
+  Request* entry = requests_.Find(request_id);
+  if (entry == nullptr) return;
+  ++entry->save_drains;
   // Its saves that have not started are dropped: deferred ones, and queued ones (their G2
   // slots go back). A RetryDeferredSaves holding the deferred list now drops its share itself.
   uint32_t dropped = 0;
@@ -392,12 +392,12 @@ void BlockManagerImpl::WaitForRequestSaves(const std::string& request_id) {
   }
   // What is left was submitted: a save batch still reading G1.
   for (;;) {
-    it = requests_.find(request_id);
-    if (it == requests_.end()) return;  // finished and done: erased
-    if (it->second.saves_in_flight == 0) break;
+    entry = requests_.Find(request_id);
+    if (entry == nullptr) return;  // finished and done: erased
+    if (entry->saves_in_flight == 0) break;
     CondWait(&request_saves_cv_, &mu_);
   }
-  --it->second.save_drains;
+  --entry->save_drains;
 }
 
 void BlockManagerImpl::EndDemotion() {

@@ -37,8 +37,7 @@ Result<std::unique_ptr<G4Path>> G4Path::Open(const G4Options& cfg, uint64_t bloc
   }
   std::unique_ptr<RemoteStore> store = std::move(opened).value();
   if (wrap) store = wrap(std::move(store));
-  return std::unique_ptr<G4Path>(
-      new G4Path(std::move(store), cfg, block_bytes, tokens_per_block));
+  return std::unique_ptr<G4Path>(new G4Path(std::move(store), cfg, block_bytes, tokens_per_block));
 }
 
 G4Path::G4Path(std::unique_ptr<RemoteStore> store, const G4Options& cfg, uint64_t block_bytes,
@@ -55,8 +54,7 @@ G4Path::G4Path(std::unique_ptr<RemoteStore> store, const G4Options& cfg, uint64_
     slower_than_recompute_ = load_s >= recompute_s;
     KVTIER_LOG(kInfo) << "G4: a block loads in an estimated " << load_s * 1e3
                       << " ms and recomputes in " << recompute_s * 1e3 << " ms: G4 blocks are "
-                      << (slower_than_recompute_ ? "NOT offered (recompute is faster)"
-                                                 : "offered");
+                      << (slower_than_recompute_ ? "NOT offered (recompute is faster)" : "offered");
   } else if (load_gbps > 0 || recompute_tps > 0) {
     KVTIER_LOG(kWarn) << "g4.load_gbps and g4.recompute_tokens_per_s work together; only one "
                          "is set, so G4 blocks are always offered. Set both, or neither";
