@@ -9,11 +9,11 @@
 // the disk tier's threads and update the index, the slot table and the request table.
 //
 // Locks: start_load_mu_ before mu_; mu_ guards requests and the pending work lists. The parts'
-// locks (the slot table's meta_mu_ and ns_mu_, the events' mu_) are leaves: taken under no
-// other lock of ours except the index's (ns_mu_ under its shard locks, EvictableFor), and
-// holding none. None of ours is held while calling into the transfer engine (its Submit can
-// run callbacks on the calling thread) or while delivering events. The index has its own locks
-// (always taken after ours, never before).
+// locks (the slot table's meta_mu_ and ns_mu_, the events' mu_) are leaves, taken last: ns_mu_
+// under mu_ (a slot released with it held) and under the index's shard locks (EvictableFor);
+// none is held while taking another lock. None of ours is held while calling into the transfer
+// engine (its Submit can run callbacks on the calling thread) or while delivering events. The
+// index has its own locks (always taken after ours, never before).
 //
 // Invariants:
 //  - A G2 slot is in exactly one of: the arena's free list; the staging pool; the index (G2
@@ -446,7 +446,8 @@ class BlockManagerImpl {
     std::atomic<uint64_t> saved{0}, dedup{0}, dropped_saves{0}, demoted{0}, not_admitted{0},
         first_sighting{0};
     std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
-    std::atomic<uint64_t> corrupt{0}, staged_via_pool{0}, deferred{0};  // events: events_
+    // (events_emitted is counted by events_.)
+    std::atomic<uint64_t> corrupt{0}, staged_via_pool{0}, deferred{0};
     std::atomic<uint64_t> g4_lookup_blocks{0}, g4_lookup_failures{0}, g4_lookup_timeouts{0};
     std::atomic<uint64_t> g4_skipped_lookups{0};
     std::atomic<uint64_t> g4_saved{0}, g4_save_failures{0}, g4_dropped{0};

@@ -18,9 +18,10 @@
 //  - ns_slots_[ns] is the number of slots whose namespace is ns, for every ns != 0; no entry
 //    counts 0, so ns_slots_.size() is the number of namespaces holding G2 slots.
 //
-// Locks: meta_mu_ guards the records, ns_mu_ the namespace counts. Both are leaves: ns_mu_ is
-// taken under the index's shard locks (EvictableFor is BlockIndex::EvictOne's filter), and
-// neither is held while taking any other lock (Set takes them one after the other).
+// Locks: meta_mu_ guards the records, ns_mu_ the namespace counts. Both are leaves: the caller
+// may hold its own locks (the manager's mu_ when it frees a slot; the index's shard locks
+// around EvictableFor, BlockIndex::EvictOne's filter), and neither is held while taking any
+// other lock (Set takes them one after the other).
 #pragma once
 
 #include <cstdint>
@@ -99,8 +100,8 @@ class G2SlotTable {
   const double share_;
 
   mutable Mutex meta_mu_;
-  std::vector<Meta> meta_ GUARDED_BY(meta_mu_);         // per slot
-  std::vector<TokenId> tokens_ GUARDED_BY(meta_mu_);    // tpb_ per slot
+  std::vector<Meta> meta_ GUARDED_BY(meta_mu_);       // per slot
+  std::vector<TokenId> tokens_ GUARDED_BY(meta_mu_);  // tpb_ per slot
 
   mutable Mutex ns_mu_;
   std::vector<uint64_t> slot_ns_ GUARDED_BY(ns_mu_);  // per slot; 0 = none

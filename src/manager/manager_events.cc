@@ -52,10 +52,10 @@ Status ManagerEvents::StartPublisher(const EventOptions& ev) {
 }
 
 void ManagerEvents::SetRecovered(std::vector<KvEvent> events) {
+  // The wire hears of them too, right after its AllBlocksCleared.
+  if (publisher_) publisher_->Publish(std::span<const KvEvent>(events));
   MutexLock lock(&mu_);
   recovered_ = std::move(events);
-  // The wire hears of them too, right after its AllBlocksCleared.
-  if (publisher_) publisher_->Publish(recovered_);
 }
 
 KvEvent ManagerEvents::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,

@@ -13,8 +13,8 @@
 //    tokens, size and namespace names; before that, only key, parent and tier (Stored's
 //    `always` aside), so the save path pays nothing for events no one reads.
 //
-// Lock: mu_ guards the subscribers and the recovered events. A leaf: it is taken under no
-// other lock of the manager's, and nothing is called while it is held.
+// Lock: mu_ guards the subscribers and the recovered events. A leaf: no callback runs and no
+// other lock is taken while it is held.
 //
 // Shutdown: the publisher stops in the destructor, sending what is queued; destroy this last,
 // after everything that emits events (the transfer engine's callbacks, the G3 flush) has
@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "core/mutex.h"
-#include "kvtier/status.h"
 #include "kvtier/block_key.h"
 #include "kvtier/events.h"
 #include "kvtier/manager_stats.h"
+#include "kvtier/status.h"
 #include "kvtier/tier.h"
 #include "manager/hasher_cache.h"
 #include "manager/manager_settings.h"
