@@ -28,7 +28,7 @@ Status BlockManagerImpl::InitG4() {
 std::optional<BlockManagerImpl::G4Write> BlockManagerImpl::PrepareWriteThrough(
     const BlockKey& key, const BlockKey& parent, uint32_t slot) {
   if (!g4_ || !g4_->write_through()) return std::nullopt;
-  if (!((SlotStoreTiers(slot) >> kTierG4) & 1u)) return std::nullopt;
+  if (!((slots_->StoreTiers(slot) >> kTierG4) & 1u)) return std::nullopt;
   if (!index_->Pin(key).ok()) return std::nullopt;
   // Pinned now, so it cannot leave G2; but it may have left before the pin (evicted, its slot
   // reused): then there is nothing to write from.
@@ -43,11 +43,10 @@ std::optional<BlockManagerImpl::G4Write> BlockManagerImpl::PrepareWriteThrough(
   w.parent = parent;
   w.g2_slot = slot;
   {
-    MutexLock lock(&slot_mu_);
-    w.namespace_id = slot_meta_[slot].namespace_id;
-    w.expected_checksum = slot_meta_[slot].commit_checksum;
-    w.tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
-                    slot_tokens_.begin() + size_t{slot + 1} * tpb_);
+    G2SlotTable::WriteRecord r = slots_->CopyForWrite(slot);
+    w.namespace_id = r.namespace_id;
+    w.expected_checksum = r.commit_checksum;
+    w.tokens = std::move(r.tokens);
   }
   return w;
 }
@@ -102,17 +101,16 @@ void BlockManagerImpl::SubmitG4Writes(std::vector<G4Write> writes) {
 
 bool BlockManagerImpl::DemoteToG4(const EvictedBlock& victim) {
   if (!g4_ || g4_->write_through()) return false;
-  if (!((SlotStoreTiers(victim.slot) >> kTierG4) & 1u)) return false;
+  if (!((slots_->StoreTiers(victim.slot) >> kTierG4) & 1u)) return false;
   G4Write w;
   w.key = victim.key;
   w.parent = victim.parent;
   w.g2_slot = victim.slot;
   w.evicted = true;
   {
-    MutexLock lock(&slot_mu_);
-    w.namespace_id = slot_meta_[victim.slot].namespace_id;
-    w.tokens.assign(slot_tokens_.begin() + size_t{victim.slot} * tpb_,
-                    slot_tokens_.begin() + size_t{victim.slot + 1} * tpb_);
+    G2SlotTable::WriteRecord r = slots_->CopyForWrite(victim.slot);
+    w.namespace_id = r.namespace_id;
+    w.tokens = std::move(r.tokens);
   }
   demotions_in_flight_.fetch_add(1);
   g4_->BeginWrite();
@@ -130,11 +128,10 @@ void BlockManagerImpl::WriteEvictedToG4(uint32_t slot, const BlockKey& key,
   w.g2_slot = slot;
   w.evicted = true;  // SubmitG4Writes frees the slot and ends the demotion
   {
-    MutexLock lock(&slot_mu_);
-    w.namespace_id = slot_meta_[slot].namespace_id;
-    w.expected_checksum = slot_meta_[slot].commit_checksum;
-    w.tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
-                    slot_tokens_.begin() + size_t{slot + 1} * tpb_);
+    G2SlotTable::WriteRecord r = slots_->CopyForWrite(slot);
+    w.namespace_id = r.namespace_id;
+    w.expected_checksum = r.commit_checksum;
+    w.tokens = std::move(r.tokens);
   }
   g4_->BeginWrite();
   std::vector<G4Write> one;

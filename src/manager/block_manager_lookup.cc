@@ -322,7 +322,7 @@ Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async)
         if (st.ok() && !HoldsCacheSlot(p)) return;  // staged through the pool: not promoted
         if (st.ok()) {
           // The staged copy stays: the block is promoted to G2.
-          SetSlotMeta(p.g2_slot, SlotMeta{p.key, p.parent, p.namespace_id}, p.tokens);
+          slots_->Set(p.g2_slot, G2SlotTable::Meta{p.key, p.parent, p.namespace_id}, p.tokens);
           if (index_->Insert(p.key, p.parent, kTierG2, p.g2_slot).ok()) {
             c_.promoted.fetch_add(1, std::memory_order_relaxed);
             Emit({StoredEvent(p.key, p.parent, kTierG2, p.namespace_id, p.tokens)});

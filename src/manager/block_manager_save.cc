@@ -118,7 +118,7 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
       no_slot.push_back(std::move(c));  // and the blocks after it: saves keep commit order
       continue;
     }
-    SetSlotMeta(*slot, SlotMeta{c.key, c.parent, ns, store_tiers}, c.tokens);
+    slots_->Set(*slot, G2SlotTable::Meta{c.key, c.parent, ns, store_tiers}, c.tokens);
     saves.push_back(PendingSave{instance, request_id, c.key, c.parent, c.g1_block, *slot});
   }
   MutexLock lock(&mu_);
@@ -172,7 +172,7 @@ void BlockManagerImpl::RetryDeferredSaves() {
     const DeferredSave& d = waiting[given];
     std::optional<uint32_t> slot = AllocateG2Slot(d.namespace_id, SlotUse::kSave);
     if (!slot) break;
-    SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
+    slots_->Set(*slot, G2SlotTable::Meta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
     saves.push_back(PendingSave{d.instance, d.request_id, d.key, d.parent, d.g1_block, *slot});
   }
   MutexLock lock(&mu_);
@@ -279,11 +279,10 @@ Status BlockManagerImpl::StartSave(uint32_t instance) {
       bool stored = false;
       if (st.ok() && shared_g2_) {
         // kvtier serve: the engine wrote this slot through its own mapping; its bytes as they
-        // are now, at the commit, are the block (SlotMeta::commit_checksum).
+        // are now, at the commit, are the block (G2SlotTable::Meta::commit_checksum).
         const uint64_t sum = PayloadChecksum(g2_->SlotData(s.g2_slot) + G2PayloadOffset(layout_),
                                              layout_.BlockBytes());
-        MutexLock lock(&slot_mu_);
-        slot_meta_[s.g2_slot].commit_checksum = sum;
+        slots_->SetCommitChecksum(s.g2_slot, sum);
       }
       if (st.ok()) {
         stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
