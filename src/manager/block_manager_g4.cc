@@ -110,6 +110,9 @@ bool BlockManagerImpl::DemoteToG4(const EvictedBlock& victim) {
   {
     G2SlotTable::WriteRecord r = slots_->CopyForWrite(victim.slot);
     w.namespace_id = r.namespace_id;
+    // Written only if the slot still holds what its commit saved (kvtier serve: an engine may
+    // have written into it since).
+    w.expected_checksum = r.commit_checksum;
     w.tokens = std::move(r.tokens);
   }
   demotions_in_flight_.fetch_add(1);
