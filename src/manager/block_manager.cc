@@ -144,10 +144,13 @@ Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
     MutexLock lock(&mu_);  // no other thread yet; the table is mu_'s
     requests_.set_idle_ttl(std::chrono::milliseconds(cfg.requests.idle_request_ttl_ms));
   }
-  // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
-  max_defer_ = std::chrono::milliseconds(cfg.transfer.max_defer_ms);
-  max_deferred_saves_ = static_cast<uint32_t>(
-      std::min<uint64_t>(cfg.transfer.max_queued_saves, g2_->num_slots() - staging_slots_));
+  {
+    // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
+    MutexLock lock(&mu_);  // no other thread yet; the queue is mu_'s
+    saves_.Configure(
+        std::min<uint64_t>(cfg.transfer.max_queued_saves, g2_->num_slots() - staging_slots_),
+        std::chrono::milliseconds(cfg.transfer.max_defer_ms));
+  }
   TransferEngine::Config tc;
   tc.copy_threads = cfg.transfer.copy_threads;
   tc.max_queued_saves = cfg.transfer.max_queued_saves;

@@ -60,6 +60,7 @@
 #include "manager/manager_metrics.h"
 #include "manager/manager_settings.h"
 #include "manager/request_table.h"
+#include "manager/save_queue.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 #include "tier/remote_store.h"
@@ -176,30 +177,11 @@ class BlockManagerImpl {
   // A committed block that found no G2 slot while G2's victims were still being written to G3:
   // it waits (the engine keeps its G1 block, as for any save in flight) for a slot to free,
   // instead of being dropped. Retried on the engine's next StartSave/Finished/WaitForSaves.
-  struct DeferredSave {
-    uint32_t instance = 0;
-    std::string request_id;
-    BlockKey key;
-    BlockKey parent;
-    uint64_t namespace_id = 0;
-    uint32_t g1_block = 0;
-    std::vector<TokenId> tokens;
-    std::chrono::steady_clock::time_point deadline;  // dropped when still waiting after it
-    uint8_t store_tiers = kAllTiers;
-  };
   // A G3 or G4 load staged through a G2 slot of the manager's (not the transfer engine's pool).
   static bool HoldsCacheSlot(const PlannedLoad& p) {
     return (p.source == kTierG3 || p.source == kTierG4) &&
            p.g2_slot != BlockTransfer::kAnyStagingSlot;
   }
-  struct PendingSave {
-    uint32_t instance = 0;
-    std::string request_id;
-    BlockKey key;
-    BlockKey parent;
-    uint32_t g1_block = 0;
-    uint32_t g2_slot = 0;
-  };
 
   explicit BlockManagerImpl(const ManagerOptions& options);
   Status Init(const DiskTier::OpenOptions& g3_open);
@@ -269,7 +251,7 @@ class BlockManagerImpl {
   void RetryDeferredSaves() EXCLUDES(mu_);
   // Whether a G2 slot will free without another call: a demotion or a save is in flight.
   bool SlotComing() const REQUIRES(mu_) {
-    return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
+    return demotions_in_flight_.load() > 0 || saves_.outstanding() > 0 || saves_.HasQueued();
   }
   // A finished request that is idle: lists it in saves_done when RequestFinished kept it for
   // its saves, and erases it unless its load's report is pending (see the invariants). `r`
@@ -360,15 +342,12 @@ class BlockManagerImpl {
   std::vector<std::pair<uint32_t, std::string>> retiring_ GUARDED_BY(mu_);  // (instance, id)
   std::condition_variable request_saves_cv_;  // some request's save holds reached 0
   std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
-  std::vector<PendingSave> pending_saves_ GUARDED_BY(mu_);
-  std::deque<DeferredSave> deferred_saves_ GUARDED_BY(mu_);
-  uint32_t max_deferred_saves_ = 0;           // set once in Init
-  std::chrono::milliseconds max_defer_{500};  // set once in Init
-  std::unordered_set<BlockKey, BlockKeyHash> saving_keys_ GUARDED_BY(mu_);
+  // The saves taken on and not ended: claimed keys, queued, deferred, outstanding
+  // (save_queue.h; configured once in Init).
+  SaveQueue saves_ GUARDED_BY(mu_);
   // Synchronous load batches started and not yet seen finished; WaitLayer waits on all of them
   // (asynchronous batches are only in their requests' load_job).
   std::vector<std::pair<uint32_t, std::shared_ptr<TransferJob>>> load_jobs_ GUARDED_BY(mu_);
-  uint64_t saves_outstanding_ GUARDED_BY(mu_) = 0;  // save moves submitted, not ended
   // (instance, request id) for Finished(instance).
   std::vector<std::pair<uint32_t, std::string>> saves_done_ GUARDED_BY(mu_);
   std::vector<std::pair<uint32_t, std::string>> loads_done_ GUARDED_BY(mu_);

@@ -40,10 +40,9 @@ bool BlockManagerImpl::DrainingSaves(const std::string& id) const {
 
 void BlockManagerImpl::EndSave(const std::string& request_id, const BlockKey& key) {
   MutexLock lock(&mu_);
-  saving_keys_.erase(key);
-  --saves_outstanding_;
+  const bool none_left = saves_.End(key);
   ReleaseSaveHolds(request_id, 1);
-  if (saves_outstanding_ == 0) saves_cv_.notify_all();
+  if (none_left) saves_cv_.notify_all();
 }
 
 bool BlockManagerImpl::RequestFinished(const std::string& request_id) {
@@ -68,7 +67,7 @@ FinishedRequests BlockManagerImpl::Finished(uint32_t instance) {
     bool deferred;
     {
       MutexLock lock(&mu_);
-      deferred = !deferred_saves_.empty();
+      deferred = saves_.HasDeferred();
     }
     if (deferred) {
       Status s = StartSave(instance);
@@ -133,16 +132,10 @@ size_t BlockManagerImpl::ForgetInstance(uint32_t instance) {
     MutexLock lock(&mu_);
     gone_instances_.insert(instance);
     // Deferred saves of the engine would wait for a slot only to copy from a G1 that is gone.
-    std::vector<std::pair<std::string, BlockKey>> dropped;
-    for (auto d = deferred_saves_.begin(); d != deferred_saves_.end();) {
-      if (d->instance != instance) {
-        ++d;
-        continue;
-      }
-      saving_keys_.erase(d->key);
-      ReleaseSaveHolds(d->request_id, 1);
+    for (const DeferredSave& d : saves_.DropDeferred(
+             [instance](const DeferredSave& d) { return d.instance == instance; })) {
+      ReleaseSaveHolds(d.request_id, 1);
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-      d = deferred_saves_.erase(d);
     }
     for (const auto& [id, r] : requests_.entries()) {
       if (r.instance == instance) ids.push_back(id);

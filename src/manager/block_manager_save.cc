@@ -62,7 +62,7 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
       if (g1_block_ids[i] == kNoG1Block) continue;
       const bool loaded = i >= r.load_first && i < r.load_first + r.loaded_blocks;
       // Without G2 in its store_tiers, nothing of the request is saved (G2 leads to the rest).
-      if (loaded || saving_keys_.count(key) || !((store_tiers >> kTierG2) & 1u)) continue;
+      if (loaded || saves_.Claimed(key) || !((store_tiers >> kTierG2) & 1u)) continue;
       candidates.push_back(
           Candidate{key, i == 0 ? r.hasher->root() : r.keys[i - 1], g1_block_ids[i],
                     std::vector<TokenId>(r.tokens.begin() + size_t{i} * tpb_,
@@ -104,7 +104,7 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
     std::vector<Candidate> claimed;
     claimed.reserve(to_save.size());
     for (Candidate& c : to_save) {
-      if (saving_keys_.insert(c.key).second) claimed.push_back(std::move(c));
+      if (saves_.Claim(c.key)) claimed.push_back(std::move(c));
     }
     to_save.swap(claimed);
     released += static_cast<uint32_t>(before - to_save.size());
@@ -126,17 +126,17 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
     // WaitForRequestSaves runs: the engine is reusing the blocks; nothing of them starts.
     for (const PendingSave& s : saves) {
       ReleaseG2Slot(s.g2_slot);
-      saving_keys_.erase(s.key);
+      saves_.Unclaim(s.key);
     }
     c_.dropped_saves.fetch_add(saves.size(), std::memory_order_relaxed);
     released += static_cast<uint32_t>(saves.size());
     saves.clear();
-    for (Candidate& c : no_slot) saving_keys_.erase(c.key);
+    for (Candidate& c : no_slot) saves_.Unclaim(c.key);
     c_.dropped_saves.fetch_add(no_slot.size(), std::memory_order_relaxed);
     released += static_cast<uint32_t>(no_slot.size());
     no_slot.clear();
   }
-  for (auto& s : saves) pending_saves_.push_back(std::move(s));
+  for (auto& s : saves) saves_.Queue(std::move(s));
   // Blocks without a slot wait for one while a slot can free: G2's victims are being demoted
   // (a slot frees when each write ends), saves are in flight (their blocks become evictable
   // when they land), or G3 is behind G2 (a save there never evicts: StartSave evicts for the
@@ -144,14 +144,20 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
   // they are dropped and counted.
   const bool slot_coming = SlotComing() || g3_ != nullptr;
   for (Candidate& c : no_slot) {
-    if (slot_coming && deferred_saves_.size() < max_deferred_saves_) {
+    if (slot_coming && saves_.CanDefer()) {
       c_.deferred.fetch_add(1, std::memory_order_relaxed);
-      deferred_saves_.push_back(
-          DeferredSave{instance, request_id, c.key, c.parent, ns, c.g1_block, std::move(c.tokens),
-                       std::chrono::steady_clock::now() + max_defer_, store_tiers});
+      saves_.Defer(DeferredSave{instance,
+                                request_id,
+                                c.key,
+                                c.parent,
+                                ns,
+                                c.g1_block,
+                                std::move(c.tokens),
+                                {},
+                                store_tiers});
     } else {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-      saving_keys_.erase(c.key);
+      saves_.Unclaim(c.key);
       ++released;
     }
   }
@@ -163,8 +169,8 @@ void BlockManagerImpl::RetryDeferredSaves() {
   std::deque<DeferredSave> waiting;
   {
     MutexLock lock(&mu_);
-    if (deferred_saves_.empty()) return;
-    waiting.swap(deferred_saves_);
+    if (!saves_.HasDeferred()) return;
+    waiting = saves_.TakeDeferred();
   }
   std::vector<PendingSave> saves;
   size_t given = 0;
@@ -181,11 +187,11 @@ void BlockManagerImpl::RetryDeferredSaves() {
       // Its request's WaitForRequestSaves took the deferred list while this call held it.
       ReleaseG2Slot(s.g2_slot);
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-      saving_keys_.erase(s.key);
+      saves_.Unclaim(s.key);
       ReleaseSaveHolds(s.request_id, 1);
       continue;
     }
-    pending_saves_.push_back(std::move(s));
+    saves_.Queue(std::move(s));
   }
   // Still no slot and none coming, or waited too long (or its request is being drained):
   // drop, so the engine gets its G1 blocks back.
@@ -193,10 +199,10 @@ void BlockManagerImpl::RetryDeferredSaves() {
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = waiting.size(); i-- > given;) {
     if (slot_coming && now < waiting[i].deadline && !DrainingSaves(waiting[i].request_id)) {
-      deferred_saves_.push_front(std::move(waiting[i]));
+      saves_.Return(std::move(waiting[i]));
     } else {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
-      saving_keys_.erase(waiting[i].key);
+      saves_.Unclaim(waiting[i].key);
       ReleaseSaveHolds(waiting[i].request_id, 1);
     }
   }
@@ -233,19 +239,10 @@ Status BlockManagerImpl::StartSave(uint32_t instance) {
   std::vector<PendingSave> saves;
   {
     MutexLock lock(&mu_);
-    if (instance == kAllInstances) {
-      saves.swap(pending_saves_);
-    } else {
-      // This engine's saves, and any left by an engine that is gone (they fail and free their
-      // slots); the others wait for their own engine's StartSave.
-      std::vector<PendingSave> others;
-      for (PendingSave& p : pending_saves_) {
-        (p.instance == instance || gone_instances_.count(p.instance) ? saves : others)
-            .push_back(std::move(p));
-      }
-      pending_saves_.swap(others);
-    }
-    saves_outstanding_ += saves.size();
+    // This engine's saves, and any left by an engine that is gone (they fail and free their
+    // slots); the others wait for their own engine's StartSave.
+    static_assert(SaveQueue::kAll == kAllInstances);
+    saves = saves_.TakeQueued(instance, gone_instances_);
   }
   if (saves.empty()) return Status::Ok();
   if (!g1_registered_) {
@@ -328,8 +325,7 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
           uint64_t holds = 0, waiting = 0;
           for (const auto& [id, r] : requests_.entries())
             holds += r.instance == instance ? r.saves_in_flight : 0;
-          for (const DeferredSave& d : deferred_saves_) waiting += d.instance == instance;
-          for (const PendingSave& p : pending_saves_) waiting += p.instance == instance;
+          waiting = saves_.Waiting(instance);
           const bool pool_busy = demotions_in_flight_.load() != 0 || G4WritesInFlight() != 0;
           if (holds <= waiting && !pool_busy) {
             if (waiting == 0) return;
@@ -346,11 +342,11 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
   for (;;) {
     {
       MutexLock lock(&mu_);
-      while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0 ||
+      while (saves_.outstanding() != 0 || demotions_in_flight_.load() != 0 ||
              G4WritesInFlight() != 0) {
         CondWait(&saves_cv_, &mu_);
       }
-      if (deferred_saves_.empty() && pending_saves_.empty()) return;
+      if (saves_.Empty()) return;
     }
     // Deferred saves get the slots the demotions freed (or are dropped if none can free).
     Status s = StartSave(kAllInstances);
@@ -365,24 +361,10 @@ void BlockManagerImpl::WaitForRequestSaves(const std::string& request_id) {
   ++entry->save_drains;
   // Its saves that have not started are dropped: deferred ones, and queued ones (their G2
   // slots go back). A RetryDeferredSaves holding the deferred list now drops its share itself.
-  uint32_t dropped = 0;
-  for (auto d = deferred_saves_.begin(); d != deferred_saves_.end();) {
-    if (d->request_id != request_id) {
-      ++d;
-      continue;
-    }
-    saving_keys_.erase(d->key);
-    d = deferred_saves_.erase(d);
-    ++dropped;
-  }
-  for (auto q = pending_saves_.begin(); q != pending_saves_.end();) {
-    if (q->request_id != request_id) {
-      ++q;
-      continue;
-    }
-    ReleaseG2Slot(q->g2_slot);
-    saving_keys_.erase(q->key);
-    q = pending_saves_.erase(q);
+  auto of_request = [&request_id](const auto& s) { return s.request_id == request_id; };
+  uint32_t dropped = static_cast<uint32_t>(saves_.DropDeferred(of_request).size());
+  for (const PendingSave& q : saves_.DropQueued(of_request)) {
+    ReleaseG2Slot(q.g2_slot);
     ++dropped;
   }
   if (dropped > 0) {

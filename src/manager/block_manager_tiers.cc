@@ -220,7 +220,7 @@ void BlockManagerImpl::StartG2Reserve() {
   if (!g3_ || demotions_in_flight_.load() != 0) return;
   {
     MutexLock lock(&mu_);
-    if (deferred_saves_.empty()) return;
+    if (!saves_.HasDeferred()) return;
   }
   const int64_t short_at_start = G2SlotsShort();
   for (int64_t i = 0; i < short_at_start && G2SlotsShort() > 0; ++i) {
@@ -233,7 +233,7 @@ int64_t BlockManagerImpl::G2SlotsShort() {
   size_t deferred;
   {
     MutexLock lock(&mu_);
-    deferred = deferred_saves_.size();
+    deferred = saves_.deferred();
   }
   const uint32_t in_flight = demotions_in_flight_.load();
   if (in_flight >= MaxDemotions()) return 0;
