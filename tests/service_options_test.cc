@@ -30,9 +30,9 @@ TEST(ServiceConfigKeysTest, AProgramLinkingProtoAloneKnowsTheServiceKeys) {
   std::vector<std::string> got;
   for (const ConfigFieldSpec& spec : Config::Schema()) got.push_back(spec.name);
   const std::vector<std::string> want = {
-      "service.socket",      "service.instance",     "service.lease_ms",
+      "service.socket",          "service.instance",    "service.lease_ms",
       "service.call_timeout_ms", "service.reattach_ms", "service.max_pools",
-      "service.allowed_gids", "service.daemon_uid",  "service.max_connections"};
+      "service.allowed_gids",    "service.daemon_uid",  "service.max_connections"};
   EXPECT_EQ(got, want);
 }
 
@@ -94,13 +94,13 @@ TEST(ServiceOptionsTest, EachSideRefusesTheTextKeysItReadsAndOnlyThose) {
     Result<ServiceClientOptions> client = ServiceClientOptions::FromConfig(c);
     ASSERT_FALSE(client.ok()) << bad;
     EXPECT_EQ(client.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(client.status().message(), std::string("service.daemon_uid: '") + bad +
-                                             "' is not a uid; give the number kvtier serve runs as");
+    EXPECT_EQ(client.status().message(),
+              std::string("service.daemon_uid: '") + bad +
+                  "' is not a uid; give the number kvtier serve runs as");
     EXPECT_TRUE(ServiceDaemonOptions::FromConfig(c).ok()) << "the daemon reads no daemon_uid";
   }
   for (const auto& [text, item] : std::vector<std::pair<std::string, std::string>>{
-           {"wheel", "wheel"}, {"10,,20", ""}, {"-5", "-5"},
-           {"10,4294967296", "4294967296"}}) {
+           {"wheel", "wheel"}, {"10,,20", ""}, {"-5", "-5"}, {"10,4294967296", "4294967296"}}) {
     const Config c = With("service.allowed_gids", text);
     Result<ServiceDaemonOptions> daemon = ServiceDaemonOptions::FromConfig(c);
     ASSERT_FALSE(daemon.ok()) << text;

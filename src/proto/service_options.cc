@@ -57,9 +57,7 @@ Result<std::vector<gid_t>> ParseGids(const std::string& text) {
 
 }  // namespace
 
-bool ServiceSocketSet(const Config& config) {
-  return !config.GetString("service.socket").empty();
-}
+bool ServiceSocketSet(const Config& config) { return !config.GetString("service.socket").empty(); }
 
 Result<ServiceClientOptions> ServiceClientOptions::FromConfig(const Config& config) {
   ServiceClientOptions o;
