@@ -48,9 +48,9 @@ class AttachedManager final : public BlockManager {
   // Reads service.* from options.config (proto::ServiceClientOptions) and tries to attach once. A
   // daemon that is not there is no error (a warning; calls are misses until it is); a daemon that
   // refuses this engine (another uid, no G2 room for its model: service.max_pools) is its error,
-  // with the reason. InvalidArgument for a bad layout, an empty model id or an empty
-  // service.socket. `device_backend`: as the in-process manager's seam (null = the CUDA backend),
-  // for a device G1.
+  // with the reason. InvalidArgument for a bad layout, an empty model id, an empty
+  // service.socket or a service.daemon_uid that is not a uid. `device_backend`: as the in-process
+  // manager's seam (null = the CUDA backend), for a device G1.
   static Result<std::unique_ptr<AttachedManager>> Create(const ManagerOptions& options,
                                                          DeviceBackendFactory device_backend = {});
   // Whether `config` asks for the attached manager (service.socket set): BlockManager::Create's

@@ -91,8 +91,8 @@ struct Instance {
   Pool* pool = nullptr;
   int connections = 0;
   std::shared_ptr<Conn> data;
-  uint32_t g1_blocks =
-      proto::kMaxG1Blocks - 1;  // RegisterG1's count bounds the block ids it may name
+  // RegisterG1's count bounds the block ids it may name.
+  uint32_t g1_blocks = proto::kMaxG1Blocks - 1;
   // The process that attached it (SO_PEERCRED of its first call or data connection): only it
   // may open more call and data connections under this name, and only its uid may join the
   // instance's lookups.
