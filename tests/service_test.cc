@@ -173,6 +173,27 @@ TEST(Service, SchedulerLookupsGoStraightToTheDaemon) {
   EXPECT_FALSE((*sched)->stats().connected);
 }
 
+// A rogue (or buggy) engine: a data connection of its own, and the G2 memfd mapped and
+// written over whole.
+void ScribbleOverG2(const std::string& socket) {
+  auto fd = proto::ConnectUnix(socket);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  auto reply = RawHello(fd->get(), proto::Role::kData, "scribbler");
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  proto::WireReader r(reply->payload);
+  Status status;
+  proto::HelloReply hr;
+  ASSERT_TRUE(proto::DecodeStatus(&r, &status).ok());
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_TRUE(proto::DecodeHelloReply(&r, &hr).ok());
+  ASSERT_TRUE(reply->fd) << "no G2 memfd with the data Hello's reply";
+  void* map =
+      ::mmap(nullptr, hr.g2_capacity_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+  std::memset(map, 0xab, hr.g2_capacity_bytes);
+  ::munmap(map, hr.g2_capacity_bytes);
+}
+
 // Every engine maps G2 writable. The daemon takes each block's checksum when the engine's save
 // of it lands (its commit), so a block some engine wrote into afterwards is never persisted:
 // here a rogue client scribbles over the whole mapping, the daemon shuts down (flushing G2 to
@@ -187,23 +208,7 @@ TEST(Service, BlockChangedAfterItsCommitIsNeverPersisted) {
   {
     Engine a = MakeEngine(socket, "engine-a");
     ComputeAndSave(a, "a1", 31, 4);
-    // A rogue (or buggy) engine: a data connection of its own, and the G2 memfd mapped.
-    auto fd = proto::ConnectUnix(socket);
-    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
-    auto reply = RawHello(fd->get(), proto::Role::kData, "scribbler");
-    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-    proto::WireReader r(reply->payload);
-    Status status;
-    proto::HelloReply hr;
-    ASSERT_TRUE(proto::DecodeStatus(&r, &status).ok());
-    ASSERT_TRUE(status.ok()) << status.ToString();
-    ASSERT_TRUE(proto::DecodeHelloReply(&r, &hr).ok());
-    ASSERT_TRUE(reply->fd) << "no G2 memfd with the data Hello's reply";
-    void* map = ::mmap(nullptr, hr.g2_capacity_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                       reply->fd.get(), 0);
-    ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
-    std::memset(map, 0xab, hr.g2_capacity_bytes);
-    ::munmap(map, hr.g2_capacity_bytes);
+    ASSERT_NO_FATAL_FAILURE(ScribbleOverG2(socket));
     // Saved after the scribble: its checksum is of its own bytes.
     ComputeAndSave(a, "a2", 32, 3, 20);
   }
@@ -227,6 +232,37 @@ TEST(Service, BlockChangedAfterItsCommitIsNeverPersisted) {
   EXPECT_TRUE(bytes_ok);
   EXPECT_EQ(LookupAndLoad(c, "c2", 31, 4, 10, &bytes_ok), 0u)
       << "a block changed after its commit was persisted to G4 and served";
+}
+
+// Without G3 and without write-through, G2's victims go straight to G4 (DemoteToG4): a block
+// some engine wrote into after its commit must not be written there either. (Found in the
+// issue 42 carve: that path did not pass the commit checksum, so G4 took the scribbled bytes,
+// checksummed them as its own, and served them after a restart.)
+TEST(Service, BlockChangedAfterItsCommitIsNotEvictedIntoG4) {
+  const std::string dir = TempDir("checksum-g4");
+  const std::string socket = dir + "/sock/kvtier.sock";
+  const std::string g4 = dir + "/g4";
+  const std::vector<std::pair<std::string, std::string>> small_g2 = {
+      {"KVTIER_G2_CAPACITY_BYTES", "384KiB"}};
+  Daemon daemon(socket);
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, "", g4, small_g2));
+  {
+    Engine a = MakeEngine(socket, "engine-a");
+    ComputeAndSave(a, "a1", 41, 4);
+    ASSERT_NO_FATAL_FAILURE(ScribbleOverG2(socket));
+    // Saved after the scribble: they push a1's blocks out of G2, to G4 if anywhere.
+    for (uint32_t i = 0; i < 8; ++i) ComputeAndSave(a, "a" + std::to_string(i + 2), 42 + i, 4, 20);
+    const ManagerStats s = a.manager->Stats();
+    EXPECT_GT(s.evicted_blocks_g2, 4u) << "G2 never evicted: the test did not reach DemoteToG4";
+    EXPECT_GT(s.g4_saved_blocks, 0u) << "nothing was evicted into G4";
+  }
+  EXPECT_EQ(daemon.Kill(SIGTERM), 0) << "kvtier serve did not shut down cleanly";
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, "", g4, small_g2));
+  Engine c = MakeEngine(socket, "engine-c");
+  bool bytes_ok = false;
+  const uint32_t loaded = LookupAndLoad(c, "c1", 41, 4, 0, &bytes_ok);
+  EXPECT_EQ(loaded, 0u) << "a block changed after its commit was evicted into G4 and served"
+                        << (bytes_ok ? "" : " (with the scribbled bytes)");
 }
 
 // An engine stopped (SIGSTOP) with saves lent to it: the other engine's lookups, saves and

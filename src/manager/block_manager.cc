@@ -1,33 +1,16 @@
 // BlockManagerImpl: construction and start-up (tiers, policies, metrics, the event
-// publisher), the KV events, Stats. The other parts: block_manager_{tiers,lookup,save,
-// requests,g4}.cc.
-#include <time.h>
-
+// publisher), Stats. The other parts: block_manager_{tiers,lookup,save,requests,g4}.cc, and the
+// parts with their own state: g2_slot_table.cc, manager_events.cc.
 #include <algorithm>
 #include <cassert>
 #include <chrono>
 #include <string>
 
 #include "core/log.h"
-#include "events/event_publisher.h"
 #include "manager/block_manager_impl.h"
 #include "transfer/block_copy.h"
 
 namespace kvtier {
-
-namespace {
-
-uint64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-}  // namespace
-
-const char* KvEventKindName(KvEvent::Kind kind) {
-  return kind == KvEvent::Kind::kStored ? "stored" : "removed";
-}
 
 // ---------------------------------------------------------------------------------------------
 // Construction
@@ -61,6 +44,7 @@ Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
   algorithm_ = cfg.requests.hash;
   hashers_ = std::make_unique<HasherCache>(options_.model_id, layout_.Fingerprint(), tpb_,
                                            algorithm_, cfg.requests.max_namespaces);
+  events_ = std::make_unique<ManagerEvents>(tpb_, hashers_.get());
 
   HostArena::Config g2;
   g2.capacity_bytes = cfg.g2.capacity_bytes;
@@ -76,16 +60,7 @@ Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
                                    " bytes with its header area); raise it");
   }
   KVTIER_ASSIGN_OR_RETURN(g2_, HostArena::Create(g2));
-  {
-    MutexLock lock(&slot_mu_);
-    slot_meta_.resize(g2_->num_slots());
-    slot_tokens_.resize(size_t{g2_->num_slots()} * tpb_);
-  }
-  ns_share_ = cfg.g2.namespace_share;
-  {
-    MutexLock lock(&ns_mu_);
-    slot_ns_.assign(g2_->num_slots(), 0);
-  }
+  slots_ = std::make_unique<G2SlotTable>(g2_->num_slots(), tpb_, cfg.g2.namespace_share);
 
   std::vector<RecoveredBlock> recovered;
   if (cfg.g3.enabled) {
@@ -165,7 +140,10 @@ Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
     g3_gate_ = std::move(*gate);
   }
 
-  idle_ttl_ = std::chrono::milliseconds(cfg.requests.idle_request_ttl_ms);
+  {
+    MutexLock lock(&mu_);  // no other thread yet; the table is mu_'s
+    requests_.set_idle_ttl(std::chrono::milliseconds(cfg.requests.idle_request_ttl_ms));
+  }
   // Deferred saves hold their requests' G1 blocks: never more of them than G2's cache holds.
   max_defer_ = std::chrono::milliseconds(cfg.transfer.max_defer_ms);
   max_deferred_saves_ = static_cast<uint32_t>(
@@ -186,19 +164,19 @@ Status BlockManagerImpl::Init(const DiskTier::OpenOptions& g3_open) {
       g3_.reset();
     }
   }
-  KVTIER_RETURN_IF_ERROR(InitEventPublisher());
+  KVTIER_RETURN_IF_ERROR(events_->StartPublisher(cfg.events));
   if (g3_) {
     // Warm restart: what G3 held before is servable again. Its headers hold each block's
     // tokens; the names of its namespace are not known yet (namespace_known = false).
-    MutexLock lock(&events_mu_);
+    std::vector<KvEvent> stored;
     for (const RecoveredBlock& b : recovered) {
       if (index_->Insert(b.key, b.parent, kTierG3, b.slot).ok()) {
-        recovered_events_.push_back(
-            StoredEvent(b.key, b.parent, kTierG3, b.namespace_id, b.tokens, /*always=*/true));
+        stored.push_back(events_->Stored(b.key, b.parent, kTierG3, b.namespace_id, b.tokens,
+                                         /*always=*/true));
       }
     }
-    // The wire hears of them too, right after its AllBlocksCleared.
-    if (publisher_) publisher_->Publish(recovered_events_);
+    // For the first subscriber, and the wire, right after its AllBlocksCleared.
+    events_->SetRecovered(std::move(stored));
     KVTIER_LOG(kInfo) << "G3: " << recovered.size() << " blocks recovered from " << cfg.g3.dir;
   }
   return InitMetrics();
@@ -211,7 +189,7 @@ Status BlockManagerImpl::InitMetrics() {
     ManagerMetrics::Queues q;
     q.queued_saves = engine_->queued_saves();
     q.demotions_in_flight = demotions_in_flight_.load(std::memory_order_relaxed);
-    q.g4_writes_in_flight = g4_writes_in_flight_.load(std::memory_order_relaxed);
+    q.g4_writes_in_flight = g4_ ? g4_->writes_in_flight() : 0;
     return q;
   };
   sources.block_bytes = layout_.BlockBytes();
@@ -239,106 +217,20 @@ BlockManagerImpl::~BlockManagerImpl() {
   if (g4_ != nullptr) WaitForSaves();
   // The engine drains first: its callbacks use the index, the arena and the request table.
   engine_.reset();
-  g4_remover_.reset();  // its thread calls g4_; what is still queued is dropped
+  if (g4_) g4_->StopRemover();  // its thread calls the store; what is still queued is dropped
   if (g3_) {
     Status s = g3_->Close();
     if (!s.ok()) KVTIER_LOG(kWarn) << "G3 close: " << s.ToString();
   }
   // Nothing emits any more: the publisher sends what is queued and stops.
-  publisher_.reset();
-}
-
-Status BlockManagerImpl::InitEventPublisher() {
-  // EventOptions::Validate refused a replay endpoint without a stream.
-  const EventOptions& ev = settings_.events;
-  if (ev.endpoint.empty()) return Status::Ok();
-  EventPublisher::Config pc;
-  pc.endpoint = ev.endpoint;
-  pc.replay_endpoint = ev.replay_endpoint;
-  pc.topic = ev.topic;
-  pc.queue_events = ev.queue_events;
-  pc.replay_batches = ev.replay_batches;
-  pc.replay_bytes = ev.replay_bytes;
-  pc.data_parallel_rank = static_cast<int64_t>(ev.data_parallel_rank);
-  KVTIER_ASSIGN_OR_RETURN(publisher_, EventPublisher::Start(pc));
-  events_wanted_.store(true);
-  KVTIER_LOG(kInfo) << "events: publishing on " << publisher_->endpoint()
-                    << (publisher_->replay_endpoint().empty()
-                            ? std::string()
-                            : ", replay on " + publisher_->replay_endpoint());
-  return Status::Ok();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Events
-
-KvEvent BlockManagerImpl::Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
-                                TierId tier) const {
-  KvEvent e;
-  e.kind = kind;
-  e.key = key;
-  e.parent = parent;
-  e.tier = tier;
-  e.time_ns = NowNs();
-  return e;
-}
-
-KvEvent BlockManagerImpl::StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
-                                      uint64_t namespace_id, std::span<const TokenId> tokens,
-                                      bool always) {
-  KvEvent e = Event(KvEvent::Kind::kStored, key, parent, tier);
-  if (!always && !events_wanted_.load(std::memory_order_relaxed)) return e;
-  e.block_size = tpb_;
-  // namespace_id is the root key's first half (Request::namespace_id): a first block's parent.
-  e.parent_is_root = parent.hi == namespace_id;
-  e.token_ids.assign(tokens.begin(), tokens.end());
-  if (auto names = hashers_->Names(namespace_id)) {
-    e.lora_name = std::move(names->first);
-    e.cache_salt = std::move(names->second);
-  } else {
-    e.namespace_known = false;
-  }
-  return e;
+  events_.reset();
 }
 
 KvEvent BlockManagerImpl::G2StoredEvent(uint32_t slot, const BlockKey& key,
-                                        const BlockKey& parent) {
-  if (!events_wanted_.load(std::memory_order_relaxed)) {
-    return Event(KvEvent::Kind::kStored, key, parent, kTierG2);
-  }
-  uint64_t namespace_id = 0;
-  std::vector<TokenId> tokens;
-  {
-    MutexLock lock(&slot_mu_);
-    namespace_id = slot_meta_[slot].namespace_id;
-    tokens.assign(slot_tokens_.begin() + size_t{slot} * tpb_,
-                  slot_tokens_.begin() + size_t{slot + 1} * tpb_);
-  }
-  return StoredEvent(key, parent, kTierG2, namespace_id, tokens);
-}
-
-void BlockManagerImpl::Emit(std::vector<KvEvent> events) {
-  if (events.empty()) return;
-  c_.events.fetch_add(events.size(), std::memory_order_relaxed);
-  std::vector<KvEventCallback> subs;
-  {
-    MutexLock lock(&events_mu_);
-    subs = subscribers_;
-  }
-  for (const auto& cb : subs) cb(events);
-  if (publisher_) publisher_->Publish(std::move(events));  // queued or dropped; never waits
-}
-
-void BlockManagerImpl::SubscribeEvents(KvEventCallback callback) {
-  std::vector<KvEvent> replay;
-  events_wanted_.store(true);
-  {
-    MutexLock lock(&events_mu_);
-    subscribers_.push_back(callback);
-    // The first subscriber learns of the blocks G3 recovered at start-up.
-    replay.swap(recovered_events_);
-  }
-  if (!replay.empty()) callback(replay);
+                                        const BlockKey& parent) const {
+  if (!events_->wanted()) return Event(KvEvent::Kind::kStored, key, parent, kTierG2);
+  const G2SlotTable::WriteRecord r = slots_->CopyForWrite(slot);
+  return StoredEvent(key, parent, kTierG2, r.namespace_id, r.tokens);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,14 +255,8 @@ ManagerStats BlockManagerImpl::Stats() {
   s.evicted_blocks_g3 = c_.evicted_g3.load();
   s.promoted_blocks = c_.promoted.load();
   s.corrupt_blocks = c_.corrupt.load();
-  s.events_emitted = c_.events.load();
-  if (publisher_) {
-    const EventPublisher::Stats ps = publisher_->stats();
-    s.events_published = ps.published_events;
-    s.events_publish_dropped = ps.dropped_events;
-    s.event_batches_published = ps.batches;
-    s.event_replay_requests = ps.replay_requests;
-  }
+  s.events_emitted = events_->emitted();
+  events_->AddPublisherStats(&s);
   const TransferEngine::Stats ts = engine_->stats();
   s.bytes_by_path = ts.bytes_by_op;
   s.g2_blocks = index_->TierCount(kTierG2);
@@ -388,23 +274,11 @@ ManagerStats BlockManagerImpl::Stats() {
     s.corrupt_blocks = std::max<uint64_t>(s.corrupt_blocks, ds.verify_failures);
   }
   s.pinned_blocks = index_->TotalPins();
-  s.g4_enabled = g4_ != nullptr;
-  if (g4_) s.g4_breaker_open = g4_->Stats().breaker_open;
-  s.g4_lookup_blocks = c_.g4_lookup_blocks.load();
-  s.g4_skipped_lookups = c_.g4_skipped_lookups.load();
-  s.g4_lookup_failures = c_.g4_lookup_failures.load();
-  s.g4_lookup_timeouts = c_.g4_lookup_timeouts.load();
-  s.g4_saved_blocks = c_.g4_saved.load();
-  s.g4_save_failures = c_.g4_save_failures.load();
-  s.g4_dropped_saves = c_.g4_dropped.load();
-  s.g4_load_failures = c_.g4_load_failures.load();
-  s.g4_corrupt_blocks = c_.g4_corrupt.load();
+  if (g4_) g4_->FillStats(&s);
   s.g4_timeouts = ts.remote_timeouts;
   s.g4_abandoned_loads = ts.remote_abandoned;
   s.g4_late_returns = ts.remote_late_returns;
-  s.g4_rejected_keys = g4_rejected_.size();
   s.expired_requests = c_.expired_requests.load();
-  s.g4_removed_corrupt = g4_remover_ ? g4_remover_->removed() : 0;
   {
     MutexLock lock(&mu_);
     s.tracked_requests = requests_.size();

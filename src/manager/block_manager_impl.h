@@ -2,14 +2,18 @@
 // (include/kvtier/connector.h; EmbeddedManager in embedded_manager.h is the interface over it, and
 // SharedManager in shared_manager.h is kvtier serve's per-engine view of it).
 //
-// Ownership: the Impl owns the tiers (G2 arena, G3 disk tier), the block index and the transfer
-// engine. Transfer callbacks run on the engine's and the disk tier's threads and update the
-// index, the slot tables and the request table.
+// Ownership: the Impl owns the tiers (G2 arena, G3 disk tier), the block index, the transfer
+// engine, and two parts with their own locks and invariants: slots_ (G2SlotTable,
+// g2_slot_table.h: what each G2 slot holds, the namespace share) and events_ (ManagerEvents,
+// manager_events.h: subscribers, the wire publisher). Transfer callbacks run on the engine's and
+// the disk tier's threads and update the index, the slot table and the request table.
 //
-// Locks: mu_ guards requests and the pending work lists; slot_mu_ guards the G2 slot metadata;
-// events_mu_ the subscribers. None is held while calling into the transfer engine (its Submit
-// can run callbacks on the calling thread) or while delivering events. The index has its own
-// locks (always taken after ours, never before).
+// Locks: start_load_mu_ before mu_; mu_ guards requests and the pending work lists. The parts'
+// locks (the slot table's meta_mu_ and ns_mu_, the events' mu_) are leaves, taken last: ns_mu_
+// under mu_ (a slot released with it held) and under the index's shard locks (EvictableFor);
+// none is held while taking another lock. None of ours is held while calling into the transfer
+// engine (its Submit can run callbacks on the calling thread) or while delivering events. The
+// index has its own locks (always taken after ours, never before).
 //
 // Invariants:
 //  - A G2 slot is in exactly one of: the arena's free list; the staging pool; the index (G2
@@ -21,12 +25,12 @@
 //    number of G3 blocks can load in one batch. A G3 load staged through a free cache slot
 //    instead promotes the block into G2; one staged through the pool does not.
 //  - Every key pinned by PrepareLoad is unpinned exactly once, when its load batch ends.
-//  - requests_ and by_activity_ hold the same ids; by_activity_ is in order of last activity
-//    (Request::last_active), so the idle sweep finds expired entries at its front.
+//  - The request table (requests_, a RequestTable under mu_) keeps its entries and their
+//    activity order consistent (request_table.h).
 //  - A request entry is erased when it is finished (RequestFinished) and idle (no load, no
 //    save hold), unless a load ended after RequestFinished and the Finished() call after the
 //    one that listed it in loads_done has not come yet (so LoadedTokens still answers); or
-//    when it stayed idle past idle_ttl_.
+//    when it stayed idle past manager.idle_request_ttl_ms.
 #pragma once
 
 #include <atomic>
@@ -49,11 +53,13 @@
 #include "index/block_index.h"
 #include "index/first_sighting_gate.h"
 #include "kvtier/connector.h"
-#include "manager/g4_remover.h"
+#include "manager/g2_slot_table.h"
+#include "manager/g4_path.h"
 #include "manager/hasher_cache.h"
+#include "manager/manager_events.h"
 #include "manager/manager_metrics.h"
 #include "manager/manager_settings.h"
-#include "manager/rejected_keys.h"
+#include "manager/request_table.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"
 #include "tier/remote_store.h"
@@ -61,12 +67,10 @@
 
 namespace kvtier {
 
-class EventPublisher;  // events/event_publisher.h
-
 class BlockManagerImpl {
  public:
   // Wraps the G4 store the manager opened (a seam for tests: e.g. a store whose calls stall).
-  using WrapG4 = std::function<std::unique_ptr<RemoteStore>(std::unique_ptr<RemoteStore>)>;
+  using WrapG4 = G4Path::WrapStore;
   // Makes the device copy backend when a device G1 is registered (TransferEngine::Config::
   // device_backend_factory); null = the CUDA backend.
   using DeviceBackendFactory =
@@ -138,45 +142,11 @@ class BlockManagerImpl {
   ManagerStats Stats();
   // Namespaces (cache_salt, adapter) whose hasher is kept now (manager.max_namespaces at most).
   size_t CachedNamespaces() const { return hashers_->size(); }
-  void SubscribeEvents(KvEventCallback callback) EXCLUDES(events_mu_);
+  void SubscribeEvents(KvEventCallback callback) { events_->Subscribe(std::move(callback)); }
   const KvLayout& layout() const { return layout_; }
 
  private:
-  struct Request {
-    uint32_t instance = 0;                      // the engine it belongs to (kAllInstances)
-    std::shared_ptr<const BlockHasher> hasher;  // of its namespace (kept if hashers_ drops it)
-    uint64_t namespace_id = 0;
-    std::vector<TokenId> tokens;           // the prompt, then what Commit reported
-    std::vector<BlockKey> keys;            // keys of the full blocks of `tokens`
-    std::vector<std::string> block_extra;  // RequestSpec::block_extra of the last Lookup
-    uint8_t load_tiers = kAllTiers;        // RequestSpec::load_tiers / store_tiers
-    uint8_t store_tiers = kAllTiers;
-    uint32_t lookup_start = 0;   // first block kvtier may supply (num_computed_tokens / tpb)
-    uint32_t lookup_blocks = 0;  // blocks the last Lookup offered
-    uint32_t load_first = 0;     // PrepareLoad: first block loaded
-    uint32_t load_planned = 0;   // PrepareLoad: blocks planned
-    uint32_t loaded_blocks = 0;  // intact prefix after the load ended
-    bool load_in_flight = false;
-    std::shared_ptr<TransferJob> load_job;  // the batch carrying this request's loads
-    uint32_t committed_blocks = 0;
-    uint32_t saves_in_flight = 0;  // save holds: its G1 blocks may still be read
-    bool finished = false;         // RequestFinished was called
-    bool kept_for_saves = false;   // RequestFinished returned true: saves_done will list it
-    // Finished while its load was in flight, the load has ended, and Finished() has not listed
-    // it in loads_done yet (retiring: listed by the last call; erased at the next one).
-    bool load_unreported = false;
-    bool retiring = false;
-    uint32_t save_drains = 0;  // WaitForRequestSaves calls in progress: no save of it starts
-    std::chrono::steady_clock::time_point last_active{};
-    std::list<std::string>::iterator by_activity;  // its place in by_activity_
-    // G4: the last Lookup found blocks [g4_first, g4_first + g4_blocks) in G4, past the local
-    // prefix; asked at g4_asked_at; g4_whole: every block asked about was there (a repeated
-    // Lookup reuses a whole answer for kG4LookupReuse, a partial one for less).
-    uint32_t g4_first = 0;
-    uint32_t g4_blocks = 0;
-    std::chrono::steady_clock::time_point g4_asked_at{};
-    bool g4_whole = false;
-  };
+  using Request = RequestState;  // request_table.h
   // One block to move into G1.
   struct PlannedLoad {
     uint32_t instance = 0;
@@ -197,7 +167,7 @@ class BlockManagerImpl {
     BlockKey parent;
     uint64_t namespace_id = 0;
     uint32_t g2_slot = 0;
-    uint64_t expected_checksum = 0;  // SlotMeta::commit_checksum
+    uint64_t expected_checksum = 0;  // G2SlotTable::Meta::commit_checksum
     std::vector<TokenId> tokens;
     // Write-through: the key is pinned (its slot cannot be evicted) until the write ends.
     // Eviction (write_through off): the slot is the manager's until the write ends, then freed.
@@ -230,17 +200,6 @@ class BlockManagerImpl {
     uint32_t g1_block = 0;
     uint32_t g2_slot = 0;
   };
-  // What a G2 slot holds, for its demotion to G3 (the header needs parent, namespace, tokens).
-  struct SlotMeta {
-    BlockKey key;
-    BlockKey parent;
-    uint64_t namespace_id = 0;
-    uint8_t store_tiers = kAllTiers;  // the saving request's RequestSpec::store_tiers
-    // kvtier serve (shared G2): the payload's checksum when the engine's save of it landed,
-    // so a slot an engine wrote into after its commit is never persisted to G3 or G4
-    // (BlockTransfer::expected_checksum). 0: not taken (embedded, or filled from G3/G4).
-    uint64_t commit_checksum = 0;
-  };
 
   explicit BlockManagerImpl(const ManagerOptions& options);
   Status Init(const DiskTier::OpenOptions& g3_open);
@@ -254,8 +213,8 @@ class BlockManagerImpl {
   // A free G2 slot, evicting (and demoting to G3 when admitted) as needed; nullopt when every
   // block is pinned or in flight, and for a save with G3 behind G2 whenever no slot is free
   // (it never evicts: the save is deferred, StartG2Reserve evicts for it).
-  // `ns`: the namespace of the block that will take the slot (the G2 namespace share, below);
-  // 0 = none (every victim allowed).
+  // `ns`: the namespace of the block that will take the slot (the G2 namespace share,
+  // g2_slot_table.h); 0 = none (every victim allowed).
   std::optional<uint32_t> AllocateG2Slot(uint64_t ns, SlotUse use);
   // Demotions in flight at most, and G2's reserve of free (or soon free) slots with G3 behind.
   uint32_t MaxDemotions() const;
@@ -267,25 +226,15 @@ class BlockManagerImpl {
   // the demotions in flight; 0 at MaxDemotions in flight.
   int64_t G2SlotsShort() EXCLUDES(mu_);
   // Evicts G2's policy victim: demoted to G3 when admitted (its slot frees when the write
-  // ends), else freed now. False when nothing in G2 is evictable (for `ns`: see EvictableFor).
+  // ends), else freed now. False when nothing in G2 is evictable (for `ns`:
+  // G2SlotTable::EvictableFor).
   bool EvictFromG2(uint64_t ns = 0);
-  // The G2 namespace share (g2.namespace_share): G2 slots are counted per namespace (model,
-  // salt, adapter), and a block of a namespace holding no more than its guaranteed share
-  // (share x slots / namespaces holding blocks) is not evicted for another namespace's block,
-  // so one tenant's burst cannot empty G2 of the others. A namespace's own blocks, and blocks
-  // of namespaces over their share, are evicted as the policy picks.
-  bool EvictableFor(uint64_t ns, uint32_t slot) EXCLUDES(ns_mu_);
-  // Records which namespace's block `slot` holds (0: none, the slot is free).
-  void AssignSlotNamespace(uint32_t slot, uint64_t ns) EXCLUDES(ns_mu_);
+  // Frees `slot`: its namespace gives it back (slots_), the arena takes it.
   void ReleaseG2Slot(uint32_t slot);
   // Where to stage a G3 load: a free G2 slot (the block is then promoted), else the staging
   // pool (BlockTransfer::kAnyStagingSlot) when there is one; nullopt otherwise.
   std::optional<uint32_t> AllocateStagingSlot(uint64_t ns = 0);
-  void SetSlotMeta(uint32_t slot, const SlotMeta& meta, std::span<const TokenId> tokens)
-      EXCLUDES(slot_mu_);
   bool AdmitToG3(const BlockKey& key);
-  // The store_tiers of the block G2 holds in `slot`.
-  uint8_t SlotStoreTiers(uint32_t slot) EXCLUDES(slot_mu_);
   void Demote(const EvictedBlock& victim);
   // After a save to G2 of `key`: drops G3's copy of it, unless a load is reading it (the fresh
   // copy replaces one that could not serve the engine; see the definition).
@@ -296,19 +245,18 @@ class BlockManagerImpl {
   void EndDemotion() EXCLUDES(mu_);
   // Makes room in G3 for one more block (evicting its policy's victim) when it is full.
   void MakeRoomInG3();
-  void Emit(std::vector<KvEvent> events) EXCLUDES(events_mu_);
-  KvEvent Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent, TierId tier) const;
-  // A kStored event with what a consumer needs to compute its own hashes: the block's tokens,
-  // the block size, whether it is a first block, and its namespace's adapter and salt (when a
-  // request of this process has used that namespace and it is still in hashers_). Only the key,
-  // parent and tier when no one listens (no subscriber, no publisher) unless `always`.
+  // The events (ManagerEvents, manager_events.h), by the names the paths use.
+  void Emit(std::vector<KvEvent> events) { events_->Emit(std::move(events)); }
+  static KvEvent Event(KvEvent::Kind kind, const BlockKey& key, const BlockKey& parent,
+                       TierId tier) {
+    return ManagerEvents::Event(kind, key, parent, tier);
+  }
   KvEvent StoredEvent(const BlockKey& key, const BlockKey& parent, TierId tier,
-                      uint64_t namespace_id, std::span<const TokenId> tokens, bool always = false);
-  // StoredEvent of the block the G2 slot holds (its namespace and tokens from the slot's record).
-  KvEvent G2StoredEvent(uint32_t slot, const BlockKey& key, const BlockKey& parent)
-      EXCLUDES(slot_mu_);
-  // Starts the publisher when events.endpoint is set. InvalidArgument for a bad address.
-  Status InitEventPublisher();
+                      uint64_t namespace_id, std::span<const TokenId> tokens) const {
+    return events_->Stored(key, parent, tier, namespace_id, tokens);
+  }
+  // StoredEvent of the block the G2 slot holds (its namespace and tokens from slots_).
+  KvEvent G2StoredEvent(uint32_t slot, const BlockKey& key, const BlockKey& parent) const;
   // Moves the ids of `instance` (kAllInstances: all) from `from` to `to`, in order.
   static void TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from, uint32_t instance,
                            std::vector<std::string>* to);
@@ -323,18 +271,13 @@ class BlockManagerImpl {
   bool SlotComing() const REQUIRES(mu_) {
     return demotions_in_flight_.load() > 0 || saves_outstanding_ > 0 || !pending_saves_.empty();
   }
-  using RequestMap = std::unordered_map<std::string, Request>;
-  // The entry of `id`, made (empty; *made = true) when there is none; marked active now.
-  Request& ActiveRequest(const std::string& id, bool* made) REQUIRES(mu_);
-  // Marks the entry active now (the idle sweep leaves it alone for idle_ttl_ more).
-  void Touch(RequestMap::iterator it) REQUIRES(mu_);
-  void EraseRequest(RequestMap::iterator it) REQUIRES(mu_);
-  static bool Idle(const Request& r) { return !r.load_in_flight && r.saves_in_flight == 0; }
   // A finished request that is idle: lists it in saves_done when RequestFinished kept it for
-  // its saves, and erases it unless its load's report is pending (see the invariants).
-  void RetireIfDone(RequestMap::iterator it) REQUIRES(mu_);
-  // Drops entries idle for longer than idle_ttl_ (at most kSweepBatch per call, from the least
-  // recently active): O(1) per call, and per Lookup no more entries are made than dropped.
+  // its saves, and erases it unless its load's report is pending (see the invariants). `r`
+  // may be gone after.
+  void RetireIfDone(Request& r) REQUIRES(mu_);
+  // Drops entries idle past manager.idle_request_ttl_ms (at most kSweepBatch per call, from
+  // the least recently active; counted): O(1) per call, and per Lookup no more entries are
+  // made than dropped.
   void SweepIdleRequests(std::chrono::steady_clock::time_point now) REQUIRES(mu_);
   // True while a WaitForRequestSaves of `id` runs: its saves are dropped instead of started.
   bool DrainingSaves(const std::string& id) const REQUIRES(mu_);
@@ -355,31 +298,25 @@ class BlockManagerImpl {
     return tiers;
   }
 
-  // ---- G4 (block_manager_g4.cc) ----
-  // Opens the configured G4 store and registers it with the transfer engine. InvalidArgument
-  // for an incomplete g4 config; a store that cannot open is logged and left out.
+  // ---- G4 (block_manager_g4.cc; what G4 holds and is asked: g4_, a G4Path) ----
+  // Opens the configured G4 (G4Path::Open) and registers its store with the transfer engine.
+  // A store that cannot open is logged and left out (g4_ stays null).
   Status InitG4();
-  // How many of `keys` (consecutive, from the first) G4 holds, asked within the lookup
-  // deadline. Any failure or a late answer is 0 (a miss), counted.
-  uint32_t MatchInG4(std::span<const BlockKey> keys, uint64_t namespace_id);
   // Write-through for a block just saved to G2 in `slot`: pins it and returns the write, or
   // nullopt when G4 is off, write-through is off, or the block left G2 already.
   std::optional<G4Write> PrepareWriteThrough(const BlockKey& key, const BlockKey& parent,
-                                             uint32_t slot) EXCLUDES(slot_mu_);
+                                             uint32_t slot);
   // Submits G4 writes (one save batch). Each one's pin is dropped, or its evicted slot freed,
-  // when it ends; a refused batch is dropped and counted. REQUIRES: g4_writes_in_flight_
-  // already counts them.
+  // when it ends; a refused batch is dropped and counted. REQUIRES: g4_->BeginWrite was
+  // called for each.
   void SubmitG4Writes(std::vector<G4Write> writes);
   // A G2 victim leaving the local tiers goes to G4 (write_through off). False: not taken.
-  bool DemoteToG4(const EvictedBlock& victim) EXCLUDES(slot_mu_);
+  bool DemoteToG4(const EvictedBlock& victim);
   // The second half of a demotion when G4 is fed by demotion (write_through off): writes the
   // G2 slot, just written to G3, to G4; frees the slot and ends the demotion when done.
-  void WriteEvictedToG4(uint32_t slot, const BlockKey& key, const BlockKey& parent)
-      EXCLUDES(slot_mu_);
+  void WriteEvictedToG4(uint32_t slot, const BlockKey& key, const BlockKey& parent);
   void EndG4Write() EXCLUDES(mu_);
-  // A G4 load of `p` ended `st` (not Ok): a Corruption or a NotFound remembers the key as bad
-  // (Lookup stops before it), and a Corruption queues the object's deletion.
-  void RejectG4Load(const PlannedLoad& p, const Status& st);
+  uint64_t G4WritesInFlight() const { return g4_ ? g4_->writes_in_flight() : 0; }
 
   const ManagerOptions options_;  // options_.config is read once, by Create, into settings_
   ManagerSettings settings_;      // set once by Create, before Init
@@ -395,26 +332,14 @@ class BlockManagerImpl {
   std::unique_ptr<FirstSightingGate> g3_gate_;
   std::unique_ptr<TransferEngine> engine_;
   bool g1_registered_ = false;
-  std::unique_ptr<RemoteStore> g4_;      // null without G4; outlives engine_ (see ~Impl)
+  // Null without G4. Its store outlives engine_ (~Impl resets engine_ first), and its remover
+  // stops after engine_ (whose callbacks queue into it).
+  std::unique_ptr<G4Path> g4_;
   WrapG4 wrap_g4_;                       // set once by Create, before Init
   DeviceBackendFactory device_backend_;  // set once by Create, before Init
   bool shared_g2_ = false;
-  double ns_share_ = 0;  // g2.namespace_share; set once in Init
-  Mutex ns_mu_;          // a leaf: taken under the index's locks (EvictableFor), takes none
-  std::vector<uint64_t> slot_ns_ GUARDED_BY(ns_mu_);  // per G2 slot
-  std::unordered_map<uint64_t, uint32_t> ns_slots_
-      GUARDED_BY(ns_mu_);  // set once by Create, before Init
-  bool g4_write_through_ = true;
-  std::chrono::milliseconds g4_lookup_deadline_{20};
-  // G4 blocks are offered only when loading one is expected to be faster than recomputing it
-  // (g4.load_gbps and g4.recompute_tokens_per_s both given); false: always offered.
-  bool g4_slower_than_recompute_ = false;
-  std::atomic<uint64_t> g4_writes_in_flight_{0};
-  // G4 keys whose object failed this manager (RejectedKeys); Lookup never offers them.
-  RejectedKeys g4_rejected_;
-  // Deletes corrupt G4 objects off the engine's paths; null without G4. Reset in ~Impl after
-  // engine_ (whose callbacks queue into it), before g4_.
-  std::unique_ptr<G4Remover> g4_remover_;
+  // What each G2 slot holds, and the namespace share. Set once in Init, right after g2_.
+  std::unique_ptr<G2SlotTable> slots_;
 
   // The hashers of the namespaces (salt, adapter) requests named lately, and their names for
   // events; at most manager.max_namespaces. Set once, first in Init.
@@ -422,20 +347,15 @@ class BlockManagerImpl {
 
   uint32_t staging_slots_ = 0;  // the pool's size, set once in Init
 
-  Mutex slot_mu_;
-  std::vector<SlotMeta> slot_meta_ GUARDED_BY(slot_mu_);
-  std::vector<TokenId> slot_tokens_ GUARDED_BY(slot_mu_);  // tpb per slot
-
   // Held across the whole of StartLoad (taking the pending loads, submitting them, recording
   // the job), and briefly by WaitLayer and LoadedTokens before they look for jobs: so no one
   // can miss a batch that another thread's StartLoad is submitting. Before mu_.
   Mutex start_load_mu_ ACQUIRED_BEFORE(mu_);
   Mutex mu_;
   std::condition_variable saves_cv_;
-  RequestMap requests_ GUARDED_BY(mu_);
-  // Request ids, least recently active first (see the invariants).
-  std::list<std::string> by_activity_ GUARDED_BY(mu_);
-  std::chrono::milliseconds idle_ttl_{600000};  // manager.idle_request_ttl_ms; set once in Init
+  // The request entries and their activity order (request_table.h; its idle TTL is set once
+  // in Init).
+  RequestTable requests_ GUARDED_BY(mu_);
   // Finished requests that the last Finished() listed in loads_done: erased at the next one.
   std::vector<std::pair<uint32_t, std::string>> retiring_ GUARDED_BY(mu_);  // (instance, id)
   std::condition_variable request_saves_cv_;  // some request's save holds reached 0
@@ -461,13 +381,10 @@ class BlockManagerImpl {
   // share as that allocation's would have.
   std::atomic<uint64_t> last_alloc_ns_{0};
 
-  Mutex events_mu_;
-  std::vector<KvEventCallback> subscribers_ GUARDED_BY(events_mu_);
-  std::vector<KvEvent> recovered_events_ GUARDED_BY(events_mu_);  // for the first subscriber
-  // The wire publisher (events.endpoint; null when off). Set once in Init; reset last in ~Impl,
-  // after everything that emits events has stopped.
-  std::unique_ptr<EventPublisher> publisher_;
-  std::atomic<bool> events_wanted_{false};  // a subscriber or the publisher reads event details
+  // The subscribers and the wire publisher (events.endpoint). Set once in Init, right after
+  // hashers_ (its names for kStored events); reset last in ~Impl, after everything that emits
+  // events has stopped.
+  std::unique_ptr<ManagerEvents> events_;
 
   struct Counters {
     std::atomic<uint64_t> lookups{0}, lookup_blocks{0}, miss_blocks{0}, load_failures{0};
@@ -475,11 +392,8 @@ class BlockManagerImpl {
     std::atomic<uint64_t> saved{0}, dedup{0}, dropped_saves{0}, demoted{0}, not_admitted{0},
         first_sighting{0};
     std::atomic<uint64_t> demotion_failures{0}, evicted_g2{0}, evicted_g3{0}, promoted{0};
-    std::atomic<uint64_t> corrupt{0}, events{0}, staged_via_pool{0}, deferred{0};
-    std::atomic<uint64_t> g4_lookup_blocks{0}, g4_lookup_failures{0}, g4_lookup_timeouts{0};
-    std::atomic<uint64_t> g4_skipped_lookups{0};
-    std::atomic<uint64_t> g4_saved{0}, g4_save_failures{0}, g4_dropped{0};
-    std::atomic<uint64_t> g4_load_failures{0}, g4_corrupt{0};
+    // (events_emitted is counted by events_.)
+    std::atomic<uint64_t> corrupt{0}, staged_via_pool{0}, deferred{0};
     std::atomic<uint64_t> expired_requests{0};
   };
   Counters c_;

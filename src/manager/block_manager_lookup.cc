@@ -42,12 +42,11 @@ Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec, uint32_t 
   bool reuse_keys = false;
   {
     MutexLock lock(&mu_);
-    auto it = requests_.find(spec.request_id);
-    if (it != requests_.end() && it->second.hasher == hasher &&
-        it->second.block_extra == spec.block_extra &&
-        it->second.tokens.size() >= spec.prompt.size() &&
-        std::equal(spec.prompt.begin(), spec.prompt.end(), it->second.tokens.begin())) {
-      keys = it->second.keys;  // asked again: no need to hash again
+    Request* entry = requests_.Find(spec.request_id);
+    if (entry != nullptr && entry->hasher == hasher && entry->block_extra == spec.block_extra &&
+        entry->tokens.size() >= spec.prompt.size() &&
+        std::equal(spec.prompt.begin(), spec.prompt.end(), entry->tokens.begin())) {
+      keys = entry->keys;  // asked again: no need to hash again
       reuse_keys = true;
     }
   }
@@ -72,32 +71,31 @@ Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec, uint32_t 
     local = start + loadable;
     for (size_t i = 0; i < m.num_blocks(); ++i) ++result.blocks_by_tier[m.tiers[i]];
     const bool g4_allowed = g4_ && ((spec.load_tiers >> kTierG4) & 1u);
-    if (g4_allowed && local < max_blocks && g4_slower_than_recompute_) {
-      c_.g4_skipped_lookups.fetch_add(1, std::memory_order_relaxed);
+    if (g4_allowed && local < max_blocks && g4_->SkipLookup()) {
+      // Loading from G4 is slower than recomputing: not asked (counted).
     } else if (g4_allowed && local < max_blocks) {
       // G4 only for what the local tiers lack, in one round trip within the lookup deadline. A
       // repeated Lookup (the scheduler asking again) reuses a recent answer.
       bool& reused = g4_reused;
       if (reuse_keys) {
         MutexLock lock(&mu_);
-        auto it = requests_.find(spec.request_id);
-        if (it != requests_.end() && it->second.g4_first == local &&
-            std::chrono::steady_clock::now() - it->second.g4_asked_at <
-                (it->second.g4_whole ? std::chrono::steady_clock::duration(kG4LookupReuse)
-                                     : kG4PartialLookupReuse)) {
-          in_g4 = it->second.g4_blocks;
+        Request* entry = requests_.Find(spec.request_id);
+        if (entry != nullptr && entry->g4_first == local &&
+            std::chrono::steady_clock::now() - entry->g4_asked_at <
+                (entry->g4_whole ? std::chrono::steady_clock::duration(kG4LookupReuse)
+                                 : kG4PartialLookupReuse)) {
+          in_g4 = entry->g4_blocks;
           reused = true;
         }
       }
       if (reused) {
         // A block whose load failed since the answer is not offered again.
         in_g4 = static_cast<uint32_t>(
-            g4_rejected_.FirstIn(std::span<const BlockKey>(keys).subspan(local, in_g4)));
+            g4_->FirstRejected(std::span<const BlockKey>(keys).subspan(local, in_g4)));
       }
       if (!reused) {
-        in_g4 = MatchInG4(std::span<const BlockKey>(keys).subspan(local, max_blocks - local),
-                          hasher->root().hi);
-        c_.g4_lookup_blocks.fetch_add(in_g4, std::memory_order_relaxed);
+        in_g4 = g4_->Match(std::span<const BlockKey>(keys).subspan(local, max_blocks - local),
+                           hasher->root().hi);
       }
       const uint32_t end = local + in_g4;
       if (end > start) {
@@ -112,7 +110,7 @@ Result<LookupResult> BlockManagerImpl::Lookup(const RequestSpec& spec, uint32_t 
   MutexLock lock(&mu_);
   SweepIdleRequests(std::chrono::steady_clock::now());
   bool made = false;
-  Request& r = ActiveRequest(spec.request_id, &made);
+  Request& r = requests_.Activate(spec.request_id, &made);
   if (!reuse_keys || made) {
     // (made: the entry whose keys were reused went meanwhile; these are the prompt's.)
     keys.resize(std::min<size_t>(keys.size(), prompt_blocks));
@@ -152,11 +150,11 @@ Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
   uint8_t load_tiers;
   {
     MutexLock lock(&mu_);
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) {
+    Request* entry = requests_.Find(request_id);
+    if (entry == nullptr) {
       return Status::NotFound("PrepareLoad: request '" + request_id + "' had no Lookup");
     }
-    Request& r = it->second;
+    Request& r = *entry;
     want = num_external_tokens / tpb_;
     if (want > r.lookup_blocks) {
       return Status::InvalidArgument("PrepareLoad: " + std::to_string(num_external_tokens) +
@@ -224,7 +222,7 @@ Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
     for (; planned < want; ++planned) {
       const uint32_t i = start + static_cast<uint32_t>(planned);
       if (i < g4_first || i >= g4_end) break;
-      if (g4_rejected_.Contains(keys[planned])) break;  // its load failed since the Lookup
+      if (g4_->Rejected(keys[planned])) break;  // its load failed since the Lookup
       // An engine that fetches G4 blocks itself needs no G2 slot (the block is not promoted).
       std::optional<uint32_t> staging =
           engine_->CanFetch(g1_block_ids[i])
@@ -246,8 +244,8 @@ Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
   // Lineage parents for the index: block i's parent is block i-1 (or the root for block 0).
   {
     MutexLock lock(&mu_);
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) {
+    Request* entry = requests_.Find(request_id);
+    if (entry == nullptr) {
       // Finished while we planned: undo.
       for (const PlannedLoad& p : plan) {
         if (HoldsCacheSlot(p)) ReleaseG2Slot(p.g2_slot);
@@ -256,8 +254,8 @@ Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
           index_->Unpin(std::span<const BlockKey>(keys).subspan(0, pinned_planned)));
       return Status::NotFound("PrepareLoad: request '" + request_id + "' finished meanwhile");
     }
-    Touch(it);
-    Request& r = it->second;
+    requests_.Touch(*entry);
+    Request& r = *entry;
     for (PlannedLoad& p : plan) {
       p.parent = p.block_index == 0 ? r.hasher->root() : r.keys[p.block_index - 1];
       p.async = async_load;
@@ -324,7 +322,7 @@ Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async)
         if (st.ok() && !HoldsCacheSlot(p)) return;  // staged through the pool: not promoted
         if (st.ok()) {
           // The staged copy stays: the block is promoted to G2.
-          SetSlotMeta(p.g2_slot, SlotMeta{p.key, p.parent, p.namespace_id}, p.tokens);
+          slots_->Set(p.g2_slot, G2SlotTable::Meta{p.key, p.parent, p.namespace_id}, p.tokens);
           if (index_->Insert(p.key, p.parent, kTierG2, p.g2_slot).ok()) {
             c_.promoted.fetch_add(1, std::memory_order_relaxed);
             Emit({StoredEvent(p.key, p.parent, kTierG2, p.namespace_id, p.tokens)});
@@ -338,11 +336,9 @@ Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async)
         if (HoldsCacheSlot(p) && !job.SlotLent(i)) ReleaseG2Slot(p.g2_slot);
         if (p.source == kTierG4) {
           // G4 is not indexed here: a failed G4 load is a miss, counted. A corrupt or vanished
-          // object is not offered by this manager again (g4_rejected_) until it writes the
+          // object is not offered by this manager again (G4Path::Rejected) until it writes the
           // block again; a corrupt one is also deleted from the store, off this thread.
-          c_.g4_load_failures.fetch_add(1, std::memory_order_relaxed);
-          if (st.Is(StatusCode::kCorruption)) c_.g4_corrupt.fetch_add(1, std::memory_order_relaxed);
-          RejectG4Load(p, st);
+          g4_->LoadFailed(p.key, p.namespace_id, st);
           return;
         }
         if (st.Is(StatusCode::kCorruption) || st.Is(StatusCode::kNotFound)) {
@@ -371,8 +367,8 @@ Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async)
   std::erase_if(load_jobs_, [](const auto& j) { return j.second->Done(); });
   if (!async) load_jobs_.emplace_back(shared->front().instance, *job);
   for (const PlannedLoad& p : *shared) {
-    auto it = requests_.find(p.request_id);
-    if (it != requests_.end() && it->second.load_in_flight) it->second.load_job = *job;
+    Request* entry = requests_.Find(p.request_id);
+    if (entry != nullptr && entry->load_in_flight) entry->load_job = *job;
   }
   return Status::Ok();
 }
@@ -412,9 +408,9 @@ void BlockManagerImpl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
   std::unordered_set<std::string> done;
   for (const PlannedLoad& p : loads) done.insert(p.request_id);
   for (const std::string& id : done) {
-    auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
-    Request& r = it->second;
+    Request* entry = requests_.Find(id);
+    if (entry == nullptr) continue;
+    Request& r = *entry;
     r.loaded_blocks = 0;
     for (const auto& [rid, n] : intact) {
       if (rid == id) r.loaded_blocks += n;
@@ -427,8 +423,8 @@ void BlockManagerImpl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     // Finished while loading: kept until the engine has been told (loads_done) and has had a
     // step to ask LoadedTokens.
     if (r.finished && !gone) r.load_unreported = true;
-    Touch(it);
-    RetireIfDone(it);
+    requests_.Touch(*entry);
+    RetireIfDone(*entry);
   }
 }
 
@@ -460,26 +456,26 @@ uint32_t BlockManagerImpl::LoadedTokens(const std::string& request_id) {
   {
     MutexLock start_lock(&start_load_mu_);  // a StartLoad in progress has registered its job
     MutexLock lock(&mu_);
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) return 0;
-    job = it->second.load_job;
-    unstarted = it->second.load_in_flight && !job;
-    instance = it->second.instance;
+    Request* entry = requests_.Find(request_id);
+    if (entry == nullptr) return 0;
+    job = entry->load_job;
+    unstarted = entry->load_in_flight && !job;
+    instance = entry->instance;
   }
   if (unstarted) {
     // Prepared but never started: start it now rather than report a load that may still land.
     (void)StartLoad(instance);
     MutexLock start_lock(&start_load_mu_);
     MutexLock lock(&mu_);
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) return 0;
-    job = it->second.load_job;
+    Request* entry = requests_.Find(request_id);
+    if (entry == nullptr) return 0;
+    job = entry->load_job;
   }
   if (job) (void)job->Wait();  // callbacks, including OnLoadBatchDone, ran before Wait returns
   MutexLock lock(&mu_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return 0;
-  return it->second.loaded_blocks * tpb_;
+  Request* entry = requests_.Find(request_id);
+  if (entry == nullptr) return 0;
+  return entry->loaded_blocks * tpb_;
 }
 
 }  // namespace kvtier

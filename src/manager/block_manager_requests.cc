@@ -19,54 +19,23 @@ constexpr int kSweepBatch = 64;
 // ---------------------------------------------------------------------------------------------
 // Scheduler side
 
-BlockManagerImpl::Request& BlockManagerImpl::ActiveRequest(const std::string& id, bool* made) {
-  auto [it, inserted] = requests_.try_emplace(id);
-  if (inserted) it->second.by_activity = by_activity_.insert(by_activity_.end(), id);
-  *made = inserted;
-  Touch(it);
-  return it->second;
-}
-
-void BlockManagerImpl::Touch(RequestMap::iterator it) {
-  it->second.last_active = std::chrono::steady_clock::now();
-  by_activity_.splice(by_activity_.end(), by_activity_, it->second.by_activity);
-}
-
-void BlockManagerImpl::EraseRequest(RequestMap::iterator it) {
-  by_activity_.erase(it->second.by_activity);
-  requests_.erase(it);
-}
-
-void BlockManagerImpl::RetireIfDone(RequestMap::iterator it) {
-  Request& r = it->second;
-  if (!r.finished || !Idle(r)) return;
+void BlockManagerImpl::RetireIfDone(Request& r) {
+  if (!r.finished || !r.Idle()) return;
   if (r.kept_for_saves) {
-    if (!gone_instances_.count(r.instance)) saves_done_.emplace_back(r.instance, it->first);
+    if (!gone_instances_.count(r.instance)) saves_done_.emplace_back(r.instance, r.id);
     r.kept_for_saves = false;
   }
-  if (!r.load_unreported && !r.retiring) EraseRequest(it);
+  if (!r.load_unreported && !r.retiring) requests_.Erase(r);
 }
 
 void BlockManagerImpl::SweepIdleRequests(std::chrono::steady_clock::time_point now) {
-  for (int n = 0; n < kSweepBatch && !by_activity_.empty(); ++n) {
-    auto it = requests_.find(by_activity_.front());
-    if (it == requests_.end()) {  // cannot happen (the invariant); heal rather than spin
-      by_activity_.pop_front();
-      continue;
-    }
-    if (now - it->second.last_active < idle_ttl_) return;  // the rest is more recent
-    if (Idle(it->second)) {
-      EraseRequest(it);
-      c_.expired_requests.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      Touch(it);  // a load or saves in flight: not idle; looked at again a TTL later
-    }
-  }
+  const size_t expired = requests_.SweepIdle(now, kSweepBatch);
+  if (expired != 0) c_.expired_requests.fetch_add(expired, std::memory_order_relaxed);
 }
 
 bool BlockManagerImpl::DrainingSaves(const std::string& id) const {
-  auto it = requests_.find(id);
-  return it != requests_.end() && it->second.save_drains > 0;
+  const Request* r = requests_.Find(id);
+  return r != nullptr && r->save_drains > 0;
 }
 
 void BlockManagerImpl::EndSave(const std::string& request_id, const BlockKey& key) {
@@ -79,15 +48,15 @@ void BlockManagerImpl::EndSave(const std::string& request_id, const BlockKey& ke
 
 bool BlockManagerImpl::RequestFinished(const std::string& request_id) {
   MutexLock lock(&mu_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return false;
-  Request& r = it->second;
+  Request* found = requests_.Find(request_id);
+  if (found == nullptr) return false;
+  Request& r = *found;
   r.finished = true;
   // About saves only: a load in flight keeps the entry (and its pins) until it ends, and
   // loads_done tells the engine when (see the contract).
   r.kept_for_saves = r.saves_in_flight > 0;
   const bool kept = r.kept_for_saves;
-  RetireIfDone(it);
+  RetireIfDone(r);
   return kept;
 }
 
@@ -118,21 +87,21 @@ FinishedRequests BlockManagerImpl::Finished(uint32_t instance) {
       ++kept;
       continue;
     }
-    auto it = requests_.find(retiring_[i].second);
-    if (it != requests_.end() && it->second.retiring) {
-      it->second.retiring = false;
-      RetireIfDone(it);
+    Request* r = requests_.Find(retiring_[i].second);
+    if (r != nullptr && r->retiring) {
+      r->retiring = false;
+      RetireIfDone(*r);
     }
   }
   retiring_.resize(kept);
   TakeInstance(&saves_done_, instance, &f.saves_done);
   TakeInstance(&loads_done_, instance, &f.loads_done);
   for (const std::string& id : f.loads_done) {
-    auto it = requests_.find(id);
-    if (it == requests_.end() || !it->second.load_unreported) continue;
-    it->second.load_unreported = false;
-    it->second.retiring = true;
-    retiring_.emplace_back(it->second.instance, id);
+    Request* r = requests_.Find(id);
+    if (r == nullptr || !r->load_unreported) continue;
+    r->load_unreported = false;
+    r->retiring = true;
+    retiring_.emplace_back(r->instance, id);
   }
   return f;
 }
@@ -154,7 +123,7 @@ void BlockManagerImpl::AdoptInstance(uint32_t instance) {
 size_t BlockManagerImpl::InstanceRequests(uint32_t instance) {
   MutexLock lock(&mu_);
   size_t n = 0;
-  for (const auto& [id, r] : requests_) n += Matches(r.instance, instance);
+  for (const auto& [id, r] : requests_.entries()) n += Matches(r.instance, instance);
   return n;
 }
 
@@ -175,7 +144,7 @@ size_t BlockManagerImpl::ForgetInstance(uint32_t instance) {
       c_.dropped_saves.fetch_add(1, std::memory_order_relaxed);
       d = deferred_saves_.erase(d);
     }
-    for (const auto& [id, r] : requests_) {
+    for (const auto& [id, r] : requests_.entries()) {
       if (r.instance == instance) ids.push_back(id);
     }
   }

@@ -29,12 +29,12 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
   uint32_t instance;
   {
     MutexLock lock(&mu_);
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) {
+    Request* entry = requests_.Find(request_id);
+    if (entry == nullptr) {
       return Status::NotFound("Commit: request '" + request_id + "' had no Lookup");
     }
-    Touch(it);
-    Request& r = it->second;
+    requests_.Touch(*entry);
+    Request& r = *entry;
     ns = r.namespace_id;
     instance = r.instance;
     store_tiers = r.store_tiers;
@@ -118,7 +118,7 @@ Status BlockManagerImpl::Commit(const std::string& request_id, std::span<const T
       no_slot.push_back(std::move(c));  // and the blocks after it: saves keep commit order
       continue;
     }
-    SetSlotMeta(*slot, SlotMeta{c.key, c.parent, ns, store_tiers}, c.tokens);
+    slots_->Set(*slot, G2SlotTable::Meta{c.key, c.parent, ns, store_tiers}, c.tokens);
     saves.push_back(PendingSave{instance, request_id, c.key, c.parent, c.g1_block, *slot});
   }
   MutexLock lock(&mu_);
@@ -172,7 +172,7 @@ void BlockManagerImpl::RetryDeferredSaves() {
     const DeferredSave& d = waiting[given];
     std::optional<uint32_t> slot = AllocateG2Slot(d.namespace_id, SlotUse::kSave);
     if (!slot) break;
-    SetSlotMeta(*slot, SlotMeta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
+    slots_->Set(*slot, G2SlotTable::Meta{d.key, d.parent, d.namespace_id, d.store_tiers}, d.tokens);
     saves.push_back(PendingSave{d.instance, d.request_id, d.key, d.parent, d.g1_block, *slot});
   }
   MutexLock lock(&mu_);
@@ -203,14 +203,14 @@ void BlockManagerImpl::RetryDeferredSaves() {
 }
 
 void BlockManagerImpl::ReleaseSaveHolds(const std::string& request_id, uint32_t n) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
-  Request& r = it->second;
+  Request* entry = requests_.Find(request_id);
+  if (entry == nullptr) return;
+  Request& r = *entry;
   r.saves_in_flight -= std::min(n, r.saves_in_flight);
   if (r.saves_in_flight != 0) return;
   request_saves_cv_.notify_all();
-  Touch(it);
-  RetireIfDone(it);
+  requests_.Touch(*entry);
+  RetireIfDone(*entry);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,11 +279,10 @@ Status BlockManagerImpl::StartSave(uint32_t instance) {
       bool stored = false;
       if (st.ok() && shared_g2_) {
         // kvtier serve: the engine wrote this slot through its own mapping; its bytes as they
-        // are now, at the commit, are the block (SlotMeta::commit_checksum).
+        // are now, at the commit, are the block (G2SlotTable::Meta::commit_checksum).
         const uint64_t sum = PayloadChecksum(g2_->SlotData(s.g2_slot) + G2PayloadOffset(layout_),
                                              layout_.BlockBytes());
-        MutexLock lock(&slot_mu_);
-        slot_meta_[s.g2_slot].commit_checksum = sum;
+        slots_->SetCommitChecksum(s.g2_slot, sum);
       }
       if (st.ok()) {
         stored = index_->Insert(s.key, s.parent, kTierG2, s.g2_slot).ok();
@@ -295,7 +294,7 @@ Status BlockManagerImpl::StartSave(uint32_t instance) {
         DropReplacedG3Copy(s.key, s.parent);
         if (auto w = PrepareWriteThrough(s.key, s.parent, s.g2_slot)) {
           // Counted before the save ends, so WaitForSaves sees it.
-          g4_writes_in_flight_.fetch_add(1);
+          g4_->BeginWrite();
           writes.push_back(std::move(*w));
         }
       } else {
@@ -327,12 +326,11 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
         for (;;) {
           // A request's save holds are its deferred, queued and submitted saves.
           uint64_t holds = 0, waiting = 0;
-          for (const auto& [id, r] : requests_)
+          for (const auto& [id, r] : requests_.entries())
             holds += r.instance == instance ? r.saves_in_flight : 0;
           for (const DeferredSave& d : deferred_saves_) waiting += d.instance == instance;
           for (const PendingSave& p : pending_saves_) waiting += p.instance == instance;
-          const bool pool_busy =
-              demotions_in_flight_.load() != 0 || g4_writes_in_flight_.load() != 0;
+          const bool pool_busy = demotions_in_flight_.load() != 0 || G4WritesInFlight() != 0;
           if (holds <= waiting && !pool_busy) {
             if (waiting == 0) return;
             break;
@@ -349,7 +347,7 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
     {
       MutexLock lock(&mu_);
       while (saves_outstanding_ != 0 || demotions_in_flight_.load() != 0 ||
-             g4_writes_in_flight_.load() != 0) {
+             G4WritesInFlight() != 0) {
         CondWait(&saves_cv_, &mu_);
       }
       if (deferred_saves_.empty() && pending_saves_.empty()) return;
@@ -362,9 +360,9 @@ void BlockManagerImpl::WaitForSaves(uint32_t instance) {
 
 void BlockManagerImpl::WaitForRequestSaves(const std::string& request_id) {
   MutexLock lock(&mu_);
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
-  ++it->second.save_drains;
+  Request* entry = requests_.Find(request_id);
+  if (entry == nullptr) return;
+  ++entry->save_drains;
   // Its saves that have not started are dropped: deferred ones, and queued ones (their G2
   // slots go back). A RetryDeferredSaves holding the deferred list now drops its share itself.
   uint32_t dropped = 0;
@@ -393,12 +391,12 @@ void BlockManagerImpl::WaitForRequestSaves(const std::string& request_id) {
   }
   // What is left was submitted: a save batch still reading G1.
   for (;;) {
-    it = requests_.find(request_id);
-    if (it == requests_.end()) return;  // finished and done: erased
-    if (it->second.saves_in_flight == 0) break;
+    entry = requests_.Find(request_id);
+    if (entry == nullptr) return;  // finished and done: erased
+    if (entry->saves_in_flight == 0) break;
     CondWait(&request_saves_cv_, &mu_);
   }
-  --it->second.save_drains;
+  --entry->save_drains;
 }
 
 void BlockManagerImpl::EndDemotion() {

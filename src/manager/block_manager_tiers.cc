@@ -1,5 +1,6 @@
-// BlockManagerImpl, the G2 slot part: slot metadata and namespaces, G2 allocation and
-// eviction, demotion of G2 victims to G3 (admission, making room, the G3 flush).
+// BlockManagerImpl, the G2 slot part: G2 allocation and eviction, demotion of G2 victims to G3
+// (admission, making room, the G3 flush). What each slot holds, and the namespace share, are
+// the slot table's (g2_slot_table.h).
 #include <algorithm>
 #include <chrono>
 
@@ -9,43 +10,8 @@
 
 namespace kvtier {
 
-void BlockManagerImpl::SetSlotMeta(uint32_t slot, const SlotMeta& meta,
-                                   std::span<const TokenId> tokens) {
-  AssignSlotNamespace(slot, meta.namespace_id);
-  MutexLock lock(&slot_mu_);
-  slot_meta_[slot] = meta;
-  std::fill_n(slot_tokens_.begin() + size_t{slot} * tpb_, tpb_, TokenId{0});
-  std::copy_n(tokens.begin(), std::min<size_t>(tokens.size(), tpb_),
-              slot_tokens_.begin() + size_t{slot} * tpb_);
-}
-
-void BlockManagerImpl::AssignSlotNamespace(uint32_t slot, uint64_t ns) {
-  MutexLock lock(&ns_mu_);
-  if (slot >= slot_ns_.size() || slot_ns_[slot] == ns) return;
-  if (uint64_t old = slot_ns_[slot]; old != 0) {
-    auto it = ns_slots_.find(old);
-    if (it != ns_slots_.end() && --it->second == 0) ns_slots_.erase(it);
-  }
-  slot_ns_[slot] = ns;
-  if (ns != 0) ++ns_slots_[ns];
-}
-
-bool BlockManagerImpl::EvictableFor(uint64_t ns, uint32_t slot) {
-  if (ns == 0 || ns_share_ <= 0) return true;
-  MutexLock lock(&ns_mu_);
-  if (slot >= slot_ns_.size()) return true;
-  const uint64_t owner = slot_ns_[slot];
-  if (owner == 0 || owner == ns) return true;
-  // The requester counts as a namespace holding blocks even before its first one lands.
-  const uint64_t holders = ns_slots_.size() + (ns_slots_.count(ns) == 0 ? 1 : 0);
-  const double guaranteed = ns_share_ * static_cast<double>(slot_ns_.size()) /
-                            static_cast<double>(std::max<uint64_t>(holders, 1));
-  auto it = ns_slots_.find(owner);
-  return it != ns_slots_.end() && static_cast<double>(it->second) > guaranteed;
-}
-
 void BlockManagerImpl::ReleaseG2Slot(uint32_t slot) {
-  AssignSlotNamespace(slot, 0);
+  slots_->Free(slot);
   Status s = g2_->Release(slot);
   if (!s.ok()) KVTIER_LOG(kError) << "internal: " << s.ToString();
 }
@@ -66,7 +32,7 @@ void BlockManagerImpl::FlushG2ToG3() {
     c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
     Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
     if (((victim->remaining_tiers >> kTierG3) & 1u) ||
-        !((SlotStoreTiers(victim->slot) >> kTierG3) & 1u)) {
+        !((slots_->StoreTiers(victim->slot) >> kTierG3) & 1u)) {
       ReleaseG2Slot(victim->slot);
     } else {
       Demote(*victim);
@@ -78,11 +44,6 @@ void BlockManagerImpl::FlushG2ToG3() {
       << "G3: " << written << " blocks written from G2 at shutdown in "
       << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
       << " ms";
-}
-
-uint8_t BlockManagerImpl::SlotStoreTiers(uint32_t slot) {
-  MutexLock lock(&slot_mu_);
-  return slot_meta_[slot].store_tiers;
 }
 
 bool BlockManagerImpl::AdmitToG3(const BlockKey& key) {
@@ -135,11 +96,10 @@ void BlockManagerImpl::Demote(const EvictedBlock& victim) {
   m.parent = victim.parent;
   m.g2_slot = victim.slot;
   {
-    MutexLock lock(&slot_mu_);
-    m.namespace_id = slot_meta_[victim.slot].namespace_id;
-    m.expected_checksum = slot_meta_[victim.slot].commit_checksum;
-    m.tokens.assign(slot_tokens_.begin() + size_t{victim.slot} * tpb_,
-                    slot_tokens_.begin() + size_t{victim.slot + 1} * tpb_);
+    G2SlotTable::WriteRecord r = slots_->CopyForWrite(victim.slot);
+    m.namespace_id = r.namespace_id;
+    m.expected_checksum = r.commit_checksum;
+    m.tokens = std::move(r.tokens);
   }
   MakeRoomInG3();
   demotions_in_flight_.fetch_add(1);
@@ -150,7 +110,7 @@ void BlockManagerImpl::Demote(const EvictedBlock& victim) {
   // both writes encode their header into the slot's header area. So G4 holds every block G3
   // was given, and G3's own victims are already in G4 when G3 drops them.
   const bool feed_g4 =
-      g4_ != nullptr && !g4_write_through_ && ((SlotStoreTiers(slot) >> kTierG4) & 1u);
+      g4_ != nullptr && !g4_->write_through() && ((slots_->StoreTiers(slot) >> kTierG4) & 1u);
   auto end = [this, slot, key, parent, feed_g4] {
     if (feed_g4) {
       WriteEvictedToG4(slot, key, parent);  // frees the slot and ends the demotion
@@ -182,15 +142,16 @@ void BlockManagerImpl::Demote(const EvictedBlock& victim) {
 }
 
 bool BlockManagerImpl::EvictFromG2(uint64_t ns) {
-  auto victim =
-      ns == 0 || ns_share_ <= 0
-          ? index_->EvictOne(kTierG2)
-          : index_->EvictOne(kTierG2, [this, ns](uint32_t slot) { return EvictableFor(ns, slot); });
+  auto victim = ns == 0 || !slots_->share_on()
+                    ? index_->EvictOne(kTierG2)
+                    : index_->EvictOne(kTierG2, [this, ns](uint32_t slot) {
+                        return slots_->EvictableFor(ns, slot);
+                      });
   if (!victim) return false;
   c_.evicted_g2.fetch_add(1, std::memory_order_relaxed);
   Emit({Event(KvEvent::Kind::kRemoved, victim->key, victim->parent, kTierG2)});
   const bool in_g3 = (victim->remaining_tiers >> kTierG3) & 1u;
-  const uint8_t store_tiers = SlotStoreTiers(victim->slot);
+  const uint8_t store_tiers = slots_->StoreTiers(victim->slot);
   const bool g3_allowed = (store_tiers >> kTierG3) & 1u;
   if (!in_g3 && g3_allowed && AdmitToG3(victim->key)) {
     Demote(*victim);  // the slot frees when the write ends

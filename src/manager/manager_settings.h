@@ -58,7 +58,7 @@ struct G2Options {
   bool hugepages = false;
   bool lock_memory = false;
   uint32_t prefault_threads = 0;  // 0: all CPUs
-  double namespace_share = 0;     // block_manager_impl.h: the G2 namespace share
+  double namespace_share = 0;     // g2_slot_table.h: the G2 namespace share
   uint32_t staging_slots = 0;     // 0: auto (slots / 16, 4..64)
 
   static Result<G2Options> FromConfig(const Config& config);
