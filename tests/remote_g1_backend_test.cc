@@ -16,14 +16,14 @@
 #include <thread>
 #include <vector>
 
-namespace kvtier::service {
+namespace kvtier::daemon {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 struct Sent {
   uint32_t instance;
-  FetchCall call;
+  proto::FetchCall call;
 };
 
 // A backend whose fetch frames land in `sent` (or are refused while `refuse` is set), and the
@@ -37,8 +37,8 @@ struct Harness {
 
   explicit Harness(std::chrono::milliseconds lease = std::chrono::milliseconds(5000)) {
     backend = std::make_unique<RemoteG1Backend>(
-        [](uint32_t, const CopyCall&) { return Status::Ok(); }, lease, 4);
-    backend->SetFetchSender([this](uint32_t instance, const FetchCall& call) {
+        [](uint32_t, const proto::CopyCall&) { return Status::Ok(); }, lease, 4);
+    backend->SetFetchSender([this](uint32_t instance, const proto::FetchCall& call) {
       std::lock_guard lock(mu);
       if (refuse) return Status::Unavailable("the data connection is closing");
       sent.push_back(Sent{instance, call});
@@ -59,7 +59,7 @@ struct Harness {
 
 G4Fetch Item(uint32_t instance, uint32_t block) {
   G4Fetch f;
-  f.g1_block = (instance << kInstanceShift) | block;
+  f.g1_block = (instance << proto::kInstanceShift) | block;
   f.name = "kvt1:" + std::to_string(instance) + ":" + std::to_string(block);
   f.namespace_id = 7;
   f.key = BlockKey{instance, block};
@@ -71,12 +71,12 @@ Clock::time_point Soon() { return Clock::now() + std::chrono::seconds(5); }
 
 TEST(RemoteG1BackendFetch, OnlyInstancesThatSaidSoFetch) {
   Harness h;
-  EXPECT_FALSE(h.backend->CanFetch((3u << kInstanceShift) | 1));
+  EXPECT_FALSE(h.backend->CanFetch((3u << proto::kInstanceShift) | 1));
   h.backend->SetFetcher(3, true);
-  EXPECT_TRUE(h.backend->CanFetch((3u << kInstanceShift) | 1));
-  EXPECT_FALSE(h.backend->CanFetch((4u << kInstanceShift) | 1));
+  EXPECT_TRUE(h.backend->CanFetch((3u << proto::kInstanceShift) | 1));
+  EXPECT_FALSE(h.backend->CanFetch((4u << proto::kInstanceShift) | 1));
   h.backend->SetFetcher(3, false);
-  EXPECT_FALSE(h.backend->CanFetch((3u << kInstanceShift) | 1));
+  EXPECT_FALSE(h.backend->CanFetch((3u << proto::kInstanceShift) | 1));
 
   // Items of an instance that does not fetch end at once, and nothing is sent.
   ASSERT_TRUE(h.backend->Fetch({Item(3, 1), Item(3, 2)}, Soon(), h.Callback()).ok());
@@ -109,7 +109,7 @@ TEST(RemoteG1BackendFetch, OneFramePerInstanceWithTheEnginesOwnBlockIds) {
   EXPECT_TRUE(h.Ended().empty());
 
   // Each answer ends its own items, by the caller's indices, with the engine's statuses.
-  FetchDone done;
+  proto::FetchDone done;
   done.batch = h.sent[0].call.batch;
   done.statuses = {Status::Ok(), Status::Corruption("bad payload")};
   h.backend->OnFetchDone(2, done);
@@ -122,7 +122,7 @@ TEST(RemoteG1BackendFetch, OneFramePerInstanceWithTheEnginesOwnBlockIds) {
 
   // The same answer again, or one from another instance, is a stray report: nothing ends.
   h.backend->OnFetchDone(2, done);
-  FetchDone other;
+  proto::FetchDone other;
   other.batch = h.sent[1].call.batch;
   other.statuses = {Status::Ok()};
   h.backend->OnFetchDone(2, other);
@@ -141,7 +141,7 @@ TEST(RemoteG1BackendFetch, AnAnswerWithTheWrongCountFailsEveryItem) {
   h.backend->SetFetcher(1, true);
   ASSERT_TRUE(h.backend->Fetch({Item(1, 1), Item(1, 2)}, Soon(), h.Callback()).ok());
   ASSERT_EQ(h.sent.size(), 1u);
-  FetchDone done;
+  proto::FetchDone done;
   done.batch = h.sent[0].call.batch;
   done.statuses = {Status::Ok()};  // one status for two blocks
   h.backend->OnFetchDone(1, done);
@@ -173,10 +173,10 @@ TEST(RemoteG1BackendFetch, ADeadEngineEndsItsFetchesAndFetchesNoMore) {
   ASSERT_EQ(ended.size(), 1u);
   EXPECT_EQ(ended[0].first, 0u);
   EXPECT_NE(ended[0].second.message().find("engine 1's"), std::string::npos);
-  EXPECT_FALSE(h.backend->CanFetch((1u << kInstanceShift) | 1));
-  EXPECT_TRUE(h.backend->CanFetch((2u << kInstanceShift) | 1));
+  EXPECT_FALSE(h.backend->CanFetch((1u << proto::kInstanceShift) | 1));
+  EXPECT_TRUE(h.backend->CanFetch((2u << proto::kInstanceShift) | 1));
   // Its late answer changes nothing.
-  FetchDone late;
+  proto::FetchDone late;
   late.batch = h.sent[0].call.batch;
   late.statuses = {Status::Ok()};
   h.backend->OnFetchDone(1, late);
@@ -219,9 +219,9 @@ TEST(RemoteG1BackendFetch, ShutdownEndsWhatIsOpen) {
 // block stored there), so it ends only with the engine's answer.
 TEST(RemoteG1BackendCopy, ALateLoadFailsAtItsDeadlineALateSaveWaitsForItsEngine) {
   std::mutex mu;
-  std::vector<CopyCall> sent;
+  std::vector<proto::CopyCall> sent;
   RemoteG1Backend backend(
-      [&](uint32_t, const CopyCall& call) {
+      [&](uint32_t, const proto::CopyCall& call) {
         std::lock_guard lock(mu);
         sent.push_back(call);
         return Status::Ok();
@@ -236,7 +236,7 @@ TEST(RemoteG1BackendCopy, ALateLoadFailsAtItsDeadlineALateSaveWaitsForItsEngine)
   };
   Ending load, save;
   auto submit = [&](CopyDirection dir, Ending* end) {
-    const DeviceBlockCopy copy{(1u << kInstanceShift) | 3, g2.data() + 8192};
+    const DeviceBlockCopy copy{(1u << proto::kInstanceShift) | 3, g2.data() + 8192};
     return backend.Submit(
         dir, {&copy, 1}, [](uint32_t) {},
         [end](const Status& s) {
@@ -276,9 +276,9 @@ TEST(RemoteG1BackendCopy, ALateLoadFailsAtItsDeadlineALateSaveWaitsForItsEngine)
 // The engine's side of the lease rule: Barrier waits for the G1 writes begun before it, and
 // only for those (a stream of later fetches must not starve it).
 TEST(CopyGateTest, BarrierWaitsForEarlierPassesOnly) {
-  CopyGate gate;
+  client::CopyGate gate;
   gate.Barrier();  // nothing in progress: at once
-  auto first = std::make_unique<CopyGate::Pass>(gate);
+  auto first = std::make_unique<client::CopyGate::Pass>(gate);
   std::atomic<bool> returned{false};
   std::future<void> barrier = std::async(std::launch::async, [&] {
     gate.Barrier();
@@ -287,11 +287,11 @@ TEST(CopyGateTest, BarrierWaitsForEarlierPassesOnly) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(returned) << "Barrier returned while an earlier pass was in progress";
   // A pass begun after the barrier does not hold it up, and passes never wait for each other.
-  CopyGate::Pass later(gate);
+  client::CopyGate::Pass later(gate);
   first.reset();
   ASSERT_EQ(barrier.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   EXPECT_TRUE(returned);
 }
 
 }  // namespace
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

@@ -393,15 +393,15 @@ TEST(G1FetcherTest, RefusesBlocksOutsideItsG1AndDeviceMemory) {
     e->regions.emplace_back(4 * l.ChunkBytes(), 0);
     e->g1.regions.push_back(G1Region{e->regions.back().data(), l.ChunkBytes()});
   }
-  service::G4Config config;
+  proto::G4Config config;
   config.endpoints = redis.endpoint();
   config.connections = 1;
-  service::CopyGate gate;
-  std::vector<service::FetchDone> reports;
-  Result<std::unique_ptr<service::G1Fetcher>> f = service::G1Fetcher::Create(
-      config, e->g1, &gate, [&](const service::FetchDone& d) { reports.push_back(d); });
+  client::CopyGate gate;
+  std::vector<proto::FetchDone> reports;
+  Result<std::unique_ptr<client::G1Fetcher>> f = client::G1Fetcher::Create(
+      config, e->g1, &gate, [&](const proto::FetchDone& d) { reports.push_back(d); });
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  service::FetchCall call;
+  proto::FetchCall call;
   call.batch = 9;
   call.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          (Clock::now() + std::chrono::seconds(5)).time_since_epoch())
@@ -417,7 +417,7 @@ TEST(G1FetcherTest, RefusesBlocksOutsideItsG1AndDeviceMemory) {
   missing.g1_block = 2;
   call.items = {outside, short_tokens, missing};
   const std::vector<std::vector<uint8_t>> before = e->regions;
-  const service::FetchDone done = (*f)->Run(call);
+  const proto::FetchDone done = (*f)->Run(call);
   EXPECT_EQ(done.batch, 9u);
   ASSERT_EQ(done.statuses.size(), 3u);
   EXPECT_TRUE(done.statuses[0].Is(StatusCode::kInvalidArgument)) << done.statuses[0].ToString();
@@ -428,7 +428,7 @@ TEST(G1FetcherTest, RefusesBlocksOutsideItsG1AndDeviceMemory) {
   // Past its deadline, nothing is asked.
   call.deadline_ns = 1;
   call.items = {missing};
-  const service::FetchDone late = (*f)->Run(call);
+  const proto::FetchDone late = (*f)->Run(call);
   ASSERT_EQ(late.statuses.size(), 1u);
   EXPECT_TRUE(late.statuses[0].Is(StatusCode::kTimedOut)) << late.statuses[0].ToString();
   f->reset();
@@ -436,8 +436,8 @@ TEST(G1FetcherTest, RefusesBlocksOutsideItsG1AndDeviceMemory) {
   // A device G1: a socket cannot receive into it.
   G1Memory device = e->g1;
   device.on_device = true;
-  Result<std::unique_ptr<service::G1Fetcher>> refused =
-      service::G1Fetcher::Create(config, device, &gate, [](const service::FetchDone&) {});
+  Result<std::unique_ptr<client::G1Fetcher>> refused =
+      client::G1Fetcher::Create(config, device, &gate, [](const proto::FetchDone&) {});
   EXPECT_TRUE(refused.status().Is(StatusCode::kInvalidArgument)) << refused.status().ToString();
 }
 
@@ -484,14 +484,14 @@ TEST(G1FetcherTest, RefusesAnObjectWhoseStoredTokensAreNotTheFetchs) {
   (*store)->Put({&put, 1}, Clock::now() + std::chrono::seconds(5), {&put_status, 1});
   ASSERT_TRUE(put_status.ok()) << put_status.ToString();
 
-  service::G4Config config;
+  proto::G4Config config;
   config.endpoints = redis.endpoint();
   config.connections = 1;
-  service::CopyGate gate;
-  Result<std::unique_ptr<service::G1Fetcher>> fetcher =
-      service::G1Fetcher::Create(config, e->g1, &gate, [](const service::FetchDone&) {});
+  client::CopyGate gate;
+  Result<std::unique_ptr<client::G1Fetcher>> fetcher =
+      client::G1Fetcher::Create(config, e->g1, &gate, [](const proto::FetchDone&) {});
   ASSERT_TRUE(fetcher.ok()) << fetcher.status().ToString();
-  service::FetchCall call;
+  proto::FetchCall call;
   call.batch = 1;
   call.deadline_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          (Clock::now() + std::chrono::seconds(5)).time_since_epoch())
@@ -503,7 +503,7 @@ TEST(G1FetcherTest, RefusesAnObjectWhoseStoredTokensAreNotTheFetchs) {
   item.key = f.key;
   item.tokens = asked;
   call.items = {item};
-  service::FetchDone done = (*fetcher)->Run(call);
+  proto::FetchDone done = (*fetcher)->Run(call);
   ASSERT_EQ(done.statuses.size(), 1u);
   EXPECT_TRUE(done.statuses[0].Is(StatusCode::kCorruption))
       << "an object whose stored tokens differ from the fetch's was served: "

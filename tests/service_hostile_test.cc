@@ -120,7 +120,7 @@ TEST(ServiceHostileChild, Run) {
   if (role == "flood") {
     std::vector<UniqueFd> held;
     for (uint32_t i = 0; i < arg; ++i) {
-      Result<UniqueFd> c = service::ConnectUnix(socket);
+      Result<UniqueFd> c = proto::ConnectUnix(socket);
       if (c.ok()) held.push_back(std::move(*c));
     }
     std::fprintf(stderr, "child: holding %zu silent connections\n", held.size());
@@ -396,7 +396,7 @@ TEST(ServiceHostile, FloodOfSilentConnectionsUnderALowThreadLimit) {
   Reap reap{daemon};
   bool up = false;
   for (const auto t0 = Clock::now(); !up && Clock::now() - t0 < std::chrono::seconds(20);) {
-    up = service::ConnectUnix(socket).ok();
+    up = proto::ConnectUnix(socket).ok();
     if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_TRUE(up) << "kvtier serve as uid 65534 did not listen";
@@ -445,22 +445,21 @@ TEST(ServiceHostile, UnallowedPeersAndOversizedHellosAreRefusedUnread) {
   Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
   {
-    Result<UniqueFd> c = service::ConnectUnix(socket);
+    Result<UniqueFd> c = proto::ConnectUnix(socket);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
-    service::FrameHeader h;
-    h.type = static_cast<uint16_t>(service::MsgType::kHello);
+    proto::FrameHeader h;
+    h.type = static_cast<uint16_t>(proto::MsgType::kHello);
     h.seq = 1;
     h.payload_bytes = 8u << 20;
-    uint8_t header[service::kFrameHeaderBytes];
-    service::EncodeHeader(h, header);
+    uint8_t header[proto::kFrameHeaderBytes];
+    proto::EncodeHeader(h, header);
     ASSERT_EQ(::send(c->get(), header, sizeof(header), MSG_NOSIGNAL),
               static_cast<ssize_t>(sizeof(header)));
-    Result<service::Frame> reply =
-        service::RecvFrame(c->get(), Clock::now() + std::chrono::seconds(2));
+    Result<proto::Frame> reply = proto::RecvFrame(c->get(), Clock::now() + std::chrono::seconds(2));
     ASSERT_TRUE(reply.ok()) << "no answer to an 8 MiB Hello header: " << reply.status().ToString();
-    service::WireReader r(reply->payload);
+    proto::WireReader r(reply->payload);
     Status status;
-    ASSERT_TRUE(service::DecodeStatus(&r, &status).ok());
+    ASSERT_TRUE(proto::DecodeStatus(&r, &status).ok());
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
   }
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as uid 65534";
@@ -470,15 +469,15 @@ TEST(ServiceHostile, UnallowedPeersAndOversizedHellosAreRefusedUnread) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (!BecomeNobody()) _exit(kNoSetuid);
-    Result<UniqueFd> c = service::ConnectUnix(socket);
+    Result<UniqueFd> c = proto::ConnectUnix(socket);
     if (!c.ok()) _exit(2);
     // Sends nothing: the refusal must come anyway, well before the daemon's 5 s Hello wait.
-    Result<service::Frame> reply =
-        service::RecvFrame(c->get(), Clock::now() + std::chrono::milliseconds(1500));
+    Result<proto::Frame> reply =
+        proto::RecvFrame(c->get(), Clock::now() + std::chrono::milliseconds(1500));
     if (!reply.ok()) _exit(3);
-    service::WireReader r(reply->payload);
+    proto::WireReader r(reply->payload);
     Status status;
-    if (!service::DecodeStatus(&r, &status).ok()) _exit(4);
+    if (!proto::DecodeStatus(&r, &status).ok()) _exit(4);
     _exit(status.code() == StatusCode::kFailedPrecondition ? 0 : 5);
   }
   const int code = WaitExit(pid);

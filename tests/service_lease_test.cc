@@ -106,10 +106,10 @@ TEST(ServiceLease, ABatchThatArrivesAfterItsDeadlineNeverWritesG1) {
     device = b.get();
     return std::unique_ptr<DeviceCopyBackend>(std::move(b));
   };
-  Result<std::unique_ptr<service::AttachedManager>> attached =
-      service::AttachedManager::Create(EngineOptions(socket, "device-engine"), factory);
+  Result<std::unique_ptr<client::AttachedManager>> attached =
+      client::AttachedManager::Create(EngineOptions(socket, "device-engine"), factory);
   ASSERT_TRUE(attached.ok()) << attached.status().ToString();
-  service::AttachedManager* client = attached->get();
+  client::AttachedManager* client = attached->get();
   Engine e;
   const KvLayout l = TestLayout();
   e.g1_bytes.assign(64 * l.BlockBytes(), 0);
@@ -249,10 +249,10 @@ TEST(ServiceLease, ALoadWhoseDeadlinePassesBetweenLayersWritesNoLaterLayer) {
   const std::string socket = dir + "/sock/kvtier.sock";
   Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start(kLeaseMs));
-  Result<std::unique_ptr<service::AttachedManager>> attached =
-      service::AttachedManager::Create(EngineOptions(socket, "held-engine"));
+  Result<std::unique_ptr<client::AttachedManager>> attached =
+      client::AttachedManager::Create(EngineOptions(socket, "held-engine"));
   ASSERT_TRUE(attached.ok()) << attached.status().ToString();
-  service::AttachedManager* client = attached->get();
+  client::AttachedManager* client = attached->get();
   Engine e;  // g1_bytes unused: G1 is `memory`
   e.g1.layout = l;
   e.g1.num_blocks = kBlocks;
@@ -313,11 +313,11 @@ TEST(ServiceLease, ASaveWhoseDeadlinePassesBetweenBlocksIsRefused) {
   Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start(kLeaseMs));
   ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "100", 1);
-  Result<std::unique_ptr<service::AttachedManager>> attached =
-      service::AttachedManager::Create(EngineOptions(socket, "slow-saver"));
+  Result<std::unique_ptr<client::AttachedManager>> attached =
+      client::AttachedManager::Create(EngineOptions(socket, "slow-saver"));
   ::unsetenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS");
   ASSERT_TRUE(attached.ok()) << attached.status().ToString();
-  service::AttachedManager* client = attached->get();
+  client::AttachedManager* client = attached->get();
   Engine e;
   const KvLayout l = TestLayout();
   e.g1_bytes.assign(16 * l.BlockBytes(), 0);

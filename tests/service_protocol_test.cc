@@ -14,7 +14,7 @@
 #include "proto/protocol.h"
 #include "stats_test_util.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 namespace {
 
 using Rng = std::mt19937_64;
@@ -504,4 +504,4 @@ TEST(ProtocolStats, EveryFieldRoundTripsAndAnotherBuildsReplyIsRefused) {
 }
 
 }  // namespace
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

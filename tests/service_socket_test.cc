@@ -25,7 +25,7 @@
 #include "hang_guard.h"
 #include "proto/unix_socket.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -750,4 +750,4 @@ TEST(UniqueFdTest, OwnsClosesMovesAndReleases) {
 }
 
 }  // namespace
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -176,16 +176,16 @@ TEST(Service, SchedulerLookupsGoStraightToTheDaemon) {
 // A rogue (or buggy) engine: a data connection of its own, and the G2 memfd mapped and
 // written over whole.
 void ScribbleOverG2(const std::string& socket) {
-  auto fd = service::ConnectUnix(socket);
+  auto fd = proto::ConnectUnix(socket);
   ASSERT_TRUE(fd.ok()) << fd.status().ToString();
-  auto reply = RawHello(fd->get(), service::Role::kData, "scribbler");
+  auto reply = RawHello(fd->get(), proto::Role::kData, "scribbler");
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-  service::WireReader r(reply->payload);
+  proto::WireReader r(reply->payload);
   Status status;
-  service::HelloReply hr;
-  ASSERT_TRUE(service::DecodeStatus(&r, &status).ok());
+  proto::HelloReply hr;
+  ASSERT_TRUE(proto::DecodeStatus(&r, &status).ok());
   ASSERT_TRUE(status.ok()) << status.ToString();
-  ASSERT_TRUE(service::DecodeHelloReply(&r, &hr).ok());
+  ASSERT_TRUE(proto::DecodeHelloReply(&r, &hr).ok());
   ASSERT_TRUE(reply->fd) << "no G2 memfd with the data Hello's reply";
   void* map =
       ::mmap(nullptr, hr.g2_capacity_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
@@ -323,13 +323,13 @@ TEST(Service, ClientOfAnotherUidIsRefused) {
   pid_t pid = ::fork();
   if (pid == 0) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(3);
-    auto fd = service::ConnectUnix(socket);
+    auto fd = proto::ConnectUnix(socket);
     if (!fd.ok()) _exit(4);
-    auto reply = RawHello(fd->get(), service::Role::kCall, "intruder");
+    auto reply = RawHello(fd->get(), proto::Role::kCall, "intruder");
     if (!reply.ok()) _exit(0);  // closed before or after the Hello: refused
-    service::WireReader r(reply->payload);
+    proto::WireReader r(reply->payload);
     Status status;
-    if (!service::DecodeStatus(&r, &status).ok()) _exit(5);
+    if (!proto::DecodeStatus(&r, &status).ok()) _exit(5);
     std::fprintf(stderr, "intruder: %s\n", status.ToString().c_str());
     _exit(status.code() == StatusCode::kFailedPrecondition ? 0 : 1);
   }
@@ -434,7 +434,7 @@ TEST(Service, BadFramesEndOnlyTheirConnection) {
   Engine a = MakeEngine(socket, "engine-a");
   uint32_t seed = 99;
   for (int i = 0; i < 50; ++i) {
-    auto fd = service::ConnectUnix(socket);
+    auto fd = proto::ConnectUnix(socket);
     ASSERT_TRUE(fd.ok());
     std::vector<uint8_t> junk(1 + (seed % 200));
     for (auto& b : junk) {
@@ -443,13 +443,13 @@ TEST(Service, BadFramesEndOnlyTheirConnection) {
     }
     if (i % 2 == 0) {
       // A well-formed frame header around a payload that is not a Hello.
-      (void)service::SendFrame(fd->get(), static_cast<uint16_t>(service::MsgType::kHello), 1, junk,
-                               -1, Clock::now() + std::chrono::seconds(1));
-      auto reply = service::RecvFrame(fd->get(), Clock::now() + std::chrono::seconds(5));
+      (void)proto::SendFrame(fd->get(), static_cast<uint16_t>(proto::MsgType::kHello), 1, junk, -1,
+                             Clock::now() + std::chrono::seconds(1));
+      auto reply = proto::RecvFrame(fd->get(), Clock::now() + std::chrono::seconds(5));
       ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-      service::WireReader r(reply->payload);
+      proto::WireReader r(reply->payload);
       Status st;
-      ASSERT_TRUE(service::DecodeStatus(&r, &st).ok());
+      ASSERT_TRUE(proto::DecodeStatus(&r, &st).ok());
       EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
     } else {
       (void)::write(fd->get(), junk.data(), junk.size());

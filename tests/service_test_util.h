@@ -191,18 +191,18 @@ inline void CommitStalledSaves(Engine& e, uint32_t seed) {
 }
 
 // A Hello of this test's model and layout sent by hand on `fd`, and the daemon's reply frame.
-inline Result<service::Frame> RawHello(int fd, service::Role role, const std::string& instance,
-                                       const std::string& model = "service-test") {
-  service::Hello hello;
+inline Result<proto::Frame> RawHello(int fd, proto::Role role, const std::string& instance,
+                                     const std::string& model = "service-test") {
+  proto::Hello hello;
   hello.role = role;
   hello.instance_name = instance;
   hello.model_id = model;
   hello.layout = TestLayout();
-  service::WireWriter w;
-  service::EncodeHello(&w, hello);
+  proto::WireWriter w;
+  proto::EncodeHello(&w, hello);
   KVTIER_RETURN_IF_ERROR(
-      service::SendFrame(fd, static_cast<uint16_t>(service::MsgType::kHello), 1, w.data()));
-  return service::RecvFrame(fd, Clock::now() + std::chrono::seconds(5));
+      proto::SendFrame(fd, static_cast<uint16_t>(proto::MsgType::kHello), 1, w.data()));
+  return proto::RecvFrame(fd, Clock::now() + std::chrono::seconds(5));
 }
 
 // Waits for child `pid`: its exit code, or 128 + the signal that ended it.
@@ -247,7 +247,7 @@ class Daemon {
     ASSERT_GT(pid_, 0);
     const auto deadline = Clock::now() + std::chrono::seconds(20);
     while (Clock::now() < deadline) {
-      if (service::ConnectUnix(socket_).ok()) return;
+      if (proto::ConnectUnix(socket_).ok()) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     FAIL() << "kvtier serve did not listen on " << socket_ << " within 20 s";

@@ -14,7 +14,7 @@
 
 #include "proto/wire.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 namespace {
 
 std::span<const uint8_t> AsBytes(std::string_view s) {
@@ -502,4 +502,4 @@ TEST(WireFuzzTest, DamagedMessagesDecodeToOkOrInvalidArgumentWithinTheirSize) {
 }
 
 }  // namespace
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -12,7 +12,12 @@
 #include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 
-namespace kvtier::service {
+namespace kvtier::client {
+
+// The protocol's names this file uses most.
+using proto::LoadTrace;
+using proto::MsgType;
+using proto::WireWriter;
 
 void AttachedManager::SubscribeEvents(KvEventCallback callback) {
   {
@@ -32,8 +37,9 @@ void AttachedManager::EventsLoop() {
       MutexLock lock(&events_mu_);
       if (events_stop_) return;
     }
-    Result<Handshake> opened = OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kEvents),
-                                              ++seq_, Clock::now() + call_timeout_);
+    Result<proto::Handshake> opened =
+        proto::OpenConnection(socket_path_, daemon_uid_, MakeHello(proto::Role::kEvents), ++seq_,
+                              Clock::now() + call_timeout_);
     if (opened.ok()) {
       MutexLock lock(&events_mu_);
       if (events_stop_) return;
@@ -47,15 +53,15 @@ void AttachedManager::EventsLoop() {
       }
       const int fd = opened->fd.get();
       for (;;) {
-        Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
+        Result<proto::Frame> frame = proto::RecvFrame(fd, Clock::time_point::max());
         if (!frame.ok()) break;
-        EventsFrame ev;
-        WireReader r(frame->payload);
+        proto::EventsFrame ev;
+        proto::WireReader r(frame->payload);
         Status decoded =
             frame->header.type == static_cast<uint16_t>(MsgType::kEvents)
-                ? DecodeEvents(&r, &ev)
+                ? proto::DecodeEvents(&r, &ev)
                 : Status::InvalidArgument(std::string("an events connection carries Events, not ") +
-                                          MsgTypeName(frame->header.type));
+                                          proto::MsgTypeName(frame->header.type));
         if (!decoded.ok()) {
           KVTIER_LOG(kWarn) << "kvtier: events from kvtier serve at " << socket_path_ << ": "
                             << decoded.message() << "; connecting again";
@@ -98,14 +104,14 @@ Status AttachedManager::SendReport(int fd, MsgType type, uint64_t batch, uint32_
   if (type == MsgType::kCopyLayer) {
     w.U32(layer);
   } else {
-    EncodeStatus(&w, status);
+    proto::EncodeStatus(&w, status);
   }
   MutexLock lock(&send_mu_);
-  return SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
-                   Clock::now() + call_timeout_);
+  return proto::SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
+                          Clock::now() + call_timeout_);
 }
 
-void AttachedManager::RunCopy(int fd, const CopyCall& call) {
+void AttachedManager::RunCopy(int fd, const proto::CopyCall& call) {
   const KvLayout& layout = options_.layout;
   const uint64_t block_bytes = layout.BlockBytes();
   for (const auto& [block, offset] : call.copies) {
@@ -176,7 +182,7 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
   }
   Status status;
   if (call.dir == 1) {
-    LoadTrace* trace = ActiveLoadTrace();
+    LoadTrace* trace = proto::ActiveLoadTrace();
     if (trace) {
       LoadTrace::SetFirst(trace->first_copy_received_ns, LoadTrace::NowNs());
       trace->batches.fetch_add(1, std::memory_order_relaxed);
@@ -223,20 +229,20 @@ void AttachedManager::RunCopy(int fd, const CopyCall& call) {
 
 Status AttachedManager::SendFrameLocked(int fd, MsgType type, const WireWriter& w) {
   MutexLock lock(&send_mu_);
-  return SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
-                   Clock::now() + call_timeout_);
+  return proto::SendFrame(fd, static_cast<uint16_t>(type), ++seq_, w.data(), -1,
+                          Clock::now() + call_timeout_);
 }
 
-std::unique_ptr<G1Fetcher> AttachedManager::OpenFetcher(int fd, const G4Config& config) {
+std::unique_ptr<G1Fetcher> AttachedManager::OpenFetcher(int fd, const proto::G4Config& config) {
   Result<std::unique_ptr<G1Fetcher>> opened =
-      G1Fetcher::Create(config, *g1_, &copy_gate_, [this, fd](const FetchDone& done) {
+      G1Fetcher::Create(config, *g1_, &copy_gate_, [this, fd](const proto::FetchDone& done) {
         WireWriter w;
-        EncodeFetchDone(&w, done);
+        proto::EncodeFetchDone(&w, done);
         (void)SendFrameLocked(fd, MsgType::kFetchDone, w);
       });
   if (g4_ready_delay_.count() > 0) std::this_thread::sleep_for(g4_ready_delay_);
   WireWriter w;
-  EncodeStatus(&w, opened.status());
+  proto::EncodeStatus(&w, opened.status());
   (void)SendFrameLocked(fd, MsgType::kG4Ready, w);
   {
     MutexLock lock(&mu_);
@@ -253,18 +259,18 @@ std::unique_ptr<G1Fetcher> AttachedManager::OpenFetcher(int fd, const G4Config& 
 void AttachedManager::DataLoop(int fd) {
   std::unique_ptr<G1Fetcher> fetcher;  // stopped (its calls ended) before this returns
   for (;;) {
-    Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
+    Result<proto::Frame> frame = proto::RecvFrame(fd, Clock::time_point::max());
     if (!frame.ok()) break;
-    WireReader r(frame->payload);
+    proto::WireReader r(frame->payload);
     const auto type = static_cast<MsgType>(frame->header.type);
     Status decoded;
     if (type == MsgType::kCopy) {
-      CopyCall call;
-      decoded = DecodeCopy(&r, &call);
+      proto::CopyCall call;
+      decoded = proto::DecodeCopy(&r, &call);
       if (decoded.ok()) RunCopy(fd, call);
     } else if (type == MsgType::kFetch) {
-      FetchCall call;
-      decoded = DecodeFetch(&r, &call);
+      proto::FetchCall call;
+      decoded = proto::DecodeFetch(&r, &call);
       if (decoded.ok()) {
         {
           MutexLock lock(&mu_);
@@ -273,22 +279,22 @@ void AttachedManager::DataLoop(int fd) {
         if (fetcher) {
           fetcher->Enqueue(std::move(call));
         } else {
-          FetchDone done;
+          proto::FetchDone done;
           done.batch = call.batch;
           done.statuses.assign(call.items.size(),
                                Status::FailedPrecondition("this engine does not fetch from G4"));
           WireWriter w;
-          EncodeFetchDone(&w, done);
+          proto::EncodeFetchDone(&w, done);
           (void)SendFrameLocked(fd, MsgType::kFetchDone, w);
         }
       }
     } else if (type == MsgType::kG4Config) {
-      G4Config config;
-      decoded = DecodeG4Config(&r, &config);
+      proto::G4Config config;
+      decoded = proto::DecodeG4Config(&r, &config);
       if (decoded.ok() && !fetcher) fetcher = OpenFetcher(fd, config);
     } else {
       decoded = Status::InvalidArgument(std::string("a data connection cannot carry ") +
-                                        MsgTypeName(frame->header.type));
+                                        proto::MsgTypeName(frame->header.type));
     }
     if (!decoded.ok()) {
       KVTIER_LOG(kWarn) << "kvtier: kvtier serve sent a bad data frame: " << decoded.ToString();
@@ -309,4 +315,4 @@ void AttachedManager::DataLoop(int fd) {
   if (lost) Detach("its data connection ended");
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::client

@@ -8,10 +8,16 @@
 
 #include "core/log.h"
 #include "proto/handshake.h"
+#include "proto/service_options.h"
 #include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 
-namespace kvtier::service {
+namespace kvtier::client {
+
+// The protocol's names this file uses most.
+using proto::MsgType;
+using proto::Role;
+using proto::WireWriter;
 
 AttachedManager::AttachedManager(const ManagerOptions& options) : options_(options) {}
 
@@ -25,18 +31,20 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
   }
   std::unique_ptr<AttachedManager> m(new AttachedManager(options));
   const Config& cfg = options.config;
-  m->socket_path_ = cfg.GetString("service.socket");
-  if (m->socket_path_.empty()) {
+  if (!proto::ServiceSocketSet(cfg)) {
     return Status::InvalidArgument("attached mode needs service.socket (the daemon's socket)");
   }
-  m->instance_name_ = cfg.GetString("service.instance");
+  KVTIER_ASSIGN_OR_RETURN(const proto::ServiceClientOptions service,
+                          proto::ServiceClientOptions::FromConfig(cfg));
+  m->socket_path_ = service.socket;
+  m->instance_name_ = service.instance;
   if (m->instance_name_.empty()) {
     m->instance_name_ = "pid-" + std::to_string(::getpid()) + "-" +
                         std::to_string(reinterpret_cast<uintptr_t>(m.get()) & 0xffffff);
   }
-  KVTIER_ASSIGN_OR_RETURN(m->daemon_uid_, ExpectedDaemonUid(cfg));
-  m->call_timeout_ = std::chrono::milliseconds(cfg.GetUint("service.call_timeout_ms"));
-  m->reattach_ = std::chrono::milliseconds(cfg.GetUint("service.reattach_ms"));
+  m->daemon_uid_ = service.daemon_uid;
+  m->call_timeout_ = std::chrono::milliseconds(service.call_timeout_ms);
+  m->reattach_ = std::chrono::milliseconds(service.reattach_ms);
   m->stream_load_bytes_ = StreamLoadBytes(cfg.GetString("transfer.load_stores"));
   m->device_factory_ = std::move(device_backend);
   // Test hook (tests/service_test.cc): each block a save copies waits this long first, so a
@@ -61,11 +69,13 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
     if (!s.ok()) {
       KVTIER_LOG(kWarn) << "kvtier: cannot attach to kvtier serve at " << m->socket_path_ << ": "
                         << s.message() << "; every lookup is a miss until it can (retried every "
-                        << cfg.GetUint("service.reattach_ms") << " ms)";
+                        << service.reattach_ms << " ms)";
     }
   }
   return m;
 }
+
+bool AttachedManager::Requested(const Config& config) { return proto::ServiceSocketSet(config); }
 
 AttachedManager::~AttachedManager() {
   // connector.h: the destructor finishes transfers in flight. Attached, the saves this engine
@@ -95,8 +105,8 @@ AttachedManager::~AttachedManager() {
   device_.reset();
 }
 
-Hello AttachedManager::MakeHello(Role role) const {
-  Hello hello;
+proto::Hello AttachedManager::MakeHello(Role role) const {
+  proto::Hello hello;
   hello.role = role;
   hello.instance_name = instance_name_;
   hello.model_id = options_.model_id;
@@ -111,11 +121,12 @@ Status AttachedManager::AttachLocked(bool* refused) {
     last_attempt_ = Clock::now();
     if (attached_) return Status::Ok();
   }
-  Result<Handshake> opened = OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kCall),
-                                            ++seq_, Clock::now() + call_timeout_, refused);
+  Result<proto::Handshake> opened =
+      proto::OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kCall), ++seq_,
+                            Clock::now() + call_timeout_, refused);
   if (!opened.ok()) return opened.status();
   UniqueFd fd = std::move(opened->fd);
-  const HelloReply& hr = opened->reply;
+  const proto::HelloReply& hr = opened->reply;
   {
     MutexLock lock(&mu_);
     epoch_ = hr.epoch;
@@ -158,10 +169,10 @@ Status AttachedManager::OpenDataLocked() {
 
   const auto deadline = Clock::now() + call_timeout_;
   KVTIER_ASSIGN_OR_RETURN(
-      Handshake opened,
-      OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kData), ++seq_, deadline));
+      proto::Handshake opened,
+      proto::OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kData), ++seq_, deadline));
   UniqueFd fd = std::move(opened.fd);
-  const HelloReply& hr = opened.reply;
+  const proto::HelloReply& hr = opened.reply;
   if (!opened.passed) {
     return Status::InvalidArgument("kvtier serve sent no G2 descriptor with its data Hello reply");
   }
@@ -192,12 +203,12 @@ Status AttachedManager::OpenDataLocked() {
     }
   }
   if (!call) return Status::Unavailable("no call connection to register G1 on");
-  KVTIER_RETURN_IF_ERROR(SendFrame(call.get(), static_cast<uint16_t>(MsgType::kRegisterG1), ++seq_,
-                                   reg.data(), -1, deadline));
-  KVTIER_ASSIGN_OR_RETURN(Frame reg_reply, RecvFrame(call.get(), deadline));
-  WireReader rr(reg_reply.payload);
+  KVTIER_RETURN_IF_ERROR(proto::SendFrame(call.get(), static_cast<uint16_t>(MsgType::kRegisterG1),
+                                          ++seq_, reg.data(), -1, deadline));
+  KVTIER_ASSIGN_OR_RETURN(proto::Frame reg_reply, proto::RecvFrame(call.get(), deadline));
+  proto::WireReader rr(reg_reply.payload);
   Status status;
-  KVTIER_RETURN_IF_ERROR(DecodeStatus(&rr, &status));
+  KVTIER_RETURN_IF_ERROR(proto::DecodeStatus(&rr, &status));
   KVTIER_RETURN_IF_ERROR(status);
   {
     MutexLock lock(&mu_);
@@ -284,8 +295,8 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
   }();
   if (!fd) {
     // One more call connection for this call in flight.
-    Result<Handshake> opened = OpenConnection(socket_path_, daemon_uid_, MakeHello(Role::kCall),
-                                              ++seq_, Clock::now() + call_timeout_);
+    Result<proto::Handshake> opened = proto::OpenConnection(
+        socket_path_, daemon_uid_, MakeHello(Role::kCall), ++seq_, Clock::now() + call_timeout_);
     Status s = opened.status();
     if (s.ok() && opened->reply.epoch != epoch) s = Status::Unavailable("kvtier serve restarted");
     if (s.ok()) fd = std::move(opened->fd);
@@ -298,8 +309,10 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
   }
   const uint64_t seq = ++seq_;
   const auto deadline = Clock::now() + timeout;
-  Status sent = SendFrame(fd.get(), static_cast<uint16_t>(type), seq, payload.data(), -1, deadline);
-  Result<Frame> reply = sent.ok() ? RecvFrame(fd.get(), deadline) : Result<Frame>(sent);
+  Status sent =
+      proto::SendFrame(fd.get(), static_cast<uint16_t>(type), seq, payload.data(), -1, deadline);
+  Result<proto::Frame> reply =
+      sent.ok() ? proto::RecvFrame(fd.get(), deadline) : Result<proto::Frame>(sent);
   Status s = reply.status();
   if (s.ok() &&
       (reply->header.type != static_cast<uint16_t>(MsgType::kReply) || reply->header.seq != seq)) {
@@ -308,7 +321,7 @@ Status AttachedManager::Call(MsgType type, const WireWriter& payload, Clock::dur
                                 std::to_string(reply->header.seq) + ")");
   }
   if (!s.ok()) {
-    Detach(std::string(MsgTypeName(static_cast<uint16_t>(type))) + ": " + s.message());
+    Detach(std::string(proto::MsgTypeName(static_cast<uint16_t>(type))) + ": " + s.message());
     MutexLock lock(&mu_);
     stats_.failed_calls++;
     return Status::Unavailable(s.message());
@@ -323,7 +336,7 @@ namespace {
 // Runs `call`, then decodes the reply's status into *status; false when the daemon was gone.
 struct Reply {
   std::vector<uint8_t> bytes;
-  std::unique_ptr<WireReader> reader;
+  std::unique_ptr<proto::WireReader> reader;
   Status status;  // the call's own status (from the daemon)
 };
 }  // namespace
@@ -340,8 +353,8 @@ bool AttachedManager::Current(const std::string& request_id) {
   [&]() -> bool {                                                                 \
     if (!EnsureAttached()) return false;                                          \
     if (!Call(type, writer, timeout, &(reply).bytes, nullptr).ok()) return false; \
-    (reply).reader = std::make_unique<WireReader>((reply).bytes);                 \
-    Status decoded = DecodeStatus((reply).reader.get(), &(reply).status);         \
+    (reply).reader = std::make_unique<proto::WireReader>((reply).bytes);          \
+    Status decoded = proto::DecodeStatus((reply).reader.get(), &(reply).status);  \
     if (!decoded.ok()) {                                                          \
       Detach("a reply that does not decode: " + decoded.message());               \
       return false;                                                               \
@@ -360,12 +373,12 @@ Result<LookupResult> AttachedManager::Lookup(const RequestSpec& request,
         " is not a multiple of the block size " + std::to_string(options_.layout.tokens_per_block));
   }
   WireWriter w;
-  EncodeLookup(&w, request, num_computed_tokens);
+  proto::EncodeLookup(&w, request, num_computed_tokens);
   Reply reply;
   if (!KVTIER_CALL(MsgType::kLookup, w, call_timeout_, reply)) return LookupResult{};
   KVTIER_RETURN_IF_ERROR(reply.status);
   LookupResult result;
-  Status decoded = DecodeLookupResult(reply.reader.get(), &result);
+  Status decoded = proto::DecodeLookupResult(reply.reader.get(), &result);
   if (!decoded.ok()) {
     Detach(decoded.message());
     return LookupResult{};
@@ -387,13 +400,13 @@ Result<uint32_t> AttachedManager::PrepareLoad(const std::string& request_id,
     auto it = request_epoch_.find(request_id);
     if (it != request_epoch_.end() && it->second != epoch_) return 0u;
   }
-  PrepareLoadCall m;
+  proto::PrepareLoadCall m;
   m.request_id = request_id;
   m.g1_block_ids.assign(g1_block_ids.begin(), g1_block_ids.end());
   m.num_external_tokens = num_external_tokens;
   m.async_load = async_load;
   WireWriter w;
-  EncodePrepareLoad(&w, m);
+  proto::EncodePrepareLoad(&w, m);
   Reply reply;
   if (!KVTIER_CALL(MsgType::kPrepareLoad, w, call_timeout_, reply)) return 0u;
   KVTIER_RETURN_IF_ERROR(reply.status);
@@ -419,7 +432,7 @@ Status AttachedManager::Commit(const std::string& request_id, std::span<const To
     if (!attached_ || (it != request_epoch_.end() && it->second != epoch_)) return Status::Ok();
   }
   WireWriter w;
-  EncodeCommit(&w, request_id, tokens, g1_block_ids);
+  proto::EncodeCommit(&w, request_id, tokens, g1_block_ids);
   Reply reply;
   if (!KVTIER_CALL(MsgType::kCommit, w, call_timeout_, reply)) return Status::Ok();
   return reply.status;
@@ -455,9 +468,10 @@ Status AttachedManager::RegisterDeviceMemory(const G1Memory& g1) {
     return Status::InvalidArgument("G1 layout " + g1.layout.ToString() +
                                    " differs from the manager's " + options_.layout.ToString());
   }
-  if (g1.num_blocks >= kMaxG1Blocks) {  // ids below kMaxG1Blocks - 1: never kNoG1Block mapped
+  if (g1.num_blocks >=
+      proto::kMaxG1Blocks) {  // ids below kMaxG1Blocks - 1: never kNoG1Block mapped
     return Status::InvalidArgument("an attached engine's G1 holds at most " +
-                                   std::to_string(kMaxG1Blocks - 1) + " blocks, not " +
+                                   std::to_string(proto::kMaxG1Blocks - 1) + " blocks, not " +
                                    std::to_string(g1.num_blocks));
   }
   if (g1.on_device && !device_factory_) {
@@ -592,7 +606,7 @@ FinishedRequests AttachedManager::Finished() {
   }
   if (have && KVTIER_CALL(MsgType::kFinished, WireWriter(), call_timeout_, reply) &&
       reply.status.ok()) {
-    if (!DecodeFinished(reply.reader.get(), &out).ok()) {
+    if (!proto::DecodeFinished(reply.reader.get(), &out).ok()) {
       out = {};
       Detach("a Finished reply that does not decode");
     }
@@ -647,7 +661,7 @@ ManagerStats AttachedManager::Stats() {
   Reply reply;
   ManagerStats fetched;
   bool ok = KVTIER_CALL(MsgType::kStats, WireWriter(), call_timeout_, reply) && reply.status.ok() &&
-            DecodeStats(reply.reader.get(), &fetched).ok();
+            proto::DecodeStats(reply.reader.get(), &fetched).ok();
   MutexLock lock(&mu_);
   if (!ok) return last_stats_;
   if (epoch_ != stats_epoch_) {
@@ -668,4 +682,4 @@ AttachedManager::ClientStats AttachedManager::client_stats() {
   return stats_;
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::client

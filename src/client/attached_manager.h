@@ -38,20 +38,25 @@
 #include "tier/host_arena.h"
 #include "transfer/device_backend.h"
 
-namespace kvtier::service {
+namespace kvtier::client {
 
 class AttachedManager final : public BlockManager {
  public:
   using DeviceBackendFactory =
       std::function<Result<std::unique_ptr<DeviceCopyBackend>>(const DeviceCopyBackend::Config&)>;
 
-  // Reads service.* from options.config and tries to attach once. A daemon that is not there
-  // is no error (a warning; calls are misses until it is); a daemon that refuses this engine
-  // (another uid, no G2 room for its model: service.max_pools) is its error, with the reason.
-  // InvalidArgument for a bad layout, an empty model id or an empty service.socket.
-  // `device_backend`: as the in-process manager's seam (null = the CUDA backend), for a device G1.
+  // Reads service.* from options.config (proto::ServiceClientOptions) and tries to attach once. A
+  // daemon that is not there is no error (a warning; calls are misses until it is); a daemon that
+  // refuses this engine (another uid, no G2 room for its model: service.max_pools) is its error,
+  // with the reason. InvalidArgument for a bad layout, an empty model id, an empty
+  // service.socket or a service.daemon_uid that is not a uid. `device_backend`: as the in-process
+  // manager's seam (null = the CUDA backend), for a device G1.
   static Result<std::unique_ptr<AttachedManager>> Create(const ManagerOptions& options,
                                                          DeviceBackendFactory device_backend = {});
+  // Whether `config` asks for the attached manager (service.socket set): BlockManager::Create's
+  // choice. Reads that key alone (proto::ServiceSocketSet), so a bad value of another service.*
+  // key is Create's error, never a reason to embed.
+  static bool Requested(const Config& config);
   ~AttachedManager() override;
 
   Result<LookupResult> Lookup(const RequestSpec& request, uint32_t num_computed_tokens) override;
@@ -107,7 +112,7 @@ class AttachedManager final : public BlockManager {
   // Connects the call side (and the data side, with a G1).
   // `refused`: set when the daemon answered the Hello with an error (see OpenConnection).
   Status AttachLocked(bool* refused = nullptr) REQUIRES(attach_mu_) EXCLUDES(mu_);
-  Hello MakeHello(Role role) const;
+  proto::Hello MakeHello(proto::Role role) const;
   Status OpenDataLocked() REQUIRES(attach_mu_) EXCLUDES(mu_);
   // The daemon went away (or stopped answering): miss mode, see the header. Returns once no
   // copy of this engine writes the daemon's G2 any more (FenceCopies), and only then ends the
@@ -118,18 +123,19 @@ class AttachedManager final : public BlockManager {
   void FenceCopies() EXCLUDES(device_mu_);
   // One call: request frame, reply frame. Transport failures detach and return Unavailable;
   // `reply` is positioned after the reply's status, which is returned as the call's own.
-  Status Call(MsgType type, const WireWriter& payload, Clock::duration timeout,
+  Status Call(proto::MsgType type, const proto::WireWriter& payload, Clock::duration timeout,
               std::vector<uint8_t>* reply_payload, size_t* status_end) EXCLUDES(mu_);
   // The request is not of an earlier daemon (looked up here in this epoch, or not here at all).
   bool Current(const std::string& request_id) EXCLUDES(mu_);
   void Barrier() { copy_gate_.Barrier(); }
   void DataLoop(int fd) EXCLUDES(mu_);
-  void RunCopy(int fd, const CopyCall& call) EXCLUDES(mu_, device_mu_);
+  void RunCopy(int fd, const proto::CopyCall& call) EXCLUDES(mu_, device_mu_);
   // kG4Config on the data connection: opens this engine's G4 fetcher (or says why not).
-  std::unique_ptr<class G1Fetcher> OpenFetcher(int fd, const G4Config& config);
-  Status SendFrameLocked(int fd, MsgType type, const WireWriter& w) EXCLUDES(send_mu_);
-  Status SendReport(int fd, MsgType type, uint64_t batch, uint32_t layer, const Status& status)
+  std::unique_ptr<class G1Fetcher> OpenFetcher(int fd, const proto::G4Config& config);
+  Status SendFrameLocked(int fd, proto::MsgType type, const proto::WireWriter& w)
       EXCLUDES(send_mu_);
+  Status SendReport(int fd, proto::MsgType type, uint64_t batch, uint32_t layer,
+                    const Status& status) EXCLUDES(send_mu_);
   void EventsLoop() EXCLUDES(events_mu_, mu_);
 
   // Set by Create before the manager is handed out; read-only after.
@@ -202,4 +208,4 @@ class AttachedManager final : public BlockManager {
   int device_batches_ GUARDED_BY(device_mu_) = 0;
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::client

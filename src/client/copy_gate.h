@@ -14,7 +14,7 @@
 #include "core/thread_annotations.h"
 #include "tier/cond_wait.h"
 
-namespace kvtier::service {
+namespace kvtier::client {
 
 class CopyGate {
  public:
@@ -55,4 +55,4 @@ class CopyGate {
   std::set<uint64_t> active_ GUARDED_BY(mu_);  // tickets of the passes in progress
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::client

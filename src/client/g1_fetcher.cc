@@ -8,10 +8,11 @@
 #include "tier/cond_wait.h"
 #include "transfer/block_copy.h"
 
-namespace kvtier::service {
+namespace kvtier::client {
 
-Result<std::unique_ptr<G1Fetcher>> G1Fetcher::Create(const G4Config& config, const G1Memory& g1,
-                                                     CopyGate* gate, Report report) {
+Result<std::unique_ptr<G1Fetcher>> G1Fetcher::Create(const proto::G4Config& config,
+                                                     const G1Memory& g1, CopyGate* gate,
+                                                     Report report) {
   if (g1.on_device) {
     return Status::InvalidArgument(
         "G1 is device memory: a socket cannot receive into it, so G4 loads go through G2");
@@ -37,7 +38,7 @@ G1Fetcher::G1Fetcher(const G1Memory& g1, CopyGate* gate, Report report,
     : g1_(g1), gate_(gate), report_(std::move(report)), store_(std::move(store)) {}
 
 G1Fetcher::~G1Fetcher() {
-  std::deque<FetchCall> left;
+  std::deque<proto::FetchCall> left;
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -45,8 +46,8 @@ G1Fetcher::~G1Fetcher() {
   }
   cv_.notify_all();
   for (std::thread& t : workers_) t.join();
-  for (const FetchCall& call : left) {
-    FetchDone done;
+  for (const proto::FetchCall& call : left) {
+    proto::FetchDone done;
     done.batch = call.batch;
     done.statuses.assign(call.items.size(),
                          Status::Unavailable("the engine's G4 fetcher stopped (its data "
@@ -55,7 +56,7 @@ G1Fetcher::~G1Fetcher() {
   }
 }
 
-void G1Fetcher::Enqueue(FetchCall call) {
+void G1Fetcher::Enqueue(proto::FetchCall call) {
   {
     MutexLock lock(&mu_);
     queue_.push_back(std::move(call));
@@ -65,7 +66,7 @@ void G1Fetcher::Enqueue(FetchCall call) {
 
 void G1Fetcher::Worker() {
   for (;;) {
-    FetchCall call;
+    proto::FetchCall call;
     {
       MutexLock lock(&mu_);
       while (!stop_ && queue_.empty()) CondWait(&cv_, &mu_);
@@ -77,10 +78,10 @@ void G1Fetcher::Worker() {
   }
 }
 
-FetchDone G1Fetcher::Run(const FetchCall& call) {
+proto::FetchDone G1Fetcher::Run(const proto::FetchCall& call) {
   const KvLayout& layout = g1_.layout;
   const uint64_t header_bytes = BlockHeaderBytes(layout);
-  FetchDone done;
+  proto::FetchDone done;
   done.batch = call.batch;
   done.statuses.assign(call.items.size(), Status::Ok());
   const auto deadline = RemoteClock::time_point(std::chrono::nanoseconds(call.deadline_ns));
@@ -145,4 +146,4 @@ FetchDone G1Fetcher::Run(const FetchCall& call) {
   return done;
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::client

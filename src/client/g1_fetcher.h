@@ -27,28 +27,29 @@
 #include "proto/protocol.h"
 #include "tier/remote_store.h"
 
-namespace kvtier::service {
+namespace kvtier::client {
 
 class G1Fetcher {
  public:
   // Sends a batch's answer on the data connection. Called on a worker thread.
-  using Report = std::function<void(const FetchDone& done)>;
+  using Report = std::function<void(const proto::FetchDone& done)>;
 
   // Opens a Redis store as `config` says (a server that is down is no error: the store probes)
   // and starts config.connections workers. InvalidArgument for a device G1 (only the CUDA
   // backend reaches it: its G4 loads go through G2) or a malformed endpoint. `g1` and `gate`
   // must outlive the fetcher.
-  static Result<std::unique_ptr<G1Fetcher>> Create(const G4Config& config, const G1Memory& g1,
-                                                   CopyGate* gate, Report report);
+  static Result<std::unique_ptr<G1Fetcher>> Create(const proto::G4Config& config,
+                                                   const G1Memory& g1, CopyGate* gate,
+                                                   Report report);
   // Stops the workers after the calls in progress (each ends by its deadline); batches still
   // queued are answered Unavailable.
   ~G1Fetcher();
 
   // Queues a batch; a worker fetches it and reports. Never blocks.
-  void Enqueue(FetchCall call) EXCLUDES(mu_);
+  void Enqueue(proto::FetchCall call) EXCLUDES(mu_);
 
   // Runs one batch on the calling thread and returns its answer (the workers' body; tests).
-  FetchDone Run(const FetchCall& call);
+  proto::FetchDone Run(const proto::FetchCall& call);
 
  private:
   G1Fetcher(const G1Memory& g1, CopyGate* gate, Report report, std::unique_ptr<RemoteStore> store);
@@ -60,10 +61,10 @@ class G1Fetcher {
   const std::unique_ptr<RemoteStore> store_;
   Mutex mu_;
   std::condition_variable cv_;
-  std::deque<FetchCall> queue_ GUARDED_BY(mu_);
+  std::deque<proto::FetchCall> queue_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   // Filled by Create before the fetcher is handed out, joined by the destructor: never shared.
   std::vector<std::thread> workers_;
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::client

@@ -14,12 +14,13 @@
 #include "core/unique_fd.h"
 #include "proto/handshake.h"
 #include "proto/protocol.h"
+#include "proto/service_options.h"
 #include "proto/unix_socket.h"
 #include "proto/wire.h"
 
 namespace kvtier {
 
-using service::MsgType;
+using proto::MsgType;
 using Clock = std::chrono::steady_clock;
 
 class ServiceLookup::Impl {
@@ -54,8 +55,8 @@ class ServiceLookup::Impl {
 };
 
 Status ServiceLookup::Impl::Join(UniqueFd* out) {
-  service::Hello hello;
-  hello.role = service::Role::kLookup;
+  proto::Hello hello;
+  hello.role = proto::Role::kLookup;
   hello.instance_name = instance_name;
   hello.pid = static_cast<uint32_t>(::getpid());
   uint64_t seq;
@@ -64,8 +65,8 @@ Status ServiceLookup::Impl::Join(UniqueFd* out) {
     seq = ++seq_;
   }
   KVTIER_ASSIGN_OR_RETURN(
-      service::Handshake opened,
-      service::OpenConnection(socket_path, daemon_uid, hello, seq, Clock::now() + call_timeout));
+      proto::Handshake opened,
+      proto::OpenConnection(socket_path, daemon_uid, hello, seq, Clock::now() + call_timeout));
   *out = std::move(opened.fd);
   return Status::Ok();
 }
@@ -126,18 +127,18 @@ Result<LookupResult> ServiceLookup::Impl::Lookup(const RequestSpec& request,
   }
   UniqueFd fd = Take();
   if (!fd) return LookupResult{};
-  service::WireWriter w;
-  service::EncodeLookup(&w, request, num_computed_tokens);
+  proto::WireWriter w;
+  proto::EncodeLookup(&w, request, num_computed_tokens);
   uint64_t seq;
   {
     MutexLock lock(&mu_);
     seq = ++seq_;
   }
   const auto deadline = Clock::now() + call_timeout;
-  Status sent = service::SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kLookup), seq, w.data(),
-                                   -1, deadline);
-  Result<service::Frame> reply =
-      sent.ok() ? service::RecvFrame(fd.get(), deadline) : Result<service::Frame>(sent);
+  Status sent = proto::SendFrame(fd.get(), static_cast<uint16_t>(MsgType::kLookup), seq, w.data(),
+                                 -1, deadline);
+  Result<proto::Frame> reply =
+      sent.ok() ? proto::RecvFrame(fd.get(), deadline) : Result<proto::Frame>(sent);
   if (!reply.ok()) {
     Failed(reply.status().message());
     return LookupResult{};
@@ -146,11 +147,11 @@ Result<LookupResult> ServiceLookup::Impl::Lookup(const RequestSpec& request,
     Failed("the daemon answered out of step");
     return LookupResult{};
   }
-  service::WireReader r(reply->payload);
+  proto::WireReader r(reply->payload);
   Status status;
-  Status decoded = service::DecodeStatus(&r, &status);
+  Status decoded = proto::DecodeStatus(&r, &status);
   LookupResult result;
-  if (decoded.ok() && status.ok()) decoded = service::DecodeLookupResult(&r, &result);
+  if (decoded.ok() && status.ok()) decoded = proto::DecodeLookupResult(&r, &result);
   if (!decoded.ok()) {
     Failed("a reply that does not decode: " + decoded.message());
     return LookupResult{};
@@ -169,8 +170,7 @@ Result<LookupResult> ServiceLookup::Impl::Lookup(const RequestSpec& request,
 Result<std::unique_ptr<ServiceLookup>> ServiceLookup::Create(const Config& config,
                                                              const std::string& instance_name) {
   auto impl = std::make_unique<Impl>();
-  impl->socket_path = config.GetString("service.socket");
-  if (impl->socket_path.empty()) {
+  if (!proto::ServiceSocketSet(config)) {
     return Status::InvalidArgument(
         "ServiceLookup needs service.socket (the socket kvtier serve listens on)");
   }
@@ -178,15 +178,18 @@ Result<std::unique_ptr<ServiceLookup>> ServiceLookup::Create(const Config& confi
     return Status::InvalidArgument(
         "ServiceLookup needs the engine instance's name (the worker's service.instance)");
   }
-  if (instance_name.size() > service::kMaxNameBytes) {
+  if (instance_name.size() > proto::kMaxNameBytes) {
     return Status::InvalidArgument("ServiceLookup: the instance name is " +
                                    std::to_string(instance_name.size()) + " bytes; at most " +
-                                   std::to_string(service::kMaxNameBytes));
+                                   std::to_string(proto::kMaxNameBytes));
   }
+  KVTIER_ASSIGN_OR_RETURN(const proto::ServiceClientOptions service,
+                          proto::ServiceClientOptions::FromConfig(config));
+  impl->socket_path = service.socket;
   impl->instance_name = instance_name;
-  KVTIER_ASSIGN_OR_RETURN(impl->daemon_uid, service::ExpectedDaemonUid(config));
-  impl->call_timeout = std::chrono::milliseconds(config.GetUint("service.call_timeout_ms"));
-  impl->reattach = std::chrono::milliseconds(config.GetUint("service.reattach_ms"));
+  impl->daemon_uid = service.daemon_uid;
+  impl->call_timeout = std::chrono::milliseconds(service.call_timeout_ms);
+  impl->reattach = std::chrono::milliseconds(service.reattach_ms);
   return std::unique_ptr<ServiceLookup>(new ServiceLookup(std::move(impl)));
 }
 

@@ -8,9 +8,9 @@
 namespace kvtier {
 
 Result<std::unique_ptr<BlockManager>> BlockManager::Create(const ManagerOptions& options) {
-  if (!options.config.GetString("service.socket").empty()) {
-    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<service::AttachedManager> attached,
-                            service::AttachedManager::Create(options));
+  if (client::AttachedManager::Requested(options.config)) {
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<client::AttachedManager> attached,
+                            client::AttachedManager::Create(options));
     return std::unique_ptr<BlockManager>(std::move(attached));
   }
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddedManager> embedded,

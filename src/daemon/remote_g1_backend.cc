@@ -5,7 +5,7 @@
 #include "core/log.h"
 #include "tier/cond_wait.h"
 
-namespace kvtier::service {
+namespace kvtier::daemon {
 
 RemoteG1Backend::RemoteG1Backend(SendCopy send, std::chrono::milliseconds lease,
                                  uint32_t num_layers)
@@ -35,7 +35,7 @@ RemoteG1Backend::~RemoteG1Backend() {
 }
 
 bool RemoteG1Backend::CanFetch(uint32_t g1_block) const {
-  const uint32_t instance = g1_block >> kInstanceShift;
+  const uint32_t instance = g1_block >> proto::kInstanceShift;
   MutexLock lock(&mu_);
   for (;;) {
     auto it = awaited_.find(instance);
@@ -73,12 +73,12 @@ Status RemoteG1Backend::Fetch(std::vector<G4Fetch> items,
   if (items.empty()) return Status::InvalidArgument("a fetch of no items");
   auto callback = std::make_shared<FetchCallback>(std::move(on_item));
   // One frame per instance, in first-seen order.
-  std::vector<FetchCall> calls;
+  std::vector<proto::FetchCall> calls;
   std::vector<FetchBatch> batches;
   const int64_t deadline_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
   for (size_t i = 0; i < items.size(); ++i) {
-    const uint32_t instance = items[i].g1_block >> kInstanceShift;
+    const uint32_t instance = items[i].g1_block >> proto::kInstanceShift;
     size_t k = 0;
     while (k < batches.size() && batches[k].instance != instance) ++k;
     if (k == batches.size()) {
@@ -86,7 +86,7 @@ Status RemoteG1Backend::Fetch(std::vector<G4Fetch> items,
       calls.emplace_back();
       calls.back().deadline_ns = deadline_ns;
     }
-    items[i].g1_block &= kMaxG1Blocks - 1;
+    items[i].g1_block &= proto::kMaxG1Blocks - 1;
     calls[k].items.push_back(std::move(items[i]));
     batches[k].items.push_back(i);
   }
@@ -116,7 +116,7 @@ Status RemoteG1Backend::Fetch(std::vector<G4Fetch> items,
   return Status::Ok();
 }
 
-void RemoteG1Backend::OnFetchDone(uint32_t instance, const FetchDone& done) {
+void RemoteG1Backend::OnFetchDone(uint32_t instance, const proto::FetchDone& done) {
   FetchBatch b;
   {
     MutexLock lock(&mu_);
@@ -159,21 +159,21 @@ Status RemoteG1Backend::Submit(CopyDirection dir, std::span<const DeviceBlockCop
   if (host_base_ == nullptr) return Status::FailedPrecondition("no G2 arena registered");
   if (copies.empty()) return Status::InvalidArgument("a batch of no copies");
   // One kCopy per instance the batch touches, in first-seen order.
-  std::vector<CopyCall> calls;
+  std::vector<proto::CopyCall> calls;
   std::vector<uint32_t> instances;
   for (const DeviceBlockCopy& c : copies) {
     const uint64_t offset = static_cast<uint64_t>(c.host - host_base_);
     if (c.host < host_base_ || offset >= host_bytes_) {
       return Status::InvalidArgument("a copy's host pointer is outside the G2 arena");
     }
-    const uint32_t instance = c.g1_block >> kInstanceShift;
+    const uint32_t instance = c.g1_block >> proto::kInstanceShift;
     auto it = std::find(instances.begin(), instances.end(), instance);
     size_t k = static_cast<size_t>(it - instances.begin());
     if (it == instances.end()) {
       instances.push_back(instance);
       calls.emplace_back();
     }
-    calls[k].copies.emplace_back(c.g1_block & (kMaxG1Blocks - 1), offset);
+    calls[k].copies.emplace_back(c.g1_block & (proto::kMaxG1Blocks - 1), offset);
   }
   auto batch = std::make_shared<Batch>();
   batch->dir = dir;
@@ -403,4 +403,4 @@ RemoteG1Backend::Stats RemoteG1Backend::stats() const {
   return stats_;
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

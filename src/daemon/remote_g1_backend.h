@@ -1,7 +1,7 @@
 // RemoteG1Backend: the daemon's "device": every G1 of every attached engine, reached through
 // that engine's data connection. kvtier serve runs the same BlockManagerImpl as the
 // in-process manager; its transfer engine sees one device G1 whose block ids carry the
-// engine's instance in their top 8 bits (service::kInstanceShift), and this backend turns each
+// engine's instance in their top 8 bits (proto::kInstanceShift), and this backend turns each
 // batch the transfer engine submits into kCopy frames, one per instance it touches. The engine
 // copies between its G1 and its own mapping of G2 and reports each layer and the end.
 //
@@ -32,16 +32,16 @@
 #include "proto/protocol.h"
 #include "transfer/device_backend.h"
 
-namespace kvtier::service {
+namespace kvtier::daemon {
 
 class RemoteG1Backend final : public DeviceCopyBackend {
  public:
   // Queues a kCopy frame for the engine of `instance`; must not block. Unavailable when the
   // instance has no data connection (then that part of the batch fails at once).
-  using SendCopy = std::function<Status(uint32_t instance, const CopyCall& call)>;
+  using SendCopy = std::function<Status(uint32_t instance, const proto::CopyCall& call)>;
 
   // Queues a kFetch frame for the engine of `instance`; must not block. As SendCopy.
-  using SendFetch = std::function<Status(uint32_t instance, const FetchCall& call)>;
+  using SendFetch = std::function<Status(uint32_t instance, const proto::FetchCall& call)>;
 
   RemoteG1Backend(SendCopy send, std::chrono::milliseconds lease, uint32_t num_layers);
   // Where Fetch sends its frames. Called once, before the backend is used.
@@ -92,7 +92,7 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   void SetFetcher(uint32_t instance, bool fetches) EXCLUDES(mu_);
   // From the engine's data connection: a kFetch batch ended. A count that does not match the
   // batch fails every item of it (IOError); an unknown batch is ignored (counted).
-  void OnFetchDone(uint32_t instance, const FetchDone& done) EXCLUDES(mu_);
+  void OnFetchDone(uint32_t instance, const proto::FetchDone& done) EXCLUDES(mu_);
 
   struct Stats {
     uint64_t batches = 0;
@@ -164,4 +164,4 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   std::thread watchdog_;  // started by the constructor, joined by the destructor
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

@@ -10,56 +10,41 @@
 #include "core/log.h"
 #include "daemon/server_state.h"
 #include "proto/load_trace.h"
+#include "proto/service_options.h"
 #include "tier/cond_wait.h"
 
-namespace kvtier::service {
-namespace {
+namespace kvtier::daemon {
 
-Result<std::vector<gid_t>> ParseGids(const std::string& text) {
-  std::vector<gid_t> gids;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t comma = text.find(',', pos);
-    if (comma == std::string::npos) comma = text.size();
-    std::string item = text.substr(pos, comma - pos);
-    char* end = nullptr;
-    unsigned long v = std::strtoul(item.c_str(), &end, 10);
-    if (item.empty() || end == nullptr || *end != '\0' || v > 0xfffffffful) {
-      return Status::InvalidArgument("service.allowed_gids: '" + item +
-                                     "' is not a group id; give comma-separated numbers");
-    }
-    gids.push_back(static_cast<gid_t>(v));
-    pos = comma + 1;
-  }
-  return gids;
-}
-
-}  // namespace
+// The protocol's names this file uses most.
+using proto::LoadTrace;
+using proto::MsgType;
+using proto::Role;
+using proto::WireWriter;
 
 Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options) {
   auto state = std::make_unique<State>();
   state->options = options;
-  state->socket_path = options.socket_path.empty() ? options.config.GetString("service.socket")
-                                                   : options.socket_path;
-  if (state->socket_path.empty()) {
+  if (options.socket_path.empty() && !proto::ServiceSocketSet(options.config)) {
     return Status::InvalidArgument(
         "kvtier serve needs a socket path: set service.socket (or pass --socket PATH)");
   }
-  KVTIER_ASSIGN_OR_RETURN(state->allowed_gids,
-                          ParseGids(options.config.GetString("service.allowed_gids")));
-  state->lease = std::chrono::milliseconds(options.config.GetUint("service.lease_ms"));
-  state->max_pools = static_cast<uint32_t>(options.config.GetUint("service.max_pools"));
-  state->max_connections = options.config.GetUint("service.max_connections");
+  KVTIER_ASSIGN_OR_RETURN(const proto::ServiceDaemonOptions service,
+                          proto::ServiceDaemonOptions::FromConfig(options.config));
+  state->socket_path = options.socket_path.empty() ? service.socket : options.socket_path;
+  state->allowed_gids = service.allowed_gids;
+  state->lease = std::chrono::milliseconds(service.lease_ms);
+  state->max_pools = service.max_pools;
+  state->max_connections = service.max_connections;
   state->g2_total = options.config.GetBytes("g2.capacity_bytes");
   std::random_device rd;
   state->epoch = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
   // With service.allowed_gids the socket and its directory belong to the first group, so its
   // members can reach them; the daemon still checks each peer (AuthorizePeer).
   KVTIER_ASSIGN_OR_RETURN(
-      state->listen_fd,
-      ListenUnix(state->socket_path, state->allowed_gids.empty()
-                                         ? std::nullopt
-                                         : std::optional<gid_t>(state->allowed_gids.front())));
+      state->listen_fd, proto::ListenUnix(state->socket_path,
+                                          state->allowed_gids.empty()
+                                              ? std::nullopt
+                                              : std::optional<gid_t>(state->allowed_gids.front())));
   State* s = state.get();
   state->acceptor = std::thread([s] { s->AcceptLoop(); });
   KVTIER_LOG(kInfo) << "kvtier serve: listening on " << state->socket_path << " (lease "
@@ -149,15 +134,15 @@ namespace {
 // at most a few milliseconds for room in its socket buffer.
 void RefuseUnread(int fd, const Status& why) {
   WireWriter w;
-  EncodeStatus(&w, why);
-  (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), 0, w.data(), -1,
-                  Clock::now() + std::chrono::milliseconds(20));
+  proto::EncodeStatus(&w, why);
+  (void)proto::SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), 0, w.data(), -1,
+                         Clock::now() + std::chrono::milliseconds(20));
 }
 }  // namespace
 
 void Server::State::AcceptLoop() {
   while (!stopping.load()) {
-    Result<UniqueFd> fd = AcceptUnix(listen_fd.get(), 100);
+    Result<UniqueFd> fd = proto::AcceptUnix(listen_fd.get(), 100);
     ReapDone();
     if (!fd.ok()) {
       if (fd.status().code() != StatusCode::kTimedOut) {
@@ -169,8 +154,8 @@ void Server::State::AcceptLoop() {
     }
     // Who it is is known at accept (SO_PEERCRED): a peer that may not attach is refused here,
     // before a thread or a byte of it is taken.
-    Result<PeerCred> cred = GetPeerCred(fd->get());
-    Status allowed = cred.ok() ? AuthorizePeer(*cred, allowed_gids) : cred.status();
+    Result<proto::PeerCred> cred = proto::GetPeerCred(fd->get());
+    Status allowed = cred.ok() ? proto::AuthorizePeer(*cred, allowed_gids) : cred.status();
     if (!allowed.ok()) {
       KVTIER_LOG(kWarn) << "kvtier serve: refused a peer: " << allowed.ToString();
       RefuseUnread(fd->get(), allowed);
@@ -224,18 +209,18 @@ std::shared_ptr<Conn> Server::State::DataConn(uint32_t instance) {
   return it != instances.end() ? it->second->data : nullptr;
 }
 
-Status Server::State::SendCopy(uint32_t instance, const CopyCall& call) {
+Status Server::State::SendCopy(uint32_t instance, const proto::CopyCall& call) {
   WireWriter w;
-  EncodeCopy(&w, call);
-  if (LoadTrace* trace = ActiveLoadTrace(); trace && call.dir == 1) {
+  proto::EncodeCopy(&w, call);
+  if (LoadTrace* trace = proto::ActiveLoadTrace(); trace && call.dir == 1) {
     LoadTrace::SetFirst(trace->first_copy_queued_ns, LoadTrace::NowNs());
   }
   return Queue(DataConn(instance), MsgType::kCopy, w.Take());
 }
 
-Status Server::State::SendFetch(uint32_t instance, const FetchCall& call) {
+Status Server::State::SendFetch(uint32_t instance, const proto::FetchCall& call) {
   WireWriter w;
-  EncodeFetch(&w, call);
+  proto::EncodeFetch(&w, call);
   return Queue(DataConn(instance), MsgType::kFetch, w.Take());
 }
 
@@ -264,8 +249,8 @@ void Server::State::WriterLoop(const std::shared_ptr<Conn>& conn) {
       payload = std::move(conn->out.front().second);
       conn->out.pop_front();
     }
-    Status sent = SendFrame(conn->fd.get(), static_cast<uint16_t>(type), ++seq, payload, -1,
-                            Clock::now() + lease);
+    Status sent = proto::SendFrame(conn->fd.get(), static_cast<uint16_t>(type), ++seq, payload, -1,
+                                   Clock::now() + lease);
     if (!sent.ok()) {
       // A stuck or dead engine: end the connection; its reader fails what it held.
       KVTIER_LOG(kWarn) << "kvtier serve: instance " << conn->instance
@@ -280,15 +265,15 @@ void Server::State::WriterLoop(const std::shared_ptr<Conn>& conn) {
 void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   const int fd = conn->fd.get();
   auto finish = [&] { conn->done.store(true); };
-  const PeerCred* cred = &conn->cred;  // authorized by AcceptLoop
+  const proto::PeerCred* cred = &conn->cred;  // authorized by AcceptLoop
   // A Hello is a few KiB (a model id, a name, a layout): a larger first frame is not read.
-  Result<Frame> first =
-      RecvFrame(fd, Clock::now() + std::chrono::seconds(5), kMaxHelloPayloadBytes);
+  Result<proto::Frame> first =
+      proto::RecvFrame(fd, Clock::now() + std::chrono::seconds(5), proto::kMaxHelloPayloadBytes);
   auto refuse = [&](const Status& why, uint64_t seq) {
     WireWriter w;
-    EncodeStatus(&w, why);
-    (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), seq, w.data(), -1,
-                    Clock::now() + std::chrono::seconds(1));
+    proto::EncodeStatus(&w, why);
+    (void)proto::SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), seq, w.data(), -1,
+                           Clock::now() + std::chrono::seconds(1));
     MutexLock lock(&mu);
     ++stats.refused;
   };
@@ -301,14 +286,14 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     finish();
     return;
   }
-  Hello hello;
-  WireReader hr(first->payload);
+  proto::Hello hello;
+  proto::WireReader hr(first->payload);
   Status decoded = first->header.type == static_cast<uint16_t>(MsgType::kHello)
-                       ? DecodeHello(&hr, &hello)
+                       ? proto::DecodeHello(&hr, &hello)
                        : Status::InvalidArgument(
                              "service protocol: the first frame must be "
                              "Hello, not " +
-                             std::string(MsgTypeName(first->header.type)));
+                             std::string(proto::MsgTypeName(first->header.type)));
   if (decoded.ok() && hello.instance_name.empty()) {
     decoded = Status::InvalidArgument("service protocol: hello.instance_name is empty");
   }
@@ -353,17 +338,17 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   }
   {
     WireWriter w;
-    EncodeStatus(&w, Status::Ok());
-    HelloReply reply;
+    proto::EncodeStatus(&w, Status::Ok());
+    proto::HelloReply reply;
     reply.instance = conn->instance;
     reply.epoch = epoch;
     reply.lease_ms = static_cast<uint32_t>(lease.count());
     reply.g2_capacity_bytes = (*pool)->g2_capacity;
     reply.g2_slot_bytes = (*pool)->g2_slot_bytes;
-    EncodeHelloReply(&w, reply);
-    Status sent = SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), first->header.seq, w.data(),
-                            hello.role == Role::kData ? (*pool)->memfd : -1,
-                            Clock::now() + std::chrono::seconds(5));
+    proto::EncodeHelloReply(&w, reply);
+    Status sent = proto::SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), first->header.seq,
+                                   w.data(), hello.role == Role::kData ? (*pool)->memfd : -1,
+                                   Clock::now() + std::chrono::seconds(5));
     if (!sent.ok()) {
       LeaveInstance(conn);
       finish();
@@ -400,12 +385,12 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   if (conn->role == Role::kData && p->g4_offer) {
     // The engine may fetch G4 blocks itself, straight into its G1 (kG4Ready Ok).
     WireWriter w;
-    EncodeG4Config(&w, *p->g4_offer);
+    proto::EncodeG4Config(&w, *p->g4_offer);
     p->backend->AwaitFetcherAnswer(instance);
     (void)Queue(conn, MsgType::kG4Config, w.Take());
   }
   for (;;) {
-    Result<Frame> frame = RecvFrame(fd, Clock::time_point::max());
+    Result<proto::Frame> frame = proto::RecvFrame(fd, Clock::time_point::max());
     if (!frame.ok()) {
       if (frame.status().code() == StatusCode::kInvalidArgument) {
         KVTIER_LOG(kWarn) << "kvtier serve: instance " << instance
@@ -417,13 +402,13 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
     }
     if (conn->role == Role::kEvents) {
       KVTIER_LOG(kWarn) << "kvtier serve: an events connection sent "
-                        << MsgTypeName(frame->header.type) << "; it carries nothing back";
+                        << proto::MsgTypeName(frame->header.type) << "; it carries nothing back";
       MutexLock lock(&mu);
       ++stats.bad_frames;
       break;
     }
     if (conn->role == Role::kData) {
-      WireReader r(frame->payload);
+      proto::WireReader r(frame->payload);
       const auto type = static_cast<MsgType>(frame->header.type);
       Status ok;
       if (type == MsgType::kCopyLayer || type == MsgType::kCopyDone) {
@@ -432,24 +417,24 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
         Status status;
         ok = r.U64("copy.batch", &batch);
         if (ok.ok()) {
-          ok =
-              type == MsgType::kCopyLayer ? r.U32("copy.layer", &layer) : DecodeStatus(&r, &status);
+          ok = type == MsgType::kCopyLayer ? r.U32("copy.layer", &layer)
+                                           : proto::DecodeStatus(&r, &status);
         }
         if (ok.ok()) ok = r.Done();
         if (ok.ok() && type == MsgType::kCopyLayer) {
-          if (LoadTrace* trace = ActiveLoadTrace(); trace && layer < LoadTrace::kMaxLayers) {
+          if (LoadTrace* trace = proto::ActiveLoadTrace(); trace && layer < LoadTrace::kMaxLayers) {
             LoadTrace::SetMax(trace->layer_reported_ns[layer], LoadTrace::NowNs());
           }
           p->backend->OnLayer(instance, batch, layer);
         }
         if (ok.ok() && type == MsgType::kCopyDone) p->backend->OnDone(instance, batch, status);
       } else if (type == MsgType::kFetchDone) {
-        FetchDone done;
-        ok = DecodeFetchDone(&r, &done);
+        proto::FetchDone done;
+        ok = proto::DecodeFetchDone(&r, &done);
         if (ok.ok()) p->backend->OnFetchDone(instance, done);
       } else if (type == MsgType::kG4Ready) {
         Status ready;
-        ok = DecodeStatus(&r, &ready);
+        ok = proto::DecodeStatus(&r, &ready);
         if (ok.ok()) ok = r.Done();
         if (ok.ok()) {
           KVTIER_LOG(kInfo) << "kvtier serve: instance " << instance
@@ -460,7 +445,7 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       } else {
         ok = Status::InvalidArgument(std::string("service protocol: a data connection cannot "
                                                  "carry ") +
-                                     MsgTypeName(frame->header.type));
+                                     proto::MsgTypeName(frame->header.type));
       }
       if (!ok.ok()) {
         KVTIER_LOG(kWarn) << "kvtier serve: instance " << instance << ": " << ok.ToString();
@@ -482,14 +467,14 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       if (type != MsgType::kLookup && type != MsgType::kStats) {
         handled = Status::InvalidArgument(std::string("service protocol: a lookup connection "
                                                       "carries Lookup and Stats only, not ") +
-                                          MsgTypeName(frame->header.type));
+                                          proto::MsgTypeName(frame->header.type));
       } else if (!live) {
         // The engine's instance ended (its process is gone): answer, then end; the client
         // joins again by name once the engine is back.
-        EncodeStatus(
+        proto::EncodeStatus(
             &out, Status::Unavailable("engine instance '" + std::to_string(instance) + "' ended"));
-        (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq, out.data(),
-                        -1, Clock::now() + std::chrono::seconds(1));
+        (void)proto::SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq,
+                               out.data(), -1, Clock::now() + std::chrono::seconds(1));
         break;
       } else {
         handled = HandleCall(instance, p, *frame, &out);
@@ -502,15 +487,15 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
       // A frame that does not decode: answer once, then end the connection (the stream may be
       // out of step).
       WireWriter w;
-      EncodeStatus(&w, handled);
-      (void)SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq, w.data(), -1,
-                      Clock::now() + std::chrono::seconds(1));
+      proto::EncodeStatus(&w, handled);
+      (void)proto::SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq,
+                             w.data(), -1, Clock::now() + std::chrono::seconds(1));
       MutexLock lock(&mu);
       ++stats.bad_frames;
       break;
     }
-    Status sent = SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq,
-                            out.data(), -1, Clock::now() + std::chrono::seconds(5));
+    Status sent = proto::SendFrame(fd, static_cast<uint16_t>(MsgType::kReply), frame->header.seq,
+                                   out.data(), -1, Clock::now() + std::chrono::seconds(5));
     if (!sent.ok()) break;
   }
   if (conn->role == Role::kData || conn->role == Role::kEvents) {
@@ -525,4 +510,4 @@ void Server::State::Serve(const std::shared_ptr<Conn>& conn) {
   finish();
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

@@ -35,10 +35,12 @@
 #include "kvtier/config.h"
 #include "kvtier/status.h"
 
-namespace kvtier::service {
+namespace kvtier::daemon {
 
 struct ServeOptions {
-  Config config;            // the manager's keys; service.* for the daemon
+  // The manager's keys (each pool's manager reads them), and service.*, read once by Start
+  // into proto::ServiceDaemonOptions.
+  Config config;
   std::string socket_path;  // service.socket unless set here
 };
 
@@ -77,4 +79,4 @@ class Server {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

@@ -2,15 +2,19 @@
 #include "core/log.h"
 #include "daemon/server_state.h"
 
-namespace kvtier::service {
+namespace kvtier::daemon {
+
+// The protocol's names this file uses most.
+using proto::EncodeStatus;
+using proto::MsgType;
 
 // Decodes and runs one call; writes the reply (status first). A decode error is returned (and
 // nothing written); a call's own error is written into the reply and Ok returned.
-Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& frame,
-                                 WireWriter* out) {
+Status Server::State::HandleCall(uint32_t instance, Pool* pool, const proto::Frame& frame,
+                                 proto::WireWriter* out) {
   SharedManager::EngineView engine = pool->manager->ForEngine(instance);
-  WireReader r(frame.payload);
-  uint32_t g1_limit = kMaxG1Blocks - 1;
+  proto::WireReader r(frame.payload);
+  uint32_t g1_limit = proto::kMaxG1Blocks - 1;
   {
     MutexLock lock(&mu);
     auto it = instances.find(instance);
@@ -28,14 +32,14 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
                                        " is past the engine's " + std::to_string(g1_limit) +
                                        " blocks");
       }
-      id |= instance << kInstanceShift;
+      id |= instance << proto::kInstanceShift;
     }
     return Status::Ok();
   };
   switch (static_cast<MsgType>(frame.header.type)) {
     case MsgType::kLookup: {
-      LookupCall m;
-      KVTIER_RETURN_IF_ERROR(DecodeLookup(&r, &m));
+      proto::LookupCall m;
+      KVTIER_RETURN_IF_ERROR(proto::DecodeLookup(&r, &m));
       RequestSpec spec;
       spec.request_id = m.request_id.empty() ? std::string() : Rid(instance, m.request_id);
       spec.prompt = m.prompt;
@@ -46,12 +50,12 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       spec.store_tiers = m.store_tiers;
       Result<LookupResult> res = engine.Lookup(spec, m.num_computed_tokens);
       EncodeStatus(out, res.status());
-      if (res.ok()) EncodeLookupResult(out, *res);
+      if (res.ok()) proto::EncodeLookupResult(out, *res);
       return Status::Ok();
     }
     case MsgType::kPrepareLoad: {
-      PrepareLoadCall m;
-      KVTIER_RETURN_IF_ERROR(DecodePrepareLoad(&r, &m));
+      proto::PrepareLoadCall m;
+      KVTIER_RETURN_IF_ERROR(proto::DecodePrepareLoad(&r, &m));
       Status mapped = map_blocks(&m.g1_block_ids);
       Result<uint32_t> res = mapped.ok()
                                  ? engine.PrepareLoad(Rid(instance, m.request_id), m.g1_block_ids,
@@ -62,8 +66,8 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       return Status::Ok();
     }
     case MsgType::kCommit: {
-      CommitCall m;
-      KVTIER_RETURN_IF_ERROR(DecodeCommit(&r, &m));
+      proto::CommitCall m;
+      KVTIER_RETURN_IF_ERROR(proto::DecodeCommit(&r, &m));
       Status mapped = map_blocks(&m.g1_block_ids);
       EncodeStatus(out, mapped.ok()
                             ? engine.Commit(Rid(instance, m.request_id), m.tokens, m.g1_block_ids)
@@ -72,7 +76,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
     }
     case MsgType::kRequestFinished: {
       std::string id;
-      KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
+      KVTIER_RETURN_IF_ERROR(proto::DecodeRequestId(&r, &id));
       const bool kept = engine.RequestFinished(Rid(instance, id));
       EncodeStatus(out, Status::Ok());
       out->U8(kept ? 1 : 0);
@@ -82,9 +86,9 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       uint32_t blocks = 0;
       KVTIER_RETURN_IF_ERROR(r.U32("register_g1.num_blocks", &blocks));
       KVTIER_RETURN_IF_ERROR(r.Done());
-      if (blocks == 0 || blocks >= kMaxG1Blocks) {
+      if (blocks == 0 || blocks >= proto::kMaxG1Blocks) {
         EncodeStatus(out, Status::InvalidArgument("an attached engine's G1 holds 1 to " +
-                                                  std::to_string(kMaxG1Blocks - 1) +
+                                                  std::to_string(proto::kMaxG1Blocks - 1) +
                                                   " blocks, not " + std::to_string(blocks)));
         return Status::Ok();
       }
@@ -113,7 +117,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
     }
     case MsgType::kLoadedTokens: {
       std::string id;
-      KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
+      KVTIER_RETURN_IF_ERROR(proto::DecodeRequestId(&r, &id));
       const uint32_t n = engine.LoadedTokens(Rid(instance, id));
       EncodeStatus(out, Status::Ok());
       out->U32(n);
@@ -126,7 +130,7 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       return Status::Ok();
     case MsgType::kWaitForRequestSaves: {
       std::string id;
-      KVTIER_RETURN_IF_ERROR(DecodeRequestId(&r, &id));
+      KVTIER_RETURN_IF_ERROR(proto::DecodeRequestId(&r, &id));
       engine.WaitForRequestSaves(Rid(instance, id));
       EncodeStatus(out, Status::Ok());
       return Status::Ok();
@@ -137,20 +141,20 @@ Status Server::State::HandleCall(uint32_t instance, Pool* pool, const Frame& fra
       f.saves_done = StripRids(instance, std::move(f.saves_done));
       f.loads_done = StripRids(instance, std::move(f.loads_done));
       EncodeStatus(out, Status::Ok());
-      EncodeFinished(out, f);
+      proto::EncodeFinished(out, f);
       return Status::Ok();
     }
     case MsgType::kStats: {
       KVTIER_RETURN_IF_ERROR(r.Done());
       EncodeStatus(out, Status::Ok());
-      EncodeStats(out, pool->manager->Stats());
+      proto::EncodeStats(out, pool->manager->Stats());
       return Status::Ok();
     }
     default:
       return Status::InvalidArgument(
-          std::string("service protocol: ") + MsgTypeName(frame.header.type) + " (type " +
+          std::string("service protocol: ") + proto::MsgTypeName(frame.header.type) + " (type " +
           std::to_string(frame.header.type) + ") is not a call a call connection carries");
   }
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

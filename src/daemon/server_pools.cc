@@ -16,7 +16,7 @@
 #include "daemon/server_state.h"
 #include "tier/host_arena.h"
 
-namespace kvtier::service {
+namespace kvtier::daemon {
 namespace server_internal {
 
 std::string PoolIdentityText(const std::string& model_id, const KvLayout& layout) {
@@ -100,7 +100,7 @@ Status CheckG3Identity(const std::string& dir, const std::string& identity) {
 
 }  // namespace
 
-Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
+Result<std::shared_ptr<Pool>> Server::State::GetPool(const proto::Hello& hello) {
   const std::string key = PoolKey(hello.model_id, hello.layout);
   // The key names the pool; the whole identity decides (a key is a hash: never trusted alone).
   auto found = [&]() REQUIRES(mu) -> Result<std::shared_ptr<Pool>> {
@@ -163,10 +163,11 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
       [this, raw,
        num_layers](const DeviceCopyBackend::Config&) -> Result<std::unique_ptr<DeviceCopyBackend>> {
     auto backend = std::make_unique<RemoteG1Backend>(
-        [this](uint32_t instance, const CopyCall& call) { return SendCopy(instance, call); }, lease,
-        num_layers);
-    backend->SetFetchSender(
-        [this](uint32_t instance, const FetchCall& call) { return SendFetch(instance, call); });
+        [this](uint32_t instance, const proto::CopyCall& call) { return SendCopy(instance, call); },
+        lease, num_layers);
+    backend->SetFetchSender([this](uint32_t instance, const proto::FetchCall& call) {
+      return SendFetch(instance, call);
+    });
     raw->backend = backend.get();
     return std::unique_ptr<DeviceCopyBackend>(std::move(backend));
   };
@@ -188,7 +189,7 @@ Result<std::shared_ptr<Pool>> Server::State::GetPool(const Hello& hello) {
   pool->g2_slot_bytes = arena->slot_bytes();
   if (mo.config.GetString("g4.backend") == "redis" && mo.config.GetBool("g4.direct_to_g1") &&
       pool->manager->HasG4()) {
-    G4Config offer;
+    proto::G4Config offer;
     offer.endpoints = mo.config.GetString("g4.endpoints");
     offer.cluster = mo.config.GetBool("g4.cluster");
     offer.username = mo.config.GetString("g4.username");
@@ -253,7 +254,7 @@ Status Server::State::MakeRoomForPool(const std::string& key, const std::string&
     // its G3 directory's LOCK for as long as their scheduler keeps them open.
     MutexLock lock(&mu);
     for (const auto& c : conns) {
-      if (c->role == Role::kLookup && c->pool == closing.get()) listeners.push_back(c);
+      if (c->role == proto::Role::kLookup && c->pool == closing.get()) listeners.push_back(c);
     }
   }
   // Its events and lookup connections end with it (their readers unsubscribe and finish).
@@ -291,7 +292,7 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
     }
     if (subs.empty() || events.empty()) return;
     for (size_t at = 0; at < events.size();) {
-      std::span<const KvEvent> part = events.subspan(at, EventsInFrame(events.subspan(at)));
+      std::span<const KvEvent> part = events.subspan(at, proto::EventsInFrame(events.subspan(at)));
       at += part.size();
       for (auto& c : subs) {
         {
@@ -301,10 +302,10 @@ void Server::State::Subscribe(Pool* pool, const std::shared_ptr<Conn>& conn) {
             c->dropped += part.size();
             continue;
           }
-          WireWriter w;
-          EncodeEvents(&w, c->dropped, part);
+          proto::WireWriter w;
+          proto::EncodeEvents(&w, c->dropped, part);
           c->dropped = 0;
-          c->out.emplace_back(MsgType::kEvents, w.Take());
+          c->out.emplace_back(proto::MsgType::kEvents, w.Take());
         }
         c->out_cv.notify_one();
       }
@@ -319,8 +320,8 @@ void Server::State::Unsubscribe(const std::shared_ptr<Conn>& conn) {
   subs.erase(std::remove(subs.begin(), subs.end(), conn), subs.end());
 }
 
-Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool,
-                                              const PeerCred& peer) {
+Result<Instance*> Server::State::JoinInstance(const proto::Hello& hello, Pool* pool,
+                                              const proto::PeerCred& peer) {
   auto current = pools.find(pool->key);
   if (current == pools.end() || current->second.get() != pool) {
     // Closed (MakeRoomForPool) between GetPool and here: the engine attaches again.
@@ -357,7 +358,7 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool,
     return inst;
   }
   // The lowest number neither live nor still holding requests from its last life.
-  for (uint32_t id = 1; id <= kMaxInstances; ++id) {
+  for (uint32_t id = 1; id <= proto::kMaxInstances; ++id) {
     if (instances.count(id) != 0 || leaving.count(id) != 0) continue;
     auto old = ended.find(id);
     if (old != ended.end()) {
@@ -377,12 +378,12 @@ Result<Instance*> Server::State::JoinInstance(const Hello& hello, Pool* pool,
     by_name[hello.instance_name] = id;
     return raw;
   }
-  return Status::ResourceExhausted("kvtier serve has " + std::to_string(kMaxInstances) +
+  return Status::ResourceExhausted("kvtier serve has " + std::to_string(proto::kMaxInstances) +
                                    " engine instances attached; no more can attach");
 }
 
-Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const Hello& hello,
-                                                        const PeerCred& peer) {
+Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const proto::Hello& hello,
+                                                        const proto::PeerCred& peer) {
   // A scheduler process joins an engine instance that is attached already, by its name.
   MutexLock lock(&mu);
   auto named = by_name.find(hello.instance_name);
@@ -400,14 +401,15 @@ Result<std::shared_ptr<Pool>> Server::State::JoinLookup(Conn* conn, const Hello&
   }
   conn->instance = joined.id;
   conn->instance_serial = joined.serial;
-  conn->role = Role::kLookup;
+  conn->role = proto::Role::kLookup;
   conn->pool = joined.pool;  // so a pool closed to make room ends it (MakeRoomForPool)
   auto it = pools.find(joined.pool->key);
   if (it == pools.end()) return Status::Unavailable("engine instance's pool is closing");
   return it->second;
 }
 
-Result<std::shared_ptr<Pool>> Server::State::JoinEvents(const Hello& hello, const PeerCred& peer) {
+Result<std::shared_ptr<Pool>> Server::State::JoinEvents(const proto::Hello& hello,
+                                                        const proto::PeerCred& peer) {
   KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<Pool> pool, GetPool(hello));
   if (peer.uid == ::geteuid()) return pool;
   MutexLock lock(&mu);
@@ -429,7 +431,7 @@ Pool* Server::State::LookupPool(const Conn& conn) {
 
 void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
   // A lookup or events connection never holds its instance up: the engine's own ones do.
-  if (conn->role == Role::kLookup || conn->role == Role::kEvents) return;
+  if (conn->role == proto::Role::kLookup || conn->role == proto::Role::kEvents) return;
   Pool* pool = nullptr;
   bool last = false;
   {
@@ -448,7 +450,7 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
       ++stats.instances_ended;
     }
   }
-  if (conn->role == Role::kData || last) {
+  if (conn->role == proto::Role::kData || last) {
     // Outside mu: failing batches runs the manager's callbacks, which may send copies.
     Pool* p = pool;
     if (p == nullptr) {
@@ -472,4 +474,4 @@ void Server::State::LeaveInstance(const std::shared_ptr<Conn>& conn) {
   }
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

@@ -27,7 +27,7 @@
 #include "proto/protocol.h"
 #include "proto/unix_socket.h"
 
-namespace kvtier::service {
+namespace kvtier::daemon {
 namespace server_internal {
 
 using Clock = std::chrono::steady_clock;
@@ -52,16 +52,16 @@ struct Pool {
   int memfd = -1;  // owned by the manager's G2 arena
   // The Redis G4 offered to every data connection (kG4Config), so engines fetch G4 blocks
   // straight into their G1; unset without a Redis G4 or with g4.direct_to_g1 = false.
-  std::optional<G4Config> g4_offer;
+  std::optional<proto::G4Config> g4_offer;
 };
 
 struct Conn {
   UniqueFd fd;
-  PeerCred cred;  // the peer as the kernel saw it at connect (SO_PEERCRED), authorized
+  proto::PeerCred cred;  // the peer as the kernel saw it at connect (SO_PEERCRED), authorized
   // role, instance, instance_serial and pool are written by the connection's reader thread
   // (under State::mu where other threads read them: MakeRoomForPool, LookupPool), and read by
   // that thread without it. State::mu is another struct's: the annotations cannot name it.
-  Role role = Role::kCall;
+  proto::Role role = proto::Role::kCall;
   uint32_t instance = 0;
   uint64_t instance_serial = 0;  // lookup connections: the Instance they joined (ids are reused)
   std::thread reader;            // started by AcceptLoop, joined by ReapDone or Stop
@@ -71,7 +71,7 @@ struct Conn {
   std::condition_variable out_cv;
   // Frames to send: (type, payload). Data connections: kCopy, kFetch, kG4Config; events
   // connections: kEvents.
-  std::deque<std::pair<MsgType, std::vector<uint8_t>>> out GUARDED_BY(out_mu);
+  std::deque<std::pair<proto::MsgType, std::vector<uint8_t>>> out GUARDED_BY(out_mu);
   bool closing GUARDED_BY(out_mu) = false;
   Pool* pool = nullptr;  // events connections: the pool they hear; lookup ones: they ask
   // Events connections: events dropped since the last frame queued.
@@ -91,11 +91,12 @@ struct Instance {
   Pool* pool = nullptr;
   int connections = 0;
   std::shared_ptr<Conn> data;
-  uint32_t g1_blocks = kMaxG1Blocks - 1;  // RegisterG1's count bounds the block ids it may name
+  // RegisterG1's count bounds the block ids it may name.
+  uint32_t g1_blocks = proto::kMaxG1Blocks - 1;
   // The process that attached it (SO_PEERCRED of its first call or data connection): only it
   // may open more call and data connections under this name, and only its uid may join the
   // instance's lookups.
-  PeerCred owner;
+  proto::PeerCred owner;
 };
 
 // A pool's name: a readable prefix of the model id, then a hash of the whole identity (the
@@ -174,31 +175,34 @@ class Server::State {
   // A pool with no live instance and no ended instance's requests left.
   bool PoolIdle(const Pool* pool) REQUIRES(mu);
   void WriterLoop(const std::shared_ptr<Conn>& conn);
-  Result<std::shared_ptr<Pool>> GetPool(const Hello& hello) EXCLUDES(pool_create_mu, mu);
+  Result<std::shared_ptr<Pool>> GetPool(const proto::Hello& hello) EXCLUDES(pool_create_mu, mu);
   // The instance named in the Hello, made on its first connection and bound to `peer`'s
   // process. FailedPrecondition when the name is live in another process (two engines given
   // one service.instance) or with another pool.
-  Result<Instance*> JoinInstance(const Hello& hello, Pool* pool, const PeerCred& peer) REQUIRES(mu);
+  Result<Instance*> JoinInstance(const proto::Hello& hello, Pool* pool, const proto::PeerCred& peer)
+      REQUIRES(mu);
   // Role::kLookup: the live instance named in the Hello; NotFound when there is none,
   // FailedPrecondition when `peer` runs as another uid than the instance's engine.
-  Result<std::shared_ptr<Pool>> JoinLookup(Conn* conn, const Hello& hello, const PeerCred& peer)
-      EXCLUDES(mu);
+  Result<std::shared_ptr<Pool>> JoinLookup(Conn* conn, const proto::Hello& hello,
+                                           const proto::PeerCred& peer) EXCLUDES(mu);
   // Role::kEvents: the pool of the Hello's identity, for a peer of the daemon's own uid or of
   // the uid of an engine attached to that pool (another uid would hear other engines' prompts).
-  Result<std::shared_ptr<Pool>> JoinEvents(const Hello& hello, const PeerCred& peer) EXCLUDES(mu);
+  Result<std::shared_ptr<Pool>> JoinEvents(const proto::Hello& hello, const proto::PeerCred& peer)
+      EXCLUDES(mu);
   // A lookup connection's instance, when it is still the live one it joined.
   Pool* LookupPool(const Conn& conn) REQUIRES(mu);
   void LeaveInstance(const std::shared_ptr<Conn>& conn) EXCLUDES(mu);
-  Status SendCopy(uint32_t instance, const CopyCall& call) EXCLUDES(mu);
-  Status SendFetch(uint32_t instance, const FetchCall& call) EXCLUDES(mu);
+  Status SendCopy(uint32_t instance, const proto::CopyCall& call) EXCLUDES(mu);
+  Status SendFetch(uint32_t instance, const proto::FetchCall& call) EXCLUDES(mu);
   // The instance's data connection, or null.
   std::shared_ptr<Conn> DataConn(uint32_t instance) EXCLUDES(mu);
   // Queues a frame on a data or events connection (its writer sends it). Unavailable for a null
   // connection or once it is closing.
-  Status Queue(const std::shared_ptr<Conn>& conn, MsgType type, std::vector<uint8_t> payload);
-  Status HandleCall(uint32_t instance, Pool* pool, const Frame& frame, WireWriter* out)
-      EXCLUDES(mu);
+  Status Queue(const std::shared_ptr<Conn>& conn, proto::MsgType type,
+               std::vector<uint8_t> payload);
+  Status HandleCall(uint32_t instance, Pool* pool, const proto::Frame& frame,
+                    proto::WireWriter* out) EXCLUDES(mu);
   void ReapDone() EXCLUDES(mu);
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::daemon

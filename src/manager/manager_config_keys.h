@@ -1,6 +1,6 @@
-// The config keys of the embedded manager and of kvtier serve (manager_config_keys.cc says
-// which, and how they are registered). Exposed for the tests and for the typed options'
-// checks; a program does not call these to get the keys: they are registered for it.
+// The config keys of the embedded manager (manager_config_keys.cc says which, and how they are
+// registered; kvtier serve's are proto/service_config_keys.h's). Exposed for the tests and for the
+// typed options' checks; a program does not call these to get the keys: they are registered for it.
 #pragma once
 
 #include <string_view>
@@ -12,8 +12,6 @@ namespace kvtier {
 // hash.*, index.*, g2.* (with the policy settings), g3.*, transfer.*, manager.*, g4.*,
 // metrics.*: listed first.
 ConfigKeyTable ManagerConfigKeys();
-// service.*: listed after the manager's keys, before the event stream's.
-ConfigKeyTable ServiceConfigKeys();
 
 // Ok when `value` is a comma-separated list of host:port (empty items skipped; empty: not set);
 // InvalidArgument "not a list of host:port (...)" naming the bad item otherwise. The check of

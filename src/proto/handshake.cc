@@ -1,25 +1,9 @@
 #include "proto/handshake.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
-
 #include "proto/unix_socket.h"
 #include "proto/wire.h"
 
-namespace kvtier::service {
-
-Result<uid_t> ExpectedDaemonUid(const Config& config) {
-  const std::string text = config.GetString("service.daemon_uid");
-  if (text.empty()) return ::geteuid();
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(text.c_str(), &end, 10);
-  if (end == nullptr || *end != '\0' || text[0] == '-' || v >= 0xfffffffful) {
-    return Status::InvalidArgument("service.daemon_uid: '" + text +
-                                   "' is not a uid; give the number kvtier serve runs as");
-  }
-  return static_cast<uid_t>(v);
-}
+namespace kvtier::proto {
 
 Result<Handshake> OpenConnection(const std::string& socket_path, uid_t daemon_uid,
                                  const Hello& hello, uint64_t seq,
@@ -63,4 +47,4 @@ Result<Handshake> OpenConnection(const std::string& socket_path, uid_t daemon_ui
   return out;
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -11,11 +11,10 @@
 #include <string>
 
 #include "core/unique_fd.h"
-#include "kvtier/config.h"
 #include "kvtier/status.h"
 #include "proto/protocol.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 
 struct Handshake {
   UniqueFd fd;  // the connection, ready for the role's frames
@@ -23,12 +22,9 @@ struct Handshake {
   UniqueFd passed;  // the descriptor sent with the reply (a data connection's G2), if any
 };
 
-// The uid an engine expects kvtier serve to run as: service.daemon_uid, or the engine's own
-// effective uid when it is empty. InvalidArgument when it is not a number.
-Result<uid_t> ExpectedDaemonUid(const Config& config);
-
 // Connects to `socket_path`, checks that the listener runs as `daemon_uid` (VerifyDaemon:
-// before anything is sent), and exchanges Hello with `seq`, all before `deadline`. Errors:
+// before anything is sent; the engine's ServiceClientOptions::daemon_uid), and exchanges Hello with
+// `seq`, all before `deadline`. Errors:
 //   - a listener of another uid: FailedPrecondition with `*refused` set (nothing was sent);
 //   - transport (ConnectUnix, SendFrame, RecvFrame): their statuses (Unavailable, TimedOut, ...);
 //     `*refused` is left false;
@@ -42,4 +38,4 @@ Result<Handshake> OpenConnection(const std::string& socket_path, uid_t daemon_ui
                                  std::chrono::steady_clock::time_point deadline,
                                  bool* refused = nullptr);
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace kvtier::service {
+namespace kvtier::proto {
 
 struct LoadTrace {
   static constexpr uint32_t kMaxLayers = 128;
@@ -54,4 +54,4 @@ inline std::atomic<LoadTrace*> g_load_trace{nullptr};
 
 inline LoadTrace* ActiveLoadTrace() { return g_load_trace.load(std::memory_order_relaxed); }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -4,7 +4,7 @@
 
 #include "kvtier/tier.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 
 const char* MsgTypeName(uint16_t type) {
   switch (static_cast<MsgType>(type)) {
@@ -520,4 +520,4 @@ Status DecodeEvents(WireReader* r, EventsFrame* m) {
   return r->Done();
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -28,7 +28,7 @@
 #include "kvtier/status.h"
 #include "proto/wire.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 
 enum class MsgType : uint16_t {
   kHello = 1,
@@ -211,4 +211,4 @@ struct CopyReport {
   Status status;       // kCopyDone
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

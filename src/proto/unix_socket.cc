@@ -16,7 +16,7 @@
 #include <optional>
 #include <utility>
 
-namespace kvtier::service {
+namespace kvtier::proto {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -498,4 +498,4 @@ Status VerifyDaemon(int fd, uid_t expected_uid, const std::string& path) {
       "socket's directory, or set service.daemon_uid to the daemon's uid");
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

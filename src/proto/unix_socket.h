@@ -26,7 +26,7 @@
 #include "kvtier/status.h"
 #include "proto/wire.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 
 // One received frame. `fd`: the descriptor passed with the frame, if any (none: -1); it is
 // close-on-exec and now owned by the receiver.
@@ -117,4 +117,4 @@ Status AuthorizePeer(const PeerCred& cred, std::span<const gid_t> allowed_gids);
 // user could swap) must hear nothing of the engine. IOError when `fd` is not a Unix socket.
 Status VerifyDaemon(int fd, uid_t expected_uid, const std::string& path);
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -9,7 +9,7 @@
 #include <limits>
 #include <utility>
 
-namespace kvtier::service {
+namespace kvtier::proto {
 namespace {
 
 void PutLe(uint8_t* out, uint64_t v, size_t n) {
@@ -252,4 +252,4 @@ Status WireReader::Done() const {
   return Status::InvalidArgument(std::move(msg));
 }
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

@@ -30,7 +30,7 @@
 
 #include "kvtier/status.h"
 
-namespace kvtier::service {
+namespace kvtier::proto {
 
 inline constexpr uint32_t kWireMagic = 0x5354564b;  // "KVTS" little-endian
 // 2: kFetch, kFetchDone, kG4Config and kG4Ready on the data connection (G4 loads straight into
@@ -144,4 +144,4 @@ class WireReader {
   Status error_;            // the first failure; every later call returns it
 };
 
-}  // namespace kvtier::service
+}  // namespace kvtier::proto

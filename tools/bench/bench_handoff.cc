@@ -237,7 +237,7 @@ uint64_t MinorFaults() {
 // With `trace`, the load's phases are traced (an attached load from G2).
 Result<Handoff> Consume(BlockManager& d, HostG1& g1, const std::string& id, uint32_t seed,
                         uint32_t blocks, TierId tier, double wait_s,
-                        service::LoadTrace* trace = nullptr) {
+                        proto::LoadTrace* trace = nullptr) {
   const uint32_t bs = g1.memory.layout.tokens_per_block;
   const uint32_t layers = g1.memory.layout.num_layers;
   const std::vector<TokenId> prompt = Prompt(seed, blocks * bs + 1);
@@ -268,22 +268,22 @@ Result<Handoff> Consume(BlockManager& d, HostG1& g1, const std::string& id, uint
   std::vector<int64_t> waited_ns(layers, 0);
   if (trace) {
     trace->Reset();
-    service::g_load_trace.store(trace);
+    proto::g_load_trace.store(trace);
   }
   const uint64_t faults0 = MinorFaults();
-  const int64_t t0 = service::LoadTrace::NowNs();
+  const int64_t t0 = proto::LoadTrace::NowNs();
   Stopwatch sw;
   KVTIER_RETURN_IF_ERROR(d.StartLoad());
   Status first = Status::Ok();
   for (uint32_t layer = 0; layer < layers; ++layer) {
     Status s = d.WaitLayer(layer);
-    waited_ns[layer] = service::LoadTrace::NowNs();
+    waited_ns[layer] = proto::LoadTrace::NowNs();
     if (!s.ok() && first.ok()) first = s;
   }
   h.seconds = sw.Seconds();
   h.minor_faults = MinorFaults() - faults0;
   if (trace) {
-    service::g_load_trace.store(nullptr);
+    proto::g_load_trace.store(nullptr);
     Phases& p = h.phases;
     auto s = [](int64_t ns) { return ns / 1e9; };
     p.traced = trace->first_copy_received_ns.load() != 0;
@@ -294,7 +294,7 @@ Result<Handoff> Consume(BlockManager& d, HostG1& g1, const std::string& id, uint
     p.batches = trace->batches.load();
     int64_t last = 0;
     double lag = 0, report_lag = 0;
-    const uint32_t n = std::min(layers, service::LoadTrace::kMaxLayers);
+    const uint32_t n = std::min(layers, proto::LoadTrace::kMaxLayers);
     for (uint32_t l = 0; l < n; ++l) {
       const int64_t copied = trace->layer_copied_ns[l].load();
       last = std::max(last, copied);
@@ -464,11 +464,11 @@ class MemcpyLimit {
   Buffer a_, b_;
 };
 
-Result<std::unique_ptr<service::Server>> StartDaemon(const std::string& socket,
-                                                     const std::string& g2_bytes,
-                                                     const std::string& g4_endpoint,
-                                                     bool direct_to_g1 = true) {
-  service::ServeOptions so;
+Result<std::unique_ptr<daemon::Server>> StartDaemon(const std::string& socket,
+                                                    const std::string& g2_bytes,
+                                                    const std::string& g4_endpoint,
+                                                    bool direct_to_g1 = true) {
+  daemon::ServeOptions so;
   so.socket_path = socket;
   (void)so.config.Set("g2.capacity_bytes", g2_bytes);
   (void)so.config.Set("g2.lock_memory", "false");
@@ -481,7 +481,7 @@ Result<std::unique_ptr<service::Server>> StartDaemon(const std::string& socket,
     KVTIER_RETURN_IF_ERROR(so.config.Set("g4.save_deadline_ms", "60000"));
     KVTIER_RETURN_IF_ERROR(so.config.Set("g4.direct_to_g1", direct_to_g1 ? "true" : "false"));
   }
-  return service::Server::Start(so);
+  return daemon::Server::Start(so);
 }
 
 void PrintUsage() {
@@ -608,7 +608,7 @@ int RunBenchHandoff(const CliArgs& args) {
   Samples one_host, one_host_other;
   PhaseSamples phases, phases_other;
   MappingPages g2_pages, g1_page_state;
-  service::LoadTrace trace;
+  proto::LoadTrace trace;
   {
     auto daemon = StartDaemon(dir + "/host/kvtier.sock", g2_bytes, "");
     if (!daemon.ok()) return fail(daemon.status());

@@ -127,10 +127,10 @@ int RunBenchService(const CliArgs& args) {
   Result<Timings> emb = Measure(**embedded, prompt, static_cast<uint32_t>(*reps), &g1a);
   embedded->reset();
 
-  service::ServeOptions so;
+  daemon::ServeOptions so;
   so.config = mo.config;
   so.socket_path = dir + "/kvtier.sock";
-  Result<std::unique_ptr<service::Server>> server = service::Server::Start(so);
+  Result<std::unique_ptr<daemon::Server>> server = daemon::Server::Start(so);
   if (!server.ok() || !emb.ok()) {
     std::fprintf(stderr, "bench service: %s\n",
                  (!emb.ok() ? emb.status() : server.status()).ToString().c_str());

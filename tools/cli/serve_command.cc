@@ -47,10 +47,10 @@ int RunServe(const CliArgs& args) {
   if (!env.ok()) return UsageError(env);
   Result<uint64_t> seconds = args.GetUint("for-seconds", 0);
   if (!seconds.ok()) return UsageError(seconds.status());
-  service::ServeOptions options;
+  daemon::ServeOptions options;
   options.config = config;
   options.socket_path = args.GetString("socket", "");
-  Result<std::unique_ptr<service::Server>> server = service::Server::Start(options);
+  Result<std::unique_ptr<daemon::Server>> server = daemon::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "kvtier serve: %s\n", server.status().ToString().c_str());
     return server.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
@@ -68,7 +68,7 @@ int RunServe(const CliArgs& args) {
     }
   }
   (*server)->Stop();
-  service::ServerStats s = (*server)->Stats();
+  daemon::ServerStats s = (*server)->Stats();
   server->reset();
   if (args.Has("json")) {
     std::printf(
