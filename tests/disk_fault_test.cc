@@ -316,20 +316,10 @@ TEST(DiskFaults, QuarantineFailsQueuedRequests) {
   FaultyTier f = OpenFaulty(config);
   DiskTier* tier = f.tier();
   f.faults->FailNext(IoKind::kWrite, EIO, 1);
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
-  std::vector<DiskWriteRequest> writes;
   DiskOpWaiter waiter;
   const std::vector<TokenId> tokens = TestTokens(0);
-  for (uint64_t i = 0; i < 8; ++i) {
-    bufs.push_back(std::make_unique<AlignedBuffer>(tier->io_bytes()));
-    DiskWriteRequest w;
-    w.key = TestKey(i);
-    w.tokens = tokens;
-    w.buffer = bufs.back()->data();
-    w.sink = &waiter;
-    writes.push_back(w);
-  }
-  tier->SubmitWrites(writes);
+  TestWriteBatch batch = MakeTestWriteBatch(*tier, 8, tokens, &waiter);
+  tier->SubmitWrites(batch.writes);
   size_t io_errors = 0, unavailable = 0;
   for (const DiskOpResult& r : waiter.Take(8)) {
     io_errors += r.status.Is(StatusCode::kIOError);

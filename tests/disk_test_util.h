@@ -139,6 +139,32 @@ inline Status ReadBlock(DiskTier* tier, uint64_t i, uint8_t* buffer, bool* serve
   return s;
 }
 
+// Writes of blocks TestKey(0..n-1), each from a buffer of its own, for tests of what the tier
+// does with a batch (queueing, dropping, quarantine) rather than with the bytes.
+struct TestWriteBatch {
+  std::vector<std::unique_ptr<AlignedBuffer>> buffers;  // io_bytes() each; live with the batch
+  std::vector<DiskWriteRequest> writes;
+};
+
+// `n` writes, all carrying `tokens` (which must outlive the submission), each reporting to
+// `sink` with its index as cookie.
+inline TestWriteBatch MakeTestWriteBatch(const DiskTier& tier, uint64_t n,
+                                         const std::vector<TokenId>& tokens,
+                                         DiskCompletionSink* sink) {
+  TestWriteBatch batch;
+  for (uint64_t i = 0; i < n; ++i) {
+    batch.buffers.push_back(std::make_unique<AlignedBuffer>(tier.io_bytes()));
+    DiskWriteRequest w;
+    w.key = TestKey(i);
+    w.tokens = tokens;
+    w.buffer = batch.buffers.back()->data();
+    w.sink = sink;
+    w.cookie = i;
+    batch.writes.push_back(w);
+  }
+  return batch;
+}
+
 inline DiskTier::Opened OpenOrDie(const DiskTier::Config& config,
                                   const DiskTier::OpenOptions& options = {}) {
   auto opened = DiskTier::Open(config, options);

@@ -295,21 +295,10 @@ TEST(DiskTier, FullQueueDropsRequests) {
   FaultPlan stall;
   stall.stall = 1.0;
   faults->SetPlan(stall);
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
-  std::vector<DiskWriteRequest> writes;
   DiskOpWaiter waiter;
   const std::vector<TokenId> tokens = TestTokens(0);
-  for (uint64_t i = 0; i < 12; ++i) {
-    bufs.push_back(std::make_unique<AlignedBuffer>(tier->io_bytes()));
-    DiskWriteRequest r;
-    r.key = TestKey(i);
-    r.tokens = tokens;
-    r.buffer = bufs.back()->data();
-    r.sink = &waiter;
-    r.cookie = i;
-    writes.push_back(r);
-  }
-  tier->SubmitWrites(writes);
+  TestWriteBatch batch = MakeTestWriteBatch(*tier, 12, tokens, &waiter);
+  tier->SubmitWrites(batch.writes);
   // 4 accepted; the other 8 are dropped at once, never waited for.
   auto dropped = waiter.Take(8);
   for (const DiskOpResult& r : dropped) {
