@@ -285,12 +285,7 @@ TEST(DiskFaults, StuckIoQuarantines) {
   f.faults->SetPlan(stall);
   const std::vector<TokenId> tokens = TestTokens(0);
   DiskOpWaiter waiter;
-  DiskReadRequest r;
-  r.key = TestKey(0);
-  r.namespace_id = kTestNamespace;
-  r.expected_tokens = tokens;
-  r.buffer = buf.data();
-  r.sink = &waiter;
+  DiskReadRequest r = TestRead(0, tokens, buf.data(), &waiter);
   f.tier()->SubmitReads({&r, 1});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!f.tier()->quarantined() && std::chrono::steady_clock::now() < deadline) {

@@ -120,17 +120,25 @@ inline Status WriteBlock(DiskTier* tier, uint64_t i, uint8_t* buffer) {
   return waiter.Take(1)[0].status;
 }
 
-// Reads block i into `buffer` and waits. `served_wrong` is set when the tier said Ok but the
-// bytes are not block i's: the one outcome that must never happen.
-inline Status ReadBlock(DiskTier* tier, uint64_t i, uint8_t* buffer, bool* served_wrong = nullptr) {
-  const std::vector<TokenId> tokens = TestTokens(i);
-  DiskOpWaiter waiter;
+// A read of block TestKey(i) in kTestNamespace into `buffer` (io_bytes long), checked against
+// `tokens` (which must outlive the submission), its result sent to `sink`.
+inline DiskReadRequest TestRead(uint64_t i, const std::vector<TokenId>& tokens, uint8_t* buffer,
+                                DiskCompletionSink* sink) {
   DiskReadRequest r;
   r.key = TestKey(i);
   r.namespace_id = kTestNamespace;
   r.expected_tokens = tokens;
   r.buffer = buffer;
-  r.sink = &waiter;
+  r.sink = sink;
+  return r;
+}
+
+// Reads block i into `buffer` and waits. `served_wrong` is set when the tier said Ok but the
+// bytes are not block i's: the one outcome that must never happen.
+inline Status ReadBlock(DiskTier* tier, uint64_t i, uint8_t* buffer, bool* served_wrong = nullptr) {
+  const std::vector<TokenId> tokens = TestTokens(i);
+  DiskOpWaiter waiter;
+  DiskReadRequest r = TestRead(i, tokens, buffer, &waiter);
   tier->SubmitReads({&r, 1});
   Status s = waiter.Take(1)[0].status;
   if (s.ok() && served_wrong != nullptr) {

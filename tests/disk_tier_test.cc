@@ -206,12 +206,7 @@ TEST(DiskTier, ForeignTokensOrNamespaceAreAMissAndFreeTheSlot) {
 
   const std::vector<TokenId> other = TestTokens(99);  // a colliding key's tokens
   DiskOpWaiter waiter;
-  DiskReadRequest r;
-  r.key = TestKey(0);
-  r.namespace_id = kTestNamespace;
-  r.expected_tokens = other;
-  r.buffer = buf.data();
-  r.sink = &waiter;
+  DiskReadRequest r = TestRead(0, other, buf.data(), &waiter);
   tier->SubmitReads({&r, 1});
   Status s = waiter.Take(1)[0].status;
   EXPECT_TRUE(s.Is(StatusCode::kCorruption)) << s.ToString();
@@ -254,12 +249,7 @@ TEST(DiskTier, RemoveDuringReadDefersSlotReuse) {
   faults->SetPlan(stall);
   const std::vector<TokenId> tokens = TestTokens(0);
   DiskOpWaiter read_waiter;
-  DiskReadRequest r;
-  r.key = TestKey(0);
-  r.namespace_id = kTestNamespace;
-  r.expected_tokens = tokens;
-  r.buffer = rbuf.data();
-  r.sink = &read_waiter;
+  DiskReadRequest r = TestRead(0, tokens, rbuf.data(), &read_waiter);
   tier->SubmitReads({&r, 1});
   while (faults->counts().stalls == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   faults->SetPlan(FaultPlan{});
