@@ -227,8 +227,7 @@ TEST(BlockManagerTest, G2VictimsAreDemotedToG3AndLoadBackExactly) {
   MiniEngine engine(mgr.get(), 64);
   const auto first = Prompt(20, 16 * 4 + 1);
   engine.Run("p0", first);
-  for (uint32_t i = 1; i <= 6; ++i) engine.Run("p" + std::to_string(i), Prompt(20 + i, 16 * 4 + 1));
-  mgr->WaitForSaves();
+  RunFillers(engine, *mgr, 20, 6);
   ManagerStats s = mgr->Stats();
   EXPECT_GT(s.demoted_blocks, 0u);
   EXPECT_GT(s.evicted_blocks_g2, 0u);
@@ -253,9 +252,7 @@ TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
     MiniEngine engine(mgr.get(), 64);
     engine.Run("a", prompt);
     // Push the prompt out of G2 into G3.
-    for (uint32_t i = 1; i <= 3; ++i)
-      engine.Run("f" + std::to_string(i), Prompt(30 + i, 16 * 4 + 1));
-    mgr->WaitForSaves();
+    RunFillers(engine, *mgr, 30, 3);
     ASSERT_GT(mgr->Stats().g3_blocks, 0u);
   }
   // Events arrive on the threads that made the changes (the transfer workers too): lock. Declared
