@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "faulty_g3_manager.h"
 #include "hang_guard.h"
 #include "manager/block_manager_impl.h"
 #include "manager/embedded_manager.h"
@@ -19,6 +20,7 @@
 namespace kvtier {
 namespace {
 
+using testing::FaultyG3Manager;
 using testing::KeyContent;
 using testing::MiniEngine;
 using testing::Prompt;
@@ -225,8 +227,7 @@ TEST(BlockManagerTest, G2VictimsAreDemotedToG3AndLoadBackExactly) {
   MiniEngine engine(mgr.get(), 64);
   const auto first = Prompt(20, 16 * 4 + 1);
   engine.Run("p0", first);
-  for (uint32_t i = 1; i <= 6; ++i) engine.Run("p" + std::to_string(i), Prompt(20 + i, 16 * 4 + 1));
-  mgr->WaitForSaves();
+  RunFillers(engine, *mgr, 20, 6);
   ManagerStats s = mgr->Stats();
   EXPECT_GT(s.demoted_blocks, 0u);
   EXPECT_GT(s.evicted_blocks_g2, 0u);
@@ -251,9 +252,7 @@ TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
     MiniEngine engine(mgr.get(), 64);
     engine.Run("a", prompt);
     // Push the prompt out of G2 into G3.
-    for (uint32_t i = 1; i <= 3; ++i)
-      engine.Run("f" + std::to_string(i), Prompt(30 + i, 16 * 4 + 1));
-    mgr->WaitForSaves();
+    RunFillers(engine, *mgr, 30, 3);
     ASSERT_GT(mgr->Stats().g3_blocks, 0u);
   }
   // Events arrive on the threads that made the changes (the transfer workers too): lock. Declared
@@ -377,23 +376,12 @@ TEST(BlockManagerTest, DeferredSavesAreDroppedAfterTheirDeadline) {
   TempDirectory dir;
   Config config = SmallConfig(dir.path(), 12, 64);
   ASSERT_TRUE(config.Set("transfer.max_defer_ms", "30").ok());
-  ManagerOptions options;
-  options.layout = TestLayout();
-  options.model_id = "test-model";
-  options.config = config;
+  FaultPlan plan;
+  plan.stall = 1.0;  // every I/O completion is held back until ReleaseStalled()
   FaultInjectingIo* faults = nullptr;
-  DiskTier::OpenOptions open;
-  open.wrap_io = [&faults](std::unique_ptr<DiskIo> inner) -> std::unique_ptr<DiskIo> {
-    auto f = std::make_unique<FaultInjectingIo>(std::move(inner));
-    FaultPlan plan;
-    plan.stall = 1.0;  // every I/O completion is held back until ReleaseStalled()
-    f->SetPlan(plan);
-    faults = f.get();
-    return f;
-  };
-  auto impl = BlockManagerImpl::Create(options, open);
-  ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  EmbeddedManager manager(std::move(impl).value());
+  auto mgr = FaultyG3Manager(config, &faults, plan);
+  ASSERT_NE(mgr, nullptr);
+  BlockManager& manager = *mgr;
   ASSERT_NE(faults, nullptr);
   MiniEngine engine(&manager, 64);
   // 8 cache slots fill; the next commit demotes (stalled) and defers the rest.
@@ -509,20 +497,10 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   Config config = SmallConfig(dir.path(), 12, 64);
   ASSERT_TRUE(config.Set("g3.quarantine_after_errors", "2").ok());
   ASSERT_TRUE(config.Set("g3.reprobe_interval_ms", "3600000").ok());  // no probe of its own
-  ManagerOptions options;
-  options.layout = TestLayout();
-  options.model_id = "test-model";
-  options.config = config;
   FaultInjectingIo* faults = nullptr;
-  DiskTier::OpenOptions open;
-  open.wrap_io = [&faults](std::unique_ptr<DiskIo> inner) -> std::unique_ptr<DiskIo> {
-    auto f = std::make_unique<FaultInjectingIo>(std::move(inner));
-    faults = f.get();
-    return f;
-  };
-  auto impl = BlockManagerImpl::Create(options, open);
-  ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  EmbeddedManager manager(std::move(impl).value());
+  auto mgr = FaultyG3Manager(config, &faults);
+  ASSERT_NE(mgr, nullptr);
+  BlockManager& manager = *mgr;
   ASSERT_NE(faults, nullptr);
   MiniEngine engine(&manager, 64);
   const auto first = Prompt(90, 16 * 4 + 1);
@@ -562,25 +540,6 @@ TEST(BlockManagerTest, AQuarantinedG3IsNotOfferedByLookup) {
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next->blocks_by_tier[kTierG2], 4u);
   manager.RequestFinished("next");
-}
-
-// A manager over G2 (12 slots: 4 staging, 8 cache) and a G3 in `dir` whose I/O goes through a
-// FaultInjectingIo (*faults).
-std::unique_ptr<BlockManager> FaultyG3Manager(const Config& config, FaultInjectingIo** faults) {
-  ManagerOptions options;
-  options.layout = TestLayout();
-  options.model_id = "test-model";
-  options.config = config;
-  DiskTier::OpenOptions open;
-  open.wrap_io = [faults](std::unique_ptr<DiskIo> inner) -> std::unique_ptr<DiskIo> {
-    auto f = std::make_unique<FaultInjectingIo>(std::move(inner));
-    *faults = f.get();
-    return f;
-  };
-  auto impl = BlockManagerImpl::Create(options, open);
-  EXPECT_TRUE(impl.ok()) << impl.status().ToString();
-  if (!impl.ok()) return nullptr;
-  return std::make_unique<EmbeddedManager>(std::move(impl).value());
 }
 
 // The engine aborts a request while its load is in flight. RequestFinished answers about saves

@@ -11,23 +11,13 @@
 #include <gtest/gtest.h>
 
 #include "transfer/block_copy.h"
+#include "transfer_test_util.h"
 
 namespace kvtier {
 namespace {
 
-KvLayout SmallLayout(G1Arrangement arrangement) {
-  KvLayout l;
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.tokens_per_block = 8;  // 2 KiB chunks, 4 KiB layers, 16 KiB blocks
-  l.g1_arrangement = arrangement;
-  return l;
-}
-
-uint8_t Pattern(uint64_t id, uint64_t off) {
-  return static_cast<uint8_t>((id * 131 + off * 7 + off / 4096) & 0xff);
-}
+using testing::Pattern;
+using testing::SmallLayout;
 
 // A "device" G1 in host memory. Layer-separate regions are placed far apart (K and V of a
 // layer are not adjacent unless `interleave_kv`, where each layer's region holds [K | V] per

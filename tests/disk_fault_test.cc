@@ -285,12 +285,7 @@ TEST(DiskFaults, StuckIoQuarantines) {
   f.faults->SetPlan(stall);
   const std::vector<TokenId> tokens = TestTokens(0);
   DiskOpWaiter waiter;
-  DiskReadRequest r;
-  r.key = TestKey(0);
-  r.namespace_id = kTestNamespace;
-  r.expected_tokens = tokens;
-  r.buffer = buf.data();
-  r.sink = &waiter;
+  DiskReadRequest r = TestRead(0, tokens, buf.data(), &waiter);
   f.tier()->SubmitReads({&r, 1});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!f.tier()->quarantined() && std::chrono::steady_clock::now() < deadline) {
@@ -316,20 +311,10 @@ TEST(DiskFaults, QuarantineFailsQueuedRequests) {
   FaultyTier f = OpenFaulty(config);
   DiskTier* tier = f.tier();
   f.faults->FailNext(IoKind::kWrite, EIO, 1);
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
-  std::vector<DiskWriteRequest> writes;
   DiskOpWaiter waiter;
   const std::vector<TokenId> tokens = TestTokens(0);
-  for (uint64_t i = 0; i < 8; ++i) {
-    bufs.push_back(std::make_unique<AlignedBuffer>(tier->io_bytes()));
-    DiskWriteRequest w;
-    w.key = TestKey(i);
-    w.tokens = tokens;
-    w.buffer = bufs.back()->data();
-    w.sink = &waiter;
-    writes.push_back(w);
-  }
-  tier->SubmitWrites(writes);
+  TestWriteBatch batch = MakeTestWriteBatch(*tier, 8, tokens, &waiter);
+  tier->SubmitWrites(batch.writes);
   size_t io_errors = 0, unavailable = 0;
   for (const DiskOpResult& r : waiter.Take(8)) {
     io_errors += r.status.Is(StatusCode::kIOError);

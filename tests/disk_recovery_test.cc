@@ -490,12 +490,7 @@ TEST(DiskRecovery, NewestCopyOfAKeyWins) {
     ASSERT_TRUE(WriteBlock(opened.tier.get(), 3, buf.data()).ok());
     DiskOpWaiter w;
     const std::vector<TokenId> t = TestTokens(3);
-    DiskReadRequest r;
-    r.key = TestKey(3);
-    r.namespace_id = kTestNamespace;
-    r.expected_tokens = t;
-    r.buffer = buf.data();
-    r.sink = &w;
+    DiskReadRequest r = TestRead(3, t, buf.data(), &w);
     opened.tier->SubmitReads({&r, 1});
     const DiskOpResult res = w.Take(1)[0];
     ASSERT_TRUE(res.status.ok());

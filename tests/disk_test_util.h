@@ -120,23 +120,57 @@ inline Status WriteBlock(DiskTier* tier, uint64_t i, uint8_t* buffer) {
   return waiter.Take(1)[0].status;
 }
 
-// Reads block i into `buffer` and waits. `served_wrong` is set when the tier said Ok but the
-// bytes are not block i's: the one outcome that must never happen.
-inline Status ReadBlock(DiskTier* tier, uint64_t i, uint8_t* buffer, bool* served_wrong = nullptr) {
-  const std::vector<TokenId> tokens = TestTokens(i);
-  DiskOpWaiter waiter;
+// A read of block TestKey(i) in kTestNamespace into `buffer` (io_bytes long), checked against
+// `tokens` (which must outlive the submission), its result sent to `sink`.
+inline DiskReadRequest TestRead(uint64_t i, const std::vector<TokenId>& tokens, uint8_t* buffer,
+                                DiskCompletionSink* sink) {
   DiskReadRequest r;
   r.key = TestKey(i);
   r.namespace_id = kTestNamespace;
   r.expected_tokens = tokens;
   r.buffer = buffer;
-  r.sink = &waiter;
+  r.sink = sink;
+  return r;
+}
+
+// Reads block i into `buffer` and waits. `served_wrong` is set when the tier said Ok but the
+// bytes are not block i's: the one outcome that must never happen.
+inline Status ReadBlock(DiskTier* tier, uint64_t i, uint8_t* buffer, bool* served_wrong = nullptr) {
+  const std::vector<TokenId> tokens = TestTokens(i);
+  DiskOpWaiter waiter;
+  DiskReadRequest r = TestRead(i, tokens, buffer, &waiter);
   tier->SubmitReads({&r, 1});
   Status s = waiter.Take(1)[0].status;
   if (s.ok() && served_wrong != nullptr) {
     *served_wrong = !TestPayloadMatches(i, buffer + kBlockHeaderBytes, tier->payload_bytes());
   }
   return s;
+}
+
+// Writes of blocks TestKey(0..n-1), each from a buffer of its own, for tests of what the tier
+// does with a batch (queueing, dropping, quarantine) rather than with the bytes.
+struct TestWriteBatch {
+  std::vector<std::unique_ptr<AlignedBuffer>> buffers;  // io_bytes() each; live with the batch
+  std::vector<DiskWriteRequest> writes;
+};
+
+// `n` writes, all carrying `tokens` (which must outlive the submission), each reporting to
+// `sink` with its index as cookie.
+inline TestWriteBatch MakeTestWriteBatch(const DiskTier& tier, uint64_t n,
+                                         const std::vector<TokenId>& tokens,
+                                         DiskCompletionSink* sink) {
+  TestWriteBatch batch;
+  for (uint64_t i = 0; i < n; ++i) {
+    batch.buffers.push_back(std::make_unique<AlignedBuffer>(tier.io_bytes()));
+    DiskWriteRequest w;
+    w.key = TestKey(i);
+    w.tokens = tokens;
+    w.buffer = batch.buffers.back()->data();
+    w.sink = sink;
+    w.cookie = i;
+    batch.writes.push_back(w);
+  }
+  return batch;
 }
 
 inline DiskTier::Opened OpenOrDie(const DiskTier::Config& config,

@@ -206,12 +206,7 @@ TEST(DiskTier, ForeignTokensOrNamespaceAreAMissAndFreeTheSlot) {
 
   const std::vector<TokenId> other = TestTokens(99);  // a colliding key's tokens
   DiskOpWaiter waiter;
-  DiskReadRequest r;
-  r.key = TestKey(0);
-  r.namespace_id = kTestNamespace;
-  r.expected_tokens = other;
-  r.buffer = buf.data();
-  r.sink = &waiter;
+  DiskReadRequest r = TestRead(0, other, buf.data(), &waiter);
   tier->SubmitReads({&r, 1});
   Status s = waiter.Take(1)[0].status;
   EXPECT_TRUE(s.Is(StatusCode::kCorruption)) << s.ToString();
@@ -254,12 +249,7 @@ TEST(DiskTier, RemoveDuringReadDefersSlotReuse) {
   faults->SetPlan(stall);
   const std::vector<TokenId> tokens = TestTokens(0);
   DiskOpWaiter read_waiter;
-  DiskReadRequest r;
-  r.key = TestKey(0);
-  r.namespace_id = kTestNamespace;
-  r.expected_tokens = tokens;
-  r.buffer = rbuf.data();
-  r.sink = &read_waiter;
+  DiskReadRequest r = TestRead(0, tokens, rbuf.data(), &read_waiter);
   tier->SubmitReads({&r, 1});
   while (faults->counts().stalls == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   faults->SetPlan(FaultPlan{});
@@ -295,21 +285,10 @@ TEST(DiskTier, FullQueueDropsRequests) {
   FaultPlan stall;
   stall.stall = 1.0;
   faults->SetPlan(stall);
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
-  std::vector<DiskWriteRequest> writes;
   DiskOpWaiter waiter;
   const std::vector<TokenId> tokens = TestTokens(0);
-  for (uint64_t i = 0; i < 12; ++i) {
-    bufs.push_back(std::make_unique<AlignedBuffer>(tier->io_bytes()));
-    DiskWriteRequest r;
-    r.key = TestKey(i);
-    r.tokens = tokens;
-    r.buffer = bufs.back()->data();
-    r.sink = &waiter;
-    r.cookie = i;
-    writes.push_back(r);
-  }
-  tier->SubmitWrites(writes);
+  TestWriteBatch batch = MakeTestWriteBatch(*tier, 12, tokens, &waiter);
+  tier->SubmitWrites(batch.writes);
   // 4 accepted; the other 8 are dropped at once, never waited for.
   auto dropped = waiter.Take(8);
   for (const DiskOpResult& r : dropped) {

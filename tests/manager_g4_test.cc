@@ -63,6 +63,65 @@ Config PatientReads(Config c) {
 constexpr uint32_t kTpb = 16;
 constexpr uint32_t kG1Blocks = 64;
 
+// What a test does to a G4 store behind the managers' backs.
+struct G4Backdoor {
+  std::function<void(const std::string& name)> corrupt;  // the object no longer verifies
+  std::function<bool(const std::string& name)> exists;
+};
+
+// Where the fs G4 in `dir` keeps the object `name`.
+std::string FsObjectPath(const std::string& dir, const std::string& name) {
+  return dir + "/" + name.substr(22, 2) + "/" + name;
+}
+
+G4Backdoor FsBackdoor(const std::string& dir) {
+  auto path = [dir](const std::string& name) { return FsObjectPath(dir, name); };
+  G4Backdoor b;
+  b.corrupt = [path](const std::string& name) {
+    std::fstream f(path(name), std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path(name);
+    f.seekg(kBlockHeaderBytes + 1234);
+    const char c = static_cast<char>(f.get());
+    f.seekp(kBlockHeaderBytes + 1234);
+    f.put(static_cast<char>(c ^ 0x01));
+  };
+  b.exists = [path](const std::string& name) { return std::filesystem::exists(path(name)); };
+  return b;
+}
+
+G4Backdoor RedisBackdoor(uint16_t port) {
+  G4Backdoor b;
+  b.corrupt = [port](const std::string& name) {
+    // A byte of the header's token area.
+    auto r = RedisCommand(port, {"SETRANGE", name, "200", std::string("\x7f", 1)});
+    ASSERT_TRUE(r.ok && !r.IsError()) << r.text;
+  };
+  b.exists = [port](const std::string& name) {
+    auto r = RedisCommand(port, {"EXISTS", name});
+    EXPECT_TRUE(r.ok && !r.IsError()) << r.text;
+    return r.text == "1";
+  };
+  return b;
+}
+
+// The namespace id of "test-model" on TestLayout() without salt or adapter.
+uint64_t TestNamespace() {
+  KeyNamespace kn{"test-model", TestLayout().Fingerprint(), "", ""};
+  return BlockHasher::Create(kn, kTpb)->root().hi;
+}
+
+// Worker A runs `prompt` on a manager over `config` and waits for its saves, so that G4 holds
+// the prompt's blocks; their keys. A is gone when this returns.
+std::vector<BlockKey> SavedByWorkerA(const Config& config, const std::vector<TokenId>& prompt) {
+  auto a = MakeManager(config);
+  EXPECT_NE(a, nullptr);
+  if (a == nullptr) return {};
+  MiniEngine ea(a.get(), kG1Blocks);
+  ea.Run("a", prompt);
+  a->WaitForSaves();
+  return ea.Keys(prompt);
+}
+
 // Worker A commits a 10-block prompt; worker B (a fresh manager on the same G4) is offered 9
 // blocks (the last token is always computed) from G4 and loads them byte-exact; B's second
 // run finds them in its own G2.
@@ -246,28 +305,13 @@ TEST(ManagerG4Fs, CorruptObjectIsRefusedAndTheRestIsRecomputed) {
   TempDirectory dir;
   const Config config = FsConfig(dir.path() + "/g4");
   const std::vector<TokenId> prompt = Prompt(3, 8 * kTpb + 5);
-  std::vector<BlockKey> keys;
-  uint64_t ns = 0;
-  {
-    auto a = MakeManager(config);
-    MiniEngine ea(a.get(), kG1Blocks);
-    ea.Run("a", prompt);
-    a->WaitForSaves();
-    keys = ea.Keys(prompt);
-    KeyNamespace kn{"test-model", TestLayout().Fingerprint(), "", ""};
-    ns = BlockHasher::Create(kn, kTpb)->root().hi;
-  }
+  const std::vector<BlockKey> keys = SavedByWorkerA(config, prompt);
+  ASSERT_GT(keys.size(), 5u);
   // Block 5's payload: one byte flipped on the shared filesystem.
-  const std::string name = RemoteObjectName(ns, keys[5]);
-  const std::string path = dir.path() + "/g4/" + name.substr(22, 2) + "/" + name;
+  const std::string name = RemoteObjectName(TestNamespace(), keys[5]);
+  const std::string path = FsObjectPath(dir.path() + "/g4", name);
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(kBlockHeaderBytes + 1234);
-    const char c = static_cast<char>(f.get());
-    f.seekp(kBlockHeaderBytes + 1234);
-    f.put(static_cast<char>(c ^ 0x01));
-  }
+  FsBackdoor(dir.path() + "/g4").corrupt(name);
   auto b = MakeManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("b", prompt);
@@ -293,71 +337,16 @@ TEST(ManagerG4Redis, CorruptObjectInRedisIsRefused) {
   ASSERT_TRUE(server.Start()) << server.error();
   const Config config = RedisConfig(server.endpoint());
   const std::vector<TokenId> prompt = Prompt(4, 4 * kTpb + 5);
-  std::vector<BlockKey> keys;
-  uint64_t ns = 0;
-  {
-    auto a = MakeManager(config);
-    MiniEngine ea(a.get(), kG1Blocks);
-    ea.Run("a", prompt);
-    a->WaitForSaves();
-    keys = ea.Keys(prompt);
-    KeyNamespace kn{"test-model", TestLayout().Fingerprint(), "", ""};
-    ns = BlockHasher::Create(kn, kTpb)->root().hi;
-  }
+  const std::vector<BlockKey> keys = SavedByWorkerA(config, prompt);
+  ASSERT_GT(keys.size(), 0u);
   // Block 0's header: a byte of the token area overwritten in Redis.
-  auto r = RedisCommand(server.port(),
-                        {"SETRANGE", RemoteObjectName(ns, keys[0]), "200", std::string("\x7f", 1)});
-  ASSERT_TRUE(r.ok && !r.IsError()) << r.text;
+  RedisBackdoor(server.port()).corrupt(RemoteObjectName(TestNamespace(), keys[0]));
   auto b = MakeManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("b", prompt);
   EXPECT_EQ(out.loaded_tokens, 0u);
   EXPECT_EQ(out.mismatched_blocks, 0u);
   EXPECT_EQ(b->Stats().g4_corrupt_blocks, 1u);
-}
-
-// What a test does to a G4 store behind the managers' backs.
-struct G4Backdoor {
-  std::function<void(const std::string& name)> corrupt;  // the object no longer verifies
-  std::function<bool(const std::string& name)> exists;
-};
-
-G4Backdoor FsBackdoor(const std::string& dir) {
-  auto path = [dir](const std::string& name) {
-    return dir + "/" + name.substr(22, 2) + "/" + name;
-  };
-  G4Backdoor b;
-  b.corrupt = [path](const std::string& name) {
-    std::fstream f(path(name), std::ios::in | std::ios::out | std::ios::binary);
-    ASSERT_TRUE(f.good()) << path(name);
-    f.seekg(kBlockHeaderBytes + 1234);
-    const char c = static_cast<char>(f.get());
-    f.seekp(kBlockHeaderBytes + 1234);
-    f.put(static_cast<char>(c ^ 0x01));
-  };
-  b.exists = [path](const std::string& name) { return std::filesystem::exists(path(name)); };
-  return b;
-}
-
-G4Backdoor RedisBackdoor(uint16_t port) {
-  G4Backdoor b;
-  b.corrupt = [port](const std::string& name) {
-    // A byte of the header's token area.
-    auto r = RedisCommand(port, {"SETRANGE", name, "200", std::string("\x7f", 1)});
-    ASSERT_TRUE(r.ok && !r.IsError()) << r.text;
-  };
-  b.exists = [port](const std::string& name) {
-    auto r = RedisCommand(port, {"EXISTS", name});
-    EXPECT_TRUE(r.ok && !r.IsError()) << r.text;
-    return r.text == "1";
-  };
-  return b;
-}
-
-// The namespace id of "test-model" on TestLayout() without salt or adapter.
-uint64_t TestNamespace() {
-  KeyNamespace kn{"test-model", TestLayout().Fingerprint(), "", ""};
-  return BlockHasher::Create(kn, kTpb)->root().hi;
 }
 
 struct LoadOnlyOutcome {
@@ -463,16 +452,10 @@ TEST(ManagerG4Fs, ACorruptObjectThatComesBackIsStillNotOffered) {
   const std::string g4 = dir.path() + "/g4";
   const Config config = PatientReads(FsConfig(g4));
   const std::vector<TokenId> prompt = Prompt(14, 4 * kTpb + 5);
-  std::vector<BlockKey> keys;
-  {
-    auto a = MakeManager(config);
-    MiniEngine ea(a.get(), kG1Blocks);
-    ea.Run("a", prompt);
-    a->WaitForSaves();
-    keys = ea.Keys(prompt);
-  }
+  const std::vector<BlockKey> keys = SavedByWorkerA(config, prompt);
+  ASSERT_GT(keys.size(), 1u);
   const std::string name = RemoteObjectName(TestNamespace(), keys[1]);
-  const std::string path = g4 + "/" + name.substr(22, 2) + "/" + name;
+  const std::string path = FsObjectPath(g4, name);
   FsBackdoor(g4).corrupt(name);
   const std::string copy = dir.path() + "/corrupt-copy";
   std::filesystem::copy_file(path, copy);
@@ -494,16 +477,10 @@ TEST(ManagerG4Fs, AnObjectThatVanishedBeforeItsLoadIsNotOfferedAgain) {
   const std::string g4 = dir.path() + "/g4";
   const Config config = PatientReads(FsConfig(g4));
   const std::vector<TokenId> prompt = Prompt(15, 5 * kTpb + 5);
-  std::vector<BlockKey> keys;
-  {
-    auto a = MakeManager(config);
-    MiniEngine ea(a.get(), kG1Blocks);
-    ea.Run("a", prompt);
-    a->WaitForSaves();
-    keys = ea.Keys(prompt);
-  }
+  const std::vector<BlockKey> keys = SavedByWorkerA(config, prompt);
+  ASSERT_GT(keys.size(), 2u);
   const std::string name = RemoteObjectName(TestNamespace(), keys[2]);
-  const std::string path = g4 + "/" + name.substr(22, 2) + "/" + name;
+  const std::string path = FsObjectPath(g4, name);
   auto b = MakeManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   auto lr = b->Lookup({"b1", prompt, "", "", {}}, 0);

@@ -11,19 +11,18 @@
 
 #include <gtest/gtest.h>
 
-#include "manager/block_manager_impl.h"
-#include "manager/embedded_manager.h"
+#include "faulty_g3_manager.h"
 #include "manager_test_util.h"
 #include "tier/fault_injecting_io.h"
 
 namespace kvtier {
 namespace {
 
+using testing::FaultyG3Manager;
 using testing::MiniEngine;
 using testing::Prompt;
 using testing::SmallConfig;
 using testing::TempDirectory;
-using testing::TestLayout;
 
 double StressSeconds() {
   const char* v = std::getenv("KVTIER_TEST_STRESS_SECONDS");
@@ -39,30 +38,18 @@ TEST(ManagerStressTest, ConcurrentConversationsWithG3FaultsServeOnlyCorrectBytes
   // Four threads share a 512-block G1 and a slow, faulty G3: deferred saves (which hold their
   // requests' G1 blocks) must give up quickly here, or G1 runs out.
   ASSERT_TRUE(config.Set("transfer.max_defer_ms", "20").ok());
-  ManagerOptions options;
-  options.layout = TestLayout();
-  options.model_id = "test-model";
-  options.config = config;
-
+  FaultPlan plan;
+  plan.read_error = 0.03;
+  plan.write_error = 0.03;
+  plan.read_bit_flip = 0.05;
+  plan.write_bit_flip = 0.05;
+  plan.torn_write = 0.02;
+  plan.short_read = 0.02;
+  plan.seed = 20261129;
   FaultInjectingIo* faults = nullptr;
-  DiskTier::OpenOptions open;
-  open.wrap_io = [&faults](std::unique_ptr<DiskIo> inner) -> std::unique_ptr<DiskIo> {
-    auto f = std::make_unique<FaultInjectingIo>(std::move(inner));
-    FaultPlan plan;
-    plan.read_error = 0.03;
-    plan.write_error = 0.03;
-    plan.read_bit_flip = 0.05;
-    plan.write_bit_flip = 0.05;
-    plan.torn_write = 0.02;
-    plan.short_read = 0.02;
-    plan.seed = 20261129;
-    f->SetPlan(plan);
-    faults = f.get();
-    return f;
-  };
-  auto impl = BlockManagerImpl::Create(options, open);
-  ASSERT_TRUE(impl.ok()) << impl.status().ToString();
-  EmbeddedManager manager(std::move(impl).value());
+  auto mgr = FaultyG3Manager(config, &faults, plan);
+  ASSERT_NE(mgr, nullptr);
+  BlockManager& manager = *mgr;
   ASSERT_NE(faults, nullptr) << "G3 did not open";
   MiniEngine engine(&manager, /*g1_blocks=*/512);
 

@@ -12,30 +12,16 @@
 #include "host_device_backend.h"
 #include "tier/disk_tier.h"
 #include "transfer/transfer_engine.h"
+#include "transfer_test_util.h"
 
 namespace kvtier {
 namespace {
 
-KvLayout SmallLayout(G1Arrangement arrangement) {
-  KvLayout l;
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.tokens_per_block = 8;
-  l.g1_arrangement = arrangement;
-  return l;
-}
+using testing::Move;
+using testing::SmallLayout;
 
 uint8_t Pattern(uint64_t id, uint64_t off) {
   return static_cast<uint8_t>((id * 131 + off * 7 + off / 4096 + 1) & 0xff);
-}
-
-BlockTransfer Move(BlockTransfer::Op op, uint32_t g1_block, uint32_t g2_slot) {
-  BlockTransfer m;
-  m.op = op;
-  m.g1_block = g1_block;
-  m.g2_slot = g2_slot;
-  return m;
 }
 
 struct DeviceRig {

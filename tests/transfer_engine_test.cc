@@ -10,24 +10,14 @@
 #include <gtest/gtest.h>
 
 #include "transfer/block_copy.h"
+#include "transfer_test_util.h"
 
 namespace kvtier {
 namespace {
 
-// A small layout so tests move many blocks quickly: 4 layers x 2 planes x 2 KiB chunks.
-KvLayout SmallLayout() {
-  KvLayout l;
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.tokens_per_block = 8;
-  return l;
-}
-
-// The byte every block `b` holds at canonical offset `off`: any misplaced byte shows.
-uint8_t Pattern(uint64_t b, uint64_t off) {
-  return static_cast<uint8_t>((b * 131 + off * 7 + off / 4096) & 0xff);
-}
+using testing::Move;
+using testing::Pattern;
+using testing::SmallLayout;
 
 struct Rig {
   KvLayout layout = SmallLayout();
@@ -82,14 +72,6 @@ struct Rig {
     return bad;
   }
 };
-
-BlockTransfer Move(BlockTransfer::Op op, uint32_t g1_block, uint32_t g2_slot) {
-  BlockTransfer m;
-  m.op = op;
-  m.g1_block = g1_block;
-  m.g2_slot = g2_slot;
-  return m;
-}
 
 TEST(TransferEngineTest, OffloadThenOnboardIsByteExact) {
   Rig rig;

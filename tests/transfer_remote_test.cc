@@ -17,24 +17,14 @@
 #include "disk_test_util.h"
 #include "tier/remote_store.h"
 #include "transfer/transfer_engine.h"
+#include "transfer_test_util.h"
 
 namespace kvtier {
 namespace {
 
+using kvtier::testing::Pattern;
+using kvtier::testing::SmallLayout;
 using kvtier::testing::TempDir;
-
-KvLayout SmallLayout() {
-  KvLayout l;
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.tokens_per_block = 8;
-  return l;
-}
-
-uint8_t Pattern(uint64_t b, uint64_t off) {
-  return static_cast<uint8_t>((b * 131 + off * 7 + off / 4096) & 0xff);
-}
 
 // Sleeps `delay` (or until the deadline, whichever is first) before each call, then forwards;
 // a call that reaches its deadline while sleeping fails TimedOut like a real store's would.

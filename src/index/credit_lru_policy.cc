@@ -33,7 +33,7 @@ double CreditLruPolicy::CreditOf(const BlockKey& key) const {
 }
 
 double CreditLruPolicy::Credit(const BlockKey& key, const Node& node) const {
-  const Run& run = runs_.at(node.run);
+  const BlockRuns::Run& run = runs_.at(node.run);
   if (node.uses == 1 && node.children == 0 && run.last == key) return config_.stale_tail;
   double credit = 0;
   if (node.uses == 2) credit += config_.used_twice;
@@ -76,18 +76,7 @@ void CreditLruPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
     if (auto p = nodes_.find(parent); p != nodes_.end()) parent_node = &p->second;
   }
   node.depth = parent_node != nullptr ? parent_node->depth + 1 : 0;
-  auto run = parent_node != nullptr ? runs_.find(parent_node->run) : runs_.end();
-  if (run != runs_.end() && run->second.last == parent) {
-    ++run->second.length;
-    run->second.last = key;
-  } else {
-    run = runs_.emplace(next_run_++, Run{}).first;
-    run->second.last = key;
-    run->second.length = 1;
-    run->second.follow_up = node.depth >= 2;
-  }
-  ++run->second.members;
-  node.run = run->first;
+  node.run = runs_.Join(parent_node != nullptr ? parent_node->run : 0, parent, key, node.depth);
 
   if (parent_node != nullptr) {
     if (parent_node->children == 0) {
@@ -119,9 +108,7 @@ void CreditLruPolicy::OnRemove(const BlockKey& key) {
   Node& node = it->second;
   Unplace(node);
   orphan_children_.Orphan(key, node.children);
-  if (auto run = runs_.find(node.run); run != runs_.end() && --run->second.members == 0) {
-    runs_.erase(run);
-  }
+  runs_.Leave(node.run);
   ghost_.Remember(key, node.uses);
   const BlockKey parent = node.parent;
   nodes_.erase(it);

@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "index/block_runs.h"
 #include "index/eviction_policy.h"
 #include "index/orphan_children.h"
 #include "index/use_count_ghost.h"
@@ -90,12 +91,6 @@ class CreditLruPolicy final : public EvictionPolicy {
 
  private:
   using Order = std::set<std::pair<int64_t, BlockKey>>;
-  struct Run {
-    BlockKey last;           // the run's most recently stored block
-    uint32_t length = 0;     // blocks stored by the run (evictions do not shorten it)
-    uint32_t members = 0;    // tracked keys that belong to the run
-    bool follow_up = false;  // stored behind a hit deeper than the first block
-  };
   struct Node {
     BlockKey parent;
     uint64_t tick = 0;
@@ -117,10 +112,9 @@ class CreditLruPolicy final : public EvictionPolicy {
   const double capacity_;
   UseCountGhost ghost_;  // use counts of evicted keys (ghost_factor x capacity of them)
   uint64_t tick_ = 0;
-  uint64_t next_run_ = 1;
   std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;
   OrphanChildren orphan_children_;
-  std::unordered_map<uint64_t, Run> runs_;
+  BlockRuns runs_;
   Order leaves_;
   Order inner_;
 };

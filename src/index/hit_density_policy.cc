@@ -72,7 +72,7 @@ size_t HitDensityPolicy::Class(const Node& node) const {
   if (features & Config::kUses) uses = std::min<uint32_t>(node.uses, kUseClasses) - 1;
   if (features & Config::kEnded) ended = node.ended ? 1 : 0;
   if (features & Config::kLongFollowUp) {
-    const Run& run = runs_.at(node.run);
+    const BlockRuns::Run& run = runs_.at(node.run);
     long_follow_up = run.follow_up && run.length >= kLongRun ? 1 : 0;
   }
   if (features & Config::kDepth) {
@@ -165,15 +165,7 @@ void HitDensityPolicy::OnInsert(const BlockKey& key, const BlockKey& parent) {
     if (auto p = nodes_.find(parent); p != nodes_.end()) parent_node = &p->second;
   }
   node.depth = parent_node != nullptr ? parent_node->depth + 1 : 0;
-  auto run = parent_node != nullptr ? runs_.find(parent_node->run) : runs_.end();
-  if (run == runs_.end() || run->second.last != parent) {
-    run = runs_.emplace(next_run_++, Run{}).first;
-    run->second.follow_up = node.depth >= 2;
-  }
-  run->second.last = key;
-  ++run->second.length;
-  ++run->second.members;
-  node.run = run->first;
+  node.run = runs_.Join(parent_node != nullptr ? parent_node->run : 0, parent, key, node.depth);
 
   if (parent_node != nullptr) {
     if (parent_node->children++ == 0) {
@@ -204,9 +196,7 @@ void HitDensityPolicy::OnRemove(const BlockKey& key) {
   evictions_now_[Class(node)][AgeBucket(node)] += 1;
   RemoveFrom(node.children > 0 ? inner_ : leaves_, node);
   orphan_children_.Orphan(key, node.children);
-  if (auto run = runs_.find(node.run); run != runs_.end() && --run->second.members == 0) {
-    runs_.erase(run);
-  }
+  runs_.Leave(node.run);
   ghost_.Remember(key, node.uses);
   if (last_ == &node) last_ = nullptr;
   const BlockKey parent = node.parent;

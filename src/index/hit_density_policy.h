@@ -50,6 +50,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "index/block_runs.h"
 #include "index/eviction_policy.h"
 #include "index/orphan_children.h"
 #include "index/use_count_ghost.h"
@@ -104,12 +105,6 @@ class HitDensityPolicy final : public EvictionPolicy {
   size_t ghost_size() const { return ghost_.size(); }
 
  private:
-  struct Run {
-    BlockKey last;         // the run's most recently stored block
-    uint32_t length = 0;   // blocks stored by the run (evictions do not shorten it)
-    uint32_t members = 0;  // tracked keys that belong to the run
-    bool follow_up = false;
-  };
   struct Node {
     BlockKey key;
     BlockKey parent;
@@ -146,14 +141,13 @@ class HitDensityPolicy final : public EvictionPolicy {
   const size_t samples_;
   uint64_t tick_ = 0;
   uint64_t next_refresh_;
-  uint64_t next_run_ = 1;
   uint64_t epoch_ = 0;
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
   Node* last_ = nullptr;  // the node referenced last, while tracked
 
   std::unordered_map<BlockKey, Node, BlockKeyHash> nodes_;  // node addresses are stable
   OrphanChildren orphan_children_;
-  std::unordered_map<uint64_t, Run> runs_;
+  BlockRuns runs_;
   std::vector<Node*> leaves_;
   std::vector<Node*> inner_;
 

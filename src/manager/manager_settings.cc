@@ -1,6 +1,8 @@
 #include "manager/manager_settings.h"
 
+#include <array>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "core/config_registry.h"
@@ -20,10 +22,133 @@ Status CheckText(std::string_view key, std::string_view value) {
   return CheckConfigValue(key, value);
 }
 
-uint32_t GetUint32(const Config& config, std::string_view key) {
-  // Every uint key the manager keeps as 32 bits has a range within them.
-  return static_cast<uint32_t>(config.GetUint(key));
+// One plain field of an options struct: its key, how to read it from a Config and how to hold
+// it to the key's rules. Each struct lists its fields once (the tables below); FromConfig reads
+// them with ReadFields and Validate checks them with CheckFields, so a key is named once.
+template <typename Options>
+struct OptionField {
+  std::string_view key;
+  void (*read)(const Config& config, std::string_view key, Options& o);
+  Status (*check)(std::string_view key, const Options& o);  // null: nothing to check
+};
+
+// How a field is read and checked besides what its type says.
+enum class FieldRule : uint8_t {
+  kPlain,    // by its type; held to its key's rules (a bool has none beyond its type)
+  kBytes,    // a uint64_t byte size (GetBytes, not GetUint)
+  kAsGiven,  // a string read as given (a user name, a path) that Validate never checked
+};
+
+template <typename M>
+struct MemberOf;
+template <typename O, typename T>
+struct MemberOf<T O::*> {
+  using Options = O;
+  using Type = T;
+};
+
+template <auto kMember, FieldRule kRule = FieldRule::kPlain>
+constexpr OptionField<typename MemberOf<decltype(kMember)>::Options> Field(std::string_view key) {
+  using O = typename MemberOf<decltype(kMember)>::Options;
+  using T = typename MemberOf<decltype(kMember)>::Type;
+  auto read = [](const Config& config, std::string_view k, O& o) {
+    if constexpr (kRule == FieldRule::kBytes) {
+      static_assert(std::is_same_v<T, uint64_t>);
+      o.*kMember = config.GetBytes(k);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      o.*kMember = config.GetBool(k);
+    } else if constexpr (std::is_same_v<T, uint32_t>) {
+      // Every uint key the manager keeps as 32 bits has a range within them.
+      o.*kMember = static_cast<uint32_t>(config.GetUint(k));
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      o.*kMember = config.GetUint(k);
+    } else if constexpr (std::is_same_v<T, double>) {
+      o.*kMember = config.GetDouble(k);
+    } else {
+      static_assert(std::is_same_v<T, std::string>);
+      o.*kMember = config.GetString(k);
+    }
+  };
+  auto check = [](std::string_view k, const O& o) -> Status {
+    if constexpr (std::is_same_v<T, double>) {
+      return CheckReal(k, o.*kMember);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return CheckText(k, o.*kMember);
+    } else {
+      return CheckUint(k, o.*kMember);
+    }
+  };
+  constexpr bool kChecked = kRule != FieldRule::kAsGiven && !std::is_same_v<T, bool>;
+  return {key, read, kChecked ? +check : nullptr};
 }
+
+template <typename Options, size_t N>
+void ReadFields(const Config& config, const std::array<OptionField<Options>, N>& fields,
+                Options& o) {
+  for (const OptionField<Options>& f : fields) f.read(config, f.key, o);
+}
+
+template <typename Options, size_t N>
+Status CheckFields(const std::array<OptionField<Options>, N>& fields, const Options& o) {
+  for (const OptionField<Options>& f : fields) {
+    if (f.check != nullptr) KVTIER_RETURN_IF_ERROR(f.check(f.key, o));
+  }
+  return Status::Ok();
+}
+
+// The plain fields of each struct, in the order Validate checks them.
+constexpr std::array kRequestFields = {
+    Field<&RequestOptions::max_namespaces>("manager.max_namespaces"),
+    Field<&RequestOptions::idle_request_ttl_ms>("manager.idle_request_ttl_ms")};
+constexpr std::array kG2Fields = {
+    Field<&G2Options::capacity_bytes, FieldRule::kBytes>("g2.capacity_bytes"),
+    Field<&G2Options::hugepages>("g2.hugepages"),
+    Field<&G2Options::lock_memory>("g2.lock_memory"),
+    Field<&G2Options::prefault_threads>("g2.prefault_threads"),
+    Field<&G2Options::namespace_share>("g2.namespace_share"),
+    Field<&G2Options::staging_slots>("g2.staging_slots")};
+constexpr std::array kG3Fields = {
+    Field<&G3Options::enabled>("g3.enabled"),
+    Field<&G3Options::dir>("g3.dir"),
+    Field<&G3Options::capacity_bytes, FieldRule::kBytes>("g3.capacity_bytes"),
+    Field<&G3Options::flush_on_close>("g3.flush_on_close"),
+    Field<&G3Options::files>("g3.files"),
+    Field<&G3Options::queue_depth>("g3.queue_depth"),
+    Field<&G3Options::write_budget_bytes_per_s, FieldRule::kBytes>("g3.write_budget_bytes_per_s"),
+    Field<&G3Options::quarantine_after_errors>("g3.quarantine_after_errors"),
+    Field<&G3Options::reprobe_interval_ms>("g3.reprobe_interval_ms"),
+    Field<&G3Options::admit_min_seen>("g3.admit_min_seen"),
+    Field<&G3Options::admit_max_writes_per_hit>("g3.admit_max_writes_per_hit")};
+constexpr std::array kTransferFields = {
+    Field<&TransferOptions::copy_threads>("transfer.copy_threads"),
+    Field<&TransferOptions::load_stores>("transfer.load_stores"),
+    Field<&TransferOptions::max_queued_saves>("transfer.max_queued_saves"),
+    Field<&TransferOptions::max_defer_ms>("transfer.max_defer_ms")};
+// g4.backend and g4.endpoints are parsed by hand (an enum, a list).
+constexpr std::array kG4Fields = {
+    Field<&G4Options::cluster>("g4.cluster"),
+    Field<&G4Options::username, FieldRule::kAsGiven>("g4.username"),
+    Field<&G4Options::password, FieldRule::kAsGiven>("g4.password"),
+    Field<&G4Options::dir, FieldRule::kAsGiven>("g4.dir"),
+    Field<&G4Options::write_through>("g4.write_through"),
+    Field<&G4Options::lookup_deadline_ms>("g4.lookup_deadline_ms"),
+    Field<&G4Options::load_deadline_ms>("g4.load_deadline_ms"),
+    Field<&G4Options::save_deadline_ms>("g4.save_deadline_ms"),
+    Field<&G4Options::threads>("g4.threads"),
+    Field<&G4Options::redis_pipeline_kib>("g4.redis_pipeline_kib"),
+    Field<&G4Options::max_queued_saves>("g4.max_queued_saves"),
+    Field<&G4Options::load_gbps>("g4.load_gbps"),
+    Field<&G4Options::recompute_tokens_per_s>("g4.recompute_tokens_per_s")};
+constexpr std::array kEventFields = {
+    Field<&EventOptions::endpoint>("events.endpoint"),
+    Field<&EventOptions::replay_endpoint>("events.replay_endpoint"),
+    Field<&EventOptions::topic, FieldRule::kAsGiven>("events.topic"),
+    Field<&EventOptions::queue_events>("events.queue_events"),
+    Field<&EventOptions::replay_batches>("events.replay_batches"),
+    Field<&EventOptions::replay_bytes, FieldRule::kBytes>("events.replay_bytes"),
+    Field<&EventOptions::data_parallel_rank>("events.data_parallel_rank")};
+constexpr std::array kMetricsFields = {Field<&MetricsOptions::port>("metrics.port"),
+                                       Field<&MetricsOptions::bind>("metrics.bind")};
 
 // The policy settings of tier `tier` ("g2"). InvalidArgument naming the key when AdaptiveConfig
 // refuses a value its key's range let through.
@@ -49,21 +174,19 @@ Result<PolicyOptions> PolicyOptionsFromConfig(const Config& config, const std::s
 Result<RequestOptions> RequestOptions::FromConfig(const Config& config) {
   RequestOptions o;
   KVTIER_ASSIGN_OR_RETURN(o.hash, ParseHashAlgorithm(config.GetString("hash.algorithm")));
-  o.max_namespaces = GetUint32(config, "manager.max_namespaces");
-  o.idle_request_ttl_ms = config.GetUint("manager.idle_request_ttl_ms");
+  ReadFields(config, kRequestFields, o);
   KVTIER_RETURN_IF_ERROR(o.Validate());
   return o;
 }
 
 Status RequestOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(CheckText("hash.algorithm", HashAlgorithmName(hash)));
-  KVTIER_RETURN_IF_ERROR(CheckUint("manager.max_namespaces", max_namespaces));
-  return CheckUint("manager.idle_request_ttl_ms", idle_request_ttl_ms);
+  return CheckFields(kRequestFields, *this);
 }
 
 Result<IndexOptions> IndexOptions::FromConfig(const Config& config) {
   IndexOptions o;
-  o.shards = GetUint32(config, "index.shards");
+  o.shards = static_cast<uint32_t>(config.GetUint("index.shards"));
   KVTIER_ASSIGN_OR_RETURN(o.g2.kind, ParsePolicyKind(config.GetString("g2.policy")));
   KVTIER_ASSIGN_OR_RETURN(o.g3.kind, ParsePolicyKind(config.GetString("g3.policy")));
   KVTIER_ASSIGN_OR_RETURN(o.g2.options, PolicyOptionsFromConfig(config, "g2"));
@@ -96,72 +219,34 @@ Status IndexOptions::Validate() const {
 
 Result<G2Options> G2Options::FromConfig(const Config& config) {
   G2Options o;
-  o.capacity_bytes = config.GetBytes("g2.capacity_bytes");
-  o.hugepages = config.GetBool("g2.hugepages");
-  o.lock_memory = config.GetBool("g2.lock_memory");
-  o.prefault_threads = GetUint32(config, "g2.prefault_threads");
-  o.namespace_share = config.GetDouble("g2.namespace_share");
-  o.staging_slots = GetUint32(config, "g2.staging_slots");
+  ReadFields(config, kG2Fields, o);
   KVTIER_RETURN_IF_ERROR(o.Validate());
   return o;
 }
 
-Status G2Options::Validate() const {
-  KVTIER_RETURN_IF_ERROR(CheckUint("g2.capacity_bytes", capacity_bytes));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g2.prefault_threads", prefault_threads));
-  KVTIER_RETURN_IF_ERROR(CheckReal("g2.namespace_share", namespace_share));
-  return CheckUint("g2.staging_slots", staging_slots);
-}
+Status G2Options::Validate() const { return CheckFields(kG2Fields, *this); }
 
 Result<G3Options> G3Options::FromConfig(const Config& config) {
   G3Options o;
-  o.enabled = config.GetBool("g3.enabled");
-  o.dir = config.GetString("g3.dir");
+  ReadFields(config, kG3Fields, o);
   o.dir_set = config.IsSet("g3.dir");
   for (const ConfigEntry& e : config.Entries()) {
     if (e.spec->name == "g3.dir") o.dir_origin = e.origin;
   }
-  o.capacity_bytes = config.GetBytes("g3.capacity_bytes");
-  o.flush_on_close = config.GetBool("g3.flush_on_close");
-  o.files = GetUint32(config, "g3.files");
-  o.queue_depth = GetUint32(config, "g3.queue_depth");
-  o.write_budget_bytes_per_s = config.GetBytes("g3.write_budget_bytes_per_s");
-  o.quarantine_after_errors = GetUint32(config, "g3.quarantine_after_errors");
-  o.reprobe_interval_ms = GetUint32(config, "g3.reprobe_interval_ms");
-  o.admit_min_seen = GetUint32(config, "g3.admit_min_seen");
-  o.admit_max_writes_per_hit = config.GetDouble("g3.admit_max_writes_per_hit");
   KVTIER_RETURN_IF_ERROR(o.Validate());
   return o;
 }
 
-Status G3Options::Validate() const {
-  KVTIER_RETURN_IF_ERROR(CheckText("g3.dir", dir));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g3.capacity_bytes", capacity_bytes));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g3.files", files));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g3.queue_depth", queue_depth));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g3.write_budget_bytes_per_s", write_budget_bytes_per_s));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g3.quarantine_after_errors", quarantine_after_errors));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g3.reprobe_interval_ms", reprobe_interval_ms));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g3.admit_min_seen", admit_min_seen));
-  return CheckReal("g3.admit_max_writes_per_hit", admit_max_writes_per_hit);
-}
+Status G3Options::Validate() const { return CheckFields(kG3Fields, *this); }
 
 Result<TransferOptions> TransferOptions::FromConfig(const Config& config) {
   TransferOptions o;
-  o.copy_threads = GetUint32(config, "transfer.copy_threads");
-  o.load_stores = config.GetString("transfer.load_stores");
-  o.max_queued_saves = GetUint32(config, "transfer.max_queued_saves");
-  o.max_defer_ms = GetUint32(config, "transfer.max_defer_ms");
+  ReadFields(config, kTransferFields, o);
   KVTIER_RETURN_IF_ERROR(o.Validate());
   return o;
 }
 
-Status TransferOptions::Validate() const {
-  KVTIER_RETURN_IF_ERROR(CheckUint("transfer.copy_threads", copy_threads));
-  KVTIER_RETURN_IF_ERROR(CheckText("transfer.load_stores", load_stores));
-  KVTIER_RETURN_IF_ERROR(CheckUint("transfer.max_queued_saves", max_queued_saves));
-  return CheckUint("transfer.max_defer_ms", max_defer_ms);
-}
+Status TransferOptions::Validate() const { return CheckFields(kTransferFields, *this); }
 
 const char* G4Options::BackendName(Backend backend) {
   switch (backend) {
@@ -182,19 +267,7 @@ Result<G4Options> G4Options::FromConfig(const Config& config) {
     if (backend == BackendName(b)) o.backend = b;
   }
   o.endpoints = SplitEndpoints(config.GetString("g4.endpoints"));
-  o.cluster = config.GetBool("g4.cluster");
-  o.username = config.GetString("g4.username");
-  o.password = config.GetString("g4.password");
-  o.dir = config.GetString("g4.dir");
-  o.write_through = config.GetBool("g4.write_through");
-  o.lookup_deadline_ms = GetUint32(config, "g4.lookup_deadline_ms");
-  o.load_deadline_ms = GetUint32(config, "g4.load_deadline_ms");
-  o.save_deadline_ms = GetUint32(config, "g4.save_deadline_ms");
-  o.threads = GetUint32(config, "g4.threads");
-  o.redis_pipeline_kib = GetUint32(config, "g4.redis_pipeline_kib");
-  o.max_queued_saves = GetUint32(config, "g4.max_queued_saves");
-  o.load_gbps = config.GetDouble("g4.load_gbps");
-  o.recompute_tokens_per_s = config.GetDouble("g4.recompute_tokens_per_s");
+  ReadFields(config, kG4Fields, o);
   KVTIER_RETURN_IF_ERROR(o.Validate());
   return o;
 }
@@ -203,14 +276,7 @@ Status G4Options::Validate() const {
   std::string endpoint_list;
   for (const std::string& e : endpoints) endpoint_list += (endpoint_list.empty() ? "" : ",") + e;
   KVTIER_RETURN_IF_ERROR(CheckText("g4.endpoints", endpoint_list));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g4.lookup_deadline_ms", lookup_deadline_ms));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g4.load_deadline_ms", load_deadline_ms));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g4.save_deadline_ms", save_deadline_ms));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g4.threads", threads));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g4.redis_pipeline_kib", redis_pipeline_kib));
-  KVTIER_RETURN_IF_ERROR(CheckUint("g4.max_queued_saves", max_queued_saves));
-  KVTIER_RETURN_IF_ERROR(CheckReal("g4.load_gbps", load_gbps));
-  KVTIER_RETURN_IF_ERROR(CheckReal("g4.recompute_tokens_per_s", recompute_tokens_per_s));
+  KVTIER_RETURN_IF_ERROR(CheckFields(kG4Fields, *this));
   if (backend == Backend::kFs && dir.empty()) {
     return Status::InvalidArgument(
         "g4.backend = fs needs g4.dir, the shared directory (e.g. an NFS mount)");
@@ -225,24 +291,13 @@ Status G4Options::Validate() const {
 
 Result<EventOptions> EventOptions::FromConfig(const Config& config) {
   EventOptions o;
-  o.endpoint = config.GetString("events.endpoint");
-  o.replay_endpoint = config.GetString("events.replay_endpoint");
-  o.topic = config.GetString("events.topic");
-  o.queue_events = GetUint32(config, "events.queue_events");
-  o.replay_batches = GetUint32(config, "events.replay_batches");
-  o.replay_bytes = config.GetBytes("events.replay_bytes");
-  o.data_parallel_rank = GetUint32(config, "events.data_parallel_rank");
+  ReadFields(config, kEventFields, o);
   KVTIER_RETURN_IF_ERROR(o.Validate());
   return o;
 }
 
 Status EventOptions::Validate() const {
-  KVTIER_RETURN_IF_ERROR(CheckText("events.endpoint", endpoint));
-  KVTIER_RETURN_IF_ERROR(CheckText("events.replay_endpoint", replay_endpoint));
-  KVTIER_RETURN_IF_ERROR(CheckUint("events.queue_events", queue_events));
-  KVTIER_RETURN_IF_ERROR(CheckUint("events.replay_batches", replay_batches));
-  KVTIER_RETURN_IF_ERROR(CheckUint("events.replay_bytes", replay_bytes));
-  KVTIER_RETURN_IF_ERROR(CheckUint("events.data_parallel_rank", data_parallel_rank));
+  KVTIER_RETURN_IF_ERROR(CheckFields(kEventFields, *this));
   if (endpoint.empty() && !replay_endpoint.empty()) {
     return Status::InvalidArgument(
         "events.replay_endpoint is set but events.endpoint is empty; set events.endpoint "
@@ -253,16 +308,12 @@ Status EventOptions::Validate() const {
 
 Result<MetricsOptions> MetricsOptions::FromConfig(const Config& config) {
   MetricsOptions o;
-  o.port = GetUint32(config, "metrics.port");
-  o.bind = config.GetString("metrics.bind");
+  ReadFields(config, kMetricsFields, o);
   KVTIER_RETURN_IF_ERROR(o.Validate());
   return o;
 }
 
-Status MetricsOptions::Validate() const {
-  KVTIER_RETURN_IF_ERROR(CheckUint("metrics.port", port));
-  return CheckText("metrics.bind", bind);
-}
+Status MetricsOptions::Validate() const { return CheckFields(kMetricsFields, *this); }
 
 Result<ManagerSettings> ManagerSettings::FromConfig(const Config& config) {
   ManagerSettings s;

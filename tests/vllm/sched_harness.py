@@ -33,6 +33,7 @@ import dataclasses
 import random
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -467,3 +468,38 @@ class Harness:
     def shutdown(self) -> None:
         self.worker.shutdown()
         self.connector.shutdown()
+
+
+# What the scheduler-level tests share (test_scheduler_paths.py, test_vllm_hooks.py): the
+# configurations they run kvtier with and what every run must show at its end.
+
+
+def config(tmp: Path, **extra: Any) -> Dict[str, Any]:
+    """A G2-only kvtier (96 MiB, not locked), with `extra` settings on top."""
+    c: Dict[str, Any] = {"g2.capacity_bytes": "96MiB", "g2.lock_memory": False,
+                         "g3.enabled": False}
+    c.update(extra)
+    return c
+
+
+def g3_config(tmp: Path, **extra: Any) -> Dict[str, Any]:
+    """config() with a G3 in tmp/g3 that admits first sightings."""
+    return config(tmp, **{"g3.enabled": True, "g3.dir": str(tmp / "g3"),
+                          "g3.capacity_bytes": "192MiB", "g3.admit_min_seen": 1, **extra})
+
+
+def check(h: Harness, expect_done: List[str]) -> None:
+    """What every test asserts about a finished harness run."""
+    for rid in expect_done:
+        assert h.outputs[rid] == reference_output(h.prompts[rid], h.max_tokens[rid]), \
+            f"{rid}: wrong output (kv mismatches {h.kv_mismatches[:5]})"
+    assert h.wrong_commits() == []
+    assert h.double_reports() == []
+    assert not h.scheduler.requests, f"requests never freed: {list(h.scheduler.requests)}"
+    h.worker.connector_worker._manager.wait_for_saves()
+    assert h.worker.connector_worker._manager.stats()["pinned_blocks"] == 0
+
+
+def hits(h: Harness) -> Dict[str, int]:
+    """The harness's kvtier hit blocks by tier."""
+    return h.worker.connector_worker._manager.stats()["hit_blocks"]

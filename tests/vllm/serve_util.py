@@ -11,6 +11,13 @@ from pathlib import Path
 import pytest
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ServeDaemon:
     """`kvtier serve` on `sock`, G2 only (no G3, G2 not locked), its output appended to
     `log_path`; listening within 20 s, or the test fails with the log's end. `env` adds or

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
+
+from serve_util import free_port
 
 MODEL = os.environ.get("KVTIER_TEST_VLLM_MODEL", "")
 CLI = os.environ.get("KVTIER_TEST_CLI", "")
@@ -36,12 +37,6 @@ if not MODEL or not Path(MODEL).is_dir():
 if not CLI or not os.access(CLI, os.X_OK):
     pytest.skip(f"KVTIER_TEST_CLI ({CLI!r}) is not the kvtier binary; run tests/vllm/run.sh",
                 allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_health(url: str, proc: "subprocess.Popen[bytes]", log: Path, deadline_s: float) -> None:

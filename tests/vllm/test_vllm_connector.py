@@ -28,6 +28,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+from driver_result import counters, metric, outputs
+from serve_util import free_port
 from vllm_under_test import cache_identity, check_engine_log, expected_version
 
 HERE = Path(__file__).resolve().parent
@@ -107,27 +109,6 @@ def kvtier_config(tmp: Path, **extra: Any) -> Dict[str, Any]:
                          "g3.admit_min_seen": 1}
     c.update(extra)
     return c
-
-
-def outputs(result: Dict[str, Any], step: int = -1) -> List[List[int]]:
-    return result["steps"][step]["outputs"]
-
-
-def metric(result: Dict[str, Any], name: str) -> float:
-    return result["metrics"].get(f"vllm:kvtier_{name}", 0.0)
-
-
-def counters(result: Dict[str, Any]) -> str:
-    """The run's non-zero kvtier metrics, one line (an assertion's message, never cut)."""
-    return ", ".join(f"{k[len('vllm:kvtier_'):]}={v:g}"
-                     for k, v in sorted(result["metrics"].items())
-                     if k.startswith("vllm:kvtier_") and v)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 import torch
 
-from sched_harness import Harness, reference_output
+from sched_harness import Harness, check, config, g3_config, hits, reference_output
 
 MODEL = os.environ.get("KVTIER_TEST_VLLM_MODEL", "")
 if not MODEL or not Path(MODEL).is_dir():
@@ -51,33 +51,6 @@ def tmp() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="kvtier-hooks-"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def config(tmp: Path, **extra: Any) -> Dict[str, Any]:
-    c: Dict[str, Any] = {"g2.capacity_bytes": "96MiB", "g2.lock_memory": False,
-                         "g3.enabled": False}
-    c.update(extra)
-    return c
-
-
-def g3_config(tmp: Path, **extra: Any) -> Dict[str, Any]:
-    return config(tmp, **{"g3.enabled": True, "g3.dir": str(tmp / "g3"),
-                          "g3.capacity_bytes": "192MiB", "g3.admit_min_seen": 1, **extra})
-
-
-def check(h: Harness, expect_done: List[str]) -> None:
-    for rid in expect_done:
-        assert h.outputs[rid] == reference_output(h.prompts[rid], h.max_tokens[rid]), \
-            f"{rid}: wrong output (kv mismatches {h.kv_mismatches[:5]})"
-    assert h.wrong_commits() == []
-    assert h.double_reports() == []
-    assert not h.scheduler.requests, f"requests never freed: {list(h.scheduler.requests)}"
-    h.worker.connector_worker._manager.wait_for_saves()
-    assert h.worker.connector_worker._manager.stats()["pinned_blocks"] == 0
-
-
-def hits(h: Harness) -> Dict[str, int]:
-    return h.worker.connector_worker._manager.stats()["hit_blocks"]
 
 
 def fill_g3(tmp: Path, reqs: Dict[str, List[int]]) -> None:

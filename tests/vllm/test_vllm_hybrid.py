@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+from driver_result import counters, metric
 from serve_util import ServeDaemon
 from vllm_under_test import check_engine_log, expected_version
 
@@ -114,16 +115,6 @@ def prompts(lengths: List[int], seed: int = 7) -> List[Dict[str, Any]]:
         base = [rng.randrange(100, 40000) for _ in range(n)]
         out.append({"tokens": base})
     return out
-
-
-def metric(result: Dict[str, Any], name: str) -> float:
-    return result["metrics"].get(f"vllm:kvtier_{name}", 0.0)
-
-
-def counters(result: Dict[str, Any]) -> str:
-    return ", ".join(f"{k[len('vllm:kvtier_'):]}={v:g}"
-                     for k, v in sorted(result["metrics"].items())
-                     if k.startswith("vllm:kvtier_") and v)
 
 
 def assert_same(got: Dict[str, Any], want: Dict[str, Any], step: int, what: str,

@@ -34,7 +34,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from serve_util import ServeDaemon
+from driver_result import counters, metric, outputs
+from serve_util import ServeDaemon, free_port
 from vllm_under_test import cache_identity
 
 HERE = Path(__file__).resolve().parent
@@ -127,20 +127,6 @@ def run_vllm(tmp: Path, name: str, model: Path, steps: List[Dict[str, Any]],
     return out
 
 
-def outputs(result: Dict[str, Any], step: int = -1) -> List[List[int]]:
-    return result["steps"][step]["outputs"]
-
-
-def metric(result: Dict[str, Any], name: str) -> float:
-    return result["metrics"].get(f"vllm:kvtier_{name}", 0.0)
-
-
-def counters(result: Dict[str, Any]) -> str:
-    return ", ".join(f"{k[len('vllm:kvtier_'):]}={v:g}"
-                     for k, v in sorted(result["metrics"].items())
-                     if k.startswith("vllm:kvtier_") and v)
-
-
 @pytest.fixture(scope="module")
 def alone(tmp: Path, model: Path) -> List[List[int]]:
     """vLLM alone with TP=2: the reference greedy tokens, computed once per build directory."""
@@ -189,12 +175,6 @@ def test_tp2_embedded_same_outputs_and_both_ranks_hit(tmp: Path, model: Path,
         list(g3.iterdir())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _complete(port: int, tokens: List[int], dp_rank: int) -> List[int]:
     body = json.dumps({"model": "m", "prompt": tokens, "max_tokens": 8, "temperature": 0,
                        "return_token_ids": True}).encode()
@@ -225,7 +205,7 @@ def test_dp2_tp2_on_one_kvtier_serve(tmp: Path, model: Path, alone: List[List[in
     daemon = ServeDaemon(tmp / "serve.log", sock, g2_bytes="256MiB", KVTIER_SERVICE_MAX_POOLS="2",
                          KVTIER_G3_ENABLED="true", KVTIER_G3_DIR=str(g3),
                          KVTIER_G3_CAPACITY_BYTES="128MiB")
-    port = _free_port()
+    port = free_port()
     config = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
               "kv_role": "kv_both",
               "kv_connector_extra_config": {"service.socket": str(sock),
