@@ -198,6 +198,14 @@ class G4FetchTest : public ::testing::Test {
     ASSERT_NE(producer_, nullptr);
     ASSERT_NE(consumer_, nullptr);
   }
+  // A consumer that answers the daemon's G4 offer (kG4Ready) `delay_ms` late.
+  std::unique_ptr<SplitEngine> LateAnsweringConsumer(int delay_ms, const std::string& name) {
+    EXPECT_EQ(setenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS", std::to_string(delay_ms).c_str(), 1),
+              0);
+    std::unique_ptr<SplitEngine> e = MakeSplitEngine(dir_ + "/d/kvtier.sock", name);
+    unsetenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS");
+    return e;
+  }
   void TearDown() override {
     consumer_.reset();
     producer_.reset();
@@ -241,9 +249,7 @@ TEST_F(G4FetchTest, ConsumerFetchesStraightIntoItsG1ByteExact) {
 // wait it went through the daemon's G2 (once in CI under TSan, with no delay at all).
 TEST_F(G4FetchTest, FirstLoadAfterAttachWaitsForTheEnginesAnswer) {
   ASSERT_NO_FATAL_FAILURE(Produce(*producer_, "p1", 61, 6));
-  ASSERT_EQ(setenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS", "600", 1), 0);
-  std::unique_ptr<SplitEngine> e = MakeSplitEngine(dir_ + "/d/kvtier.sock", "decode-late");
-  unsetenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS");
+  std::unique_ptr<SplitEngine> e = LateAnsweringConsumer(600, "decode-late");
   ASSERT_NE(e, nullptr);
   const ManagerStats before = e->manager->Stats();
   const auto t0 = Clock::now();
@@ -265,9 +271,7 @@ TEST_F(G4FetchTest, FirstLoadAfterAttachWaitsForTheEnginesAnswer) {
 TEST_F(G4FetchTest, AnAnswerPastTheBoundSendsTheFirstLoadThroughG2) {
   ASSERT_NO_FATAL_FAILURE(Produce(*producer_, "p1", 71, 6));
   ASSERT_NO_FATAL_FAILURE(Produce(*producer_, "p2", 72, 6));
-  ASSERT_EQ(setenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS", "3500", 1), 0);
-  std::unique_ptr<SplitEngine> e = MakeSplitEngine(dir_ + "/d/kvtier.sock", "decode-later");
-  unsetenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS");
+  std::unique_ptr<SplitEngine> e = LateAnsweringConsumer(3500, "decode-later");
   ASSERT_NE(e, nullptr);
   const ManagerStats before = e->manager->Stats();
   const auto t0 = Clock::now();

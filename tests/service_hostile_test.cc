@@ -141,6 +141,31 @@ TEST(ServiceHostileChild, Run) {
   _exit(99);
 }
 
+// Engine A (calls time out after 300 ms; each block its data thread copies waits 100 ms
+// first) commits 16 blocks of prompt `seed` and starts saving them: the saves run for ~1.6 s.
+Result<Engine> EngineSavingSlowly(const std::string& socket, uint32_t seed) {
+  ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "100", 1);
+  Result<Engine> a =
+      TryMakeEngine(socket, "engine-a", "service-test", 64, {{"service.call_timeout_ms", "300"}});
+  ::unsetenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS");
+  if (!a.ok()) return a.status();
+  const KvLayout& l = a->g1.layout;
+  const std::vector<TokenId> prompt = Prompt(seed, 16 * l.tokens_per_block + 1);
+  RequestSpec spec;
+  spec.request_id = "a-req";
+  spec.prompt = prompt;
+  KVTIER_RETURN_IF_ERROR(a->manager->Lookup(spec, 0).status());
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i <= 16; ++i) ids.push_back(i);
+  KVTIER_RETURN_IF_ERROR(a->manager->PrepareLoad("a-req", ids, 0).status());
+  for (uint32_t i = 0; i < 16; ++i) {
+    FillBlock(a->g1_bytes.data() + uint64_t{i} * l.BlockBytes(), l.BlockBytes(), seed, i);
+  }
+  KVTIER_RETURN_IF_ERROR(a->manager->Commit("a-req", prompt, ids));
+  KVTIER_RETURN_IF_ERROR(a->manager->StartSave());
+  return a;
+}
+
 // Finding 2: an engine whose call times out detaches while its data thread is in the middle
 // of a save batch. The daemon takes the batch's slots back when the data connection ends and
 // lends them to the next engine. The detached engine must not write them any more: B's blocks,
@@ -151,26 +176,9 @@ TEST(ServiceHostile, DetachedEngineWritesNoSlotTheDaemonGaveBack) {
   Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/20000));
   Engine b = MakeEngine(socket, "engine-b");
-  ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "100", 1);
-  Result<Engine> a =
-      TryMakeEngine(socket, "engine-a", "service-test", 64, {{"service.call_timeout_ms", "300"}});
-  ::unsetenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS");
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
   // A commits 16 blocks; its copies take 100 ms a block.
-  const KvLayout& l = a->g1.layout;
-  const std::vector<TokenId> prompt = Prompt(1, 16 * l.tokens_per_block + 1);
-  RequestSpec spec;
-  spec.request_id = "a-req";
-  spec.prompt = prompt;
-  ASSERT_TRUE(a->manager->Lookup(spec, 0).ok());
-  std::vector<uint32_t> ids;
-  for (uint32_t i = 0; i <= 16; ++i) ids.push_back(i);
-  ASSERT_TRUE(a->manager->PrepareLoad("a-req", ids, 0).ok());
-  for (uint32_t i = 0; i < 16; ++i) {
-    FillBlock(a->g1_bytes.data() + uint64_t{i} * l.BlockBytes(), l.BlockBytes(), 1, i);
-  }
-  ASSERT_TRUE(a->manager->Commit("a-req", prompt, ids).ok());
-  ASSERT_TRUE(a->manager->StartSave().ok());
+  Result<Engine> a = EngineSavingSlowly(socket, 1);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   // The daemon stops answering for a moment: A's next call times out and A detaches.
   ::kill(daemon.pid(), SIGSTOP);
@@ -197,25 +205,8 @@ TEST(ServiceHostile, StoppedDaemonHoldsTheAttachedDestructorNoLongerThanItsBound
   const std::string socket = dir + "/sock/kvtier.sock";
   Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/500));
-  ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "100", 1);
-  Result<Engine> a =
-      TryMakeEngine(socket, "engine-a", "service-test", 64, {{"service.call_timeout_ms", "300"}});
-  ::unsetenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS");
+  Result<Engine> a = EngineSavingSlowly(socket, 7);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  const KvLayout& l = a->g1.layout;
-  const std::vector<TokenId> prompt = Prompt(7, 16 * l.tokens_per_block + 1);
-  RequestSpec spec;
-  spec.request_id = "a-req";
-  spec.prompt = prompt;
-  ASSERT_TRUE(a->manager->Lookup(spec, 0).ok());
-  std::vector<uint32_t> ids;
-  for (uint32_t i = 0; i <= 16; ++i) ids.push_back(i);
-  ASSERT_TRUE(a->manager->PrepareLoad("a-req", ids, 0).ok());
-  for (uint32_t i = 0; i < 16; ++i) {
-    FillBlock(a->g1_bytes.data() + uint64_t{i} * l.BlockBytes(), l.BlockBytes(), 7, i);
-  }
-  ASSERT_TRUE(a->manager->Commit("a-req", prompt, ids).ok());
-  ASSERT_TRUE(a->manager->StartSave().ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   ::kill(daemon.pid(), SIGSTOP);
   const auto t0 = Clock::now();

@@ -50,34 +50,35 @@ size_t SaveQueue::Waiting(uint32_t instance) const {
   return n;
 }
 
-std::vector<DeferredSave> SaveQueue::DropDeferred(
-    const std::function<bool(const DeferredSave&)>& drop) {
-  std::vector<DeferredSave> dropped;
-  for (auto d = deferred_.begin(); d != deferred_.end();) {
-    if (!drop(*d)) {
-      ++d;
+namespace {
+
+// Moves the saves `drop` chooses out of `from` (keeping the others' order), unclaiming them.
+template <typename Save, typename Container>
+std::vector<Save> TakeOut(Container* from, std::unordered_set<BlockKey, BlockKeyHash>* claimed,
+                          const std::function<bool(const Save&)>& drop) {
+  std::vector<Save> taken;
+  for (auto it = from->begin(); it != from->end();) {
+    if (!drop(*it)) {
+      ++it;
       continue;
     }
-    claimed_.erase(d->key);
-    dropped.push_back(std::move(*d));
-    d = deferred_.erase(d);
+    claimed->erase(it->key);
+    taken.push_back(std::move(*it));
+    it = from->erase(it);
   }
-  return dropped;
+  return taken;
+}
+
+}  // namespace
+
+std::vector<DeferredSave> SaveQueue::DropDeferred(
+    const std::function<bool(const DeferredSave&)>& drop) {
+  return TakeOut<DeferredSave>(&deferred_, &claimed_, drop);
 }
 
 std::vector<PendingSave> SaveQueue::DropQueued(
     const std::function<bool(const PendingSave&)>& drop) {
-  std::vector<PendingSave> dropped;
-  for (auto q = queued_.begin(); q != queued_.end();) {
-    if (!drop(*q)) {
-      ++q;
-      continue;
-    }
-    claimed_.erase(q->key);
-    dropped.push_back(std::move(*q));
-    q = queued_.erase(q);
-  }
-  return dropped;
+  return TakeOut<PendingSave>(&queued_, &claimed_, drop);
 }
 
 }  // namespace kvtier
