@@ -17,6 +17,7 @@ demo: build
 	  ./build/kvtier bench copy; fi
 
 test: build
+	@./scripts/check-disk.sh /tmp build
 	cd build && ctest $(CTEST_FLAGS)
 
 deps:
@@ -36,12 +37,14 @@ models:
 asan: deps models
 	@cmake --preset asan >/dev/null
 	cmake --build build-asan -j $(JOBS)
+	@./scripts/check-disk.sh /tmp build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 ctest $(CTEST_FLAGS)
 
 # ThreadSanitizer build and its tests.
 tsan: deps models
 	@cmake --preset tsan >/dev/null
 	cmake --build build-tsan -j $(JOBS)
+	@./scripts/check-disk.sh /tmp build-tsan
 	cd build-tsan && OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest $(CTEST_FLAGS)
 
 SOURCES = $(shell git ls-files '*.h' '*.cc' '*.cu' 2>/dev/null)

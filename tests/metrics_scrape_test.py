@@ -111,7 +111,8 @@ class ReplayScrape(unittest.TestCase):
             out, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
-                proc.kill()
+                proc.terminate()  # SIGTERM: the replay removes its temporary G3 directory
+                proc.wait()
         self.assertEqual(proc.returncode, 0, err)
         report = json.loads(out)
         # The histograms count exactly the operations the replay did.
@@ -162,7 +163,7 @@ class ReplayScrape(unittest.TestCase):
             for s in silent:
                 s.close()
         finally:
-            proc.kill()
+            proc.terminate()  # SIGTERM: the replay removes its temporary G3 directory
             proc.communicate()
 
     def test_port_in_use_is_a_clear_error(self):
@@ -293,7 +294,7 @@ class TopUnderTmux(unittest.TestCase):
             self.tmux("send-keys", "-t", "top", "q")
             self.assertIn("TOP-EXITED rc=0", self.wait_for(r"TOP-EXITED rc=\d+", limit=10))
         finally:
-            replay.kill()
+            replay.terminate()  # SIGTERM: the replay removes its temporary G3 directory
             replay.wait()
 
     def test_unreachable_target_is_shown_down_and_ctrl_c_exits(self):
@@ -352,7 +353,7 @@ class GrafanaDashboard(unittest.TestCase):
         try:
             scraped = {name for name, _ in samples(wait_up(port, proc))}
         finally:
-            proc.kill()
+            proc.terminate()  # SIGTERM: the replay removes its temporary G3 directory
             proc.wait()
         missing = sorted(n for n in names if n not in scraped)
         self.assertEqual(missing, [], "the dashboard queries metrics that do not exist")

@@ -8,6 +8,10 @@
 // manager_events.h: subscribers, the wire publisher). Transfer callbacks run on the engine's and
 // the disk tier's threads and update the index, the slot table and the request table.
 //
+// Under mu_ (no locks of their own): requests_ (RequestTable, request_table.h), saves_
+// (SaveQueue, save_queue.h: a save from Commit to its end) and loads_ (LoadQueue,
+// load_queue.h: a load from PrepareLoad to the engine's report).
+//
 // Locks: start_load_mu_ before mu_; mu_ guards requests and the pending work lists. The parts'
 // locks (the slot table's meta_mu_ and ns_mu_, the events' mu_) are leaves, taken last: ns_mu_
 // under mu_ (a slot released with it held) and under the index's shard locks (EvictableFor);
@@ -56,6 +60,7 @@
 #include "manager/g2_slot_table.h"
 #include "manager/g4_path.h"
 #include "manager/hasher_cache.h"
+#include "manager/load_queue.h"
 #include "manager/manager_events.h"
 #include "manager/manager_metrics.h"
 #include "manager/manager_settings.h"
@@ -148,20 +153,7 @@ class BlockManagerImpl {
 
  private:
   using Request = RequestState;  // request_table.h
-  // One block to move into G1.
-  struct PlannedLoad {
-    uint32_t instance = 0;
-    std::string request_id;
-    uint32_t block_index = 0;  // in the request
-    BlockKey key;
-    BlockKey parent;
-    uint64_t namespace_id = 0;
-    TierId source = kTierG2;
-    uint32_t g2_slot = 0;  // G2 source, or the staging slot of a G3/G4 load
-    uint32_t g1_block = 0;
-    std::vector<TokenId> tokens;  // G3/G4 loads: checked against the stored header
-    bool async = false;           // PrepareLoad's async_load: a batch WaitLayer does not wait on
-  };
+
   // One block to write to G4 from a G2 slot.
   struct G4Write {
     BlockKey key;
@@ -341,16 +333,14 @@ class BlockManagerImpl {
   // Finished requests that the last Finished() listed in loads_done: erased at the next one.
   std::vector<std::pair<uint32_t, std::string>> retiring_ GUARDED_BY(mu_);  // (instance, id)
   std::condition_variable request_saves_cv_;  // some request's save holds reached 0
-  std::vector<PlannedLoad> pending_loads_ GUARDED_BY(mu_);
+  // The loads planned and not yet reported: planned, sync batches started, ended
+  // (load_queue.h).
+  LoadQueue loads_ GUARDED_BY(mu_);
   // The saves taken on and not ended: claimed keys, queued, deferred, outstanding
   // (save_queue.h; configured once in Init).
   SaveQueue saves_ GUARDED_BY(mu_);
-  // Synchronous load batches started and not yet seen finished; WaitLayer waits on all of them
-  // (asynchronous batches are only in their requests' load_job).
-  std::vector<std::pair<uint32_t, std::shared_ptr<TransferJob>>> load_jobs_ GUARDED_BY(mu_);
   // (instance, request id) for Finished(instance).
   std::vector<std::pair<uint32_t, std::string>> saves_done_ GUARDED_BY(mu_);
-  std::vector<std::pair<uint32_t, std::string>> loads_done_ GUARDED_BY(mu_);
   // Instances ForgetInstance ended: their saves still queued are started by anyone's StartSave
   // (and fail), so none keeps a G2 slot.
   std::unordered_set<uint32_t> gone_instances_ GUARDED_BY(mu_);

@@ -265,7 +265,7 @@ Result<uint32_t> BlockManagerImpl::PrepareLoad(const std::string& request_id,
     r.load_planned = static_cast<uint32_t>(plan.size());
     r.loaded_blocks = 0;
     r.load_in_flight = !plan.empty();
-    for (auto& p : plan) pending_loads_.push_back(std::move(p));
+    loads_.Plan(std::move(plan));
   }
   c_.miss_blocks.fetch_add(asked - planned, std::memory_order_relaxed);
   return static_cast<uint32_t>(planned) * tpb_;
@@ -279,11 +279,7 @@ Status BlockManagerImpl::StartLoad(uint32_t instance) {
   std::vector<PlannedLoad> loads;
   {
     MutexLock lock(&mu_);
-    std::vector<PlannedLoad> others;
-    for (PlannedLoad& p : pending_loads_) {
-      (Matches(p.instance, instance) ? loads : others).push_back(std::move(p));
-    }
-    pending_loads_.swap(others);
+    loads = loads_.TakePlanned(instance);
   }
   if (loads.empty()) return Status::Ok();
   if (!g1_registered_) return Status::FailedPrecondition("StartLoad before RegisterDeviceMemory");
@@ -364,8 +360,7 @@ Status BlockManagerImpl::SubmitLoads(std::vector<PlannedLoad> loads, bool async)
     return job.status();
   }
   MutexLock lock(&mu_);
-  std::erase_if(load_jobs_, [](const auto& j) { return j.second->Done(); });
-  if (!async) load_jobs_.emplace_back(shared->front().instance, *job);
+  loads_.Started(shared->front().instance, *job, async);
   for (const PlannedLoad& p : *shared) {
     Request* entry = requests_.Find(p.request_id);
     if (entry != nullptr && entry->load_in_flight) entry->load_job = *job;
@@ -419,7 +414,7 @@ void BlockManagerImpl::OnLoadBatchDone(const std::vector<PlannedLoad>& loads,
     r.load_job.reset();
     // An engine that is gone is told nothing (and its entries are not kept for a report).
     const bool gone = gone_instances_.count(r.instance) != 0;
-    if (!gone) loads_done_.emplace_back(r.instance, id);
+    if (!gone) loads_.Done(r.instance, id);
     // Finished while loading: kept until the engine has been told (loads_done) and has had a
     // step to ask LoadedTokens.
     if (r.finished && !gone) r.load_unreported = true;
@@ -437,9 +432,7 @@ Status BlockManagerImpl::WaitLayer(uint32_t layer, uint32_t instance) {
   {
     MutexLock start_lock(&start_load_mu_);  // a StartLoad in progress has registered its job
     MutexLock lock(&mu_);
-    for (const auto& [owner, job] : load_jobs_) {
-      if (Matches(owner, instance)) jobs.push_back(job);
-    }
+    jobs = loads_.JobsOf(instance);
   }
   Status first;
   for (const auto& job : jobs) {

@@ -94,7 +94,7 @@ FinishedRequests BlockManagerImpl::Finished(uint32_t instance) {
   }
   retiring_.resize(kept);
   TakeInstance(&saves_done_, instance, &f.saves_done);
-  TakeInstance(&loads_done_, instance, &f.loads_done);
+  loads_.TakeDone(instance, &f.loads_done);
   for (const std::string& id : f.loads_done) {
     Request* r = requests_.Find(id);
     if (r == nullptr || !r->load_unreported) continue;
@@ -152,7 +152,7 @@ size_t BlockManagerImpl::ForgetInstance(uint32_t instance) {
     MutexLock lock(&mu_);
     std::vector<std::string> unused;
     TakeInstance(&saves_done_, instance, &unused);
-    TakeInstance(&loads_done_, instance, &unused);
+    loads_.TakeDone(instance, &unused);
   }
   return ids.size();
 }

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -152,5 +153,29 @@ class MetricsRegistry {
 
 // Whether `name` is a valid Prometheus metric name (label names: the same without ':').
 bool IsValidMetricName(const std::string& name);
+
+// Nanoseconds from `start` to now.
+inline int64_t NanosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
+}
+
+// Records the time from construction to destruction into `h` when `h` is not null (metrics on).
+class ScopedLatency {
+ public:
+  explicit ScopedLatency(Histogram* h)
+      : h_(h),
+        start_(h ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  ~ScopedLatency() {
+    if (h_) h_->ObserveNanos(NanosSince(start_));
+  }
+  ScopedLatency(const ScopedLatency&) = delete;
+  ScopedLatency& operator=(const ScopedLatency&) = delete;
+
+ private:
+  Histogram* const h_;
+  const std::chrono::steady_clock::time_point start_;
+};
 
 }  // namespace kvtier

@@ -27,7 +27,6 @@
 #include "cli/progress.h"
 #include "core/parallel.h"
 #include "kvtier/connector.h"
-#include "manager/manager_metrics.h"
 #include "metrics/metrics.h"
 #include "tier/disk_tier.h"
 #include "tier/host_arena.h"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/json_writer.h"
+#include "cli/temp_dirs.h"
 #include "replay/multi_worker.h"
 #include "replay/multi_worker_command.h"
 
@@ -134,12 +135,12 @@ int RunMultiWorkerCommand(const CliArgs& args, const ReplayTrace& trace,
       if (args.Has("g3-dir")) {
         mo.replay.g3_dir = args.GetString("g3-dir", "") + "/" + RouterKindName(k);
       } else {
-        char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
-        if (mkdtemp(tmpl) == nullptr) {
-          failed = Status::IOError("cannot create a temp dir for G3 under /tmp");
+        auto made = MakeTempDir("/tmp/kvtier-replay-", args.Has("keep"));
+        if (!made.ok()) {
+          failed = made.status();
           break;
         }
-        temp_dirs.push_back(mo.replay.g3_dir = tmpl);
+        temp_dirs.push_back(mo.replay.g3_dir = *made);
       }
     }
     auto r = RunMultiWorkerReplay(trace, mo);
@@ -161,10 +162,7 @@ int RunMultiWorkerCommand(const CliArgs& args, const ReplayTrace& trace,
     }
   }
   if (!args.Has("keep")) {
-    for (const std::string& d : temp_dirs) {
-      std::error_code ec;
-      std::filesystem::remove_all(d, ec);
-    }
+    for (const std::string& d : temp_dirs) RemoveTempDir(d);
   }
   if (!failed.ok()) {
     return failed.code() == StatusCode::kInvalidArgument ? UsageError(failed) : Failure(failed);

@@ -21,6 +21,7 @@
 #include "cli/json_writer.h"
 #include "cli/metrics_settings.h"
 #include "cli/progress.h"
+#include "cli/temp_dirs.h"
 #include "index/eviction_policy.h"
 #include "kvtier/config.h"
 #include "policies/lab_policies.h"
@@ -634,11 +635,9 @@ int RunReplayCommand(const CliArgs& args) {
           if (ec) return Status::IOError("cannot create " + o.g3_dir + ": " + ec.message());
         }
       } else {
-        char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
-        if (mkdtemp(tmpl) == nullptr) {
-          return Status::IOError("cannot create a temp dir for G3 under /tmp");
-        }
-        temp_dirs.push_back(o.g3_dir = tmpl);
+        auto made = MakeTempDir("/tmp/kvtier-replay-", args.Has("keep"));
+        if (!made.ok()) return made.status();
+        temp_dirs.push_back(o.g3_dir = *made);
       }
     }
     const size_t total = o.max_requests == 0 ? trace->requests()
@@ -660,10 +659,7 @@ int RunReplayCommand(const CliArgs& args) {
   Result<ReplayResult> warm_result = Status::Unavailable("no second pass");
   if (result.ok() && warm) warm_result = run_pass(2);
   if (!args.Has("keep")) {
-    for (const std::string& d : temp_dirs) {
-      std::error_code ec;
-      std::filesystem::remove_all(d, ec);
-    }
+    for (const std::string& d : temp_dirs) RemoveTempDir(d);
   }
   if (result.ok() && warm && !warm_result.ok()) result = warm_result.status();
   if (!result.ok()) {

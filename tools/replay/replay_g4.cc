@@ -4,6 +4,8 @@
 
 #include <filesystem>
 
+#include "cli/temp_dirs.h"
+
 namespace kvtier::cli {
 
 namespace {
@@ -29,13 +31,13 @@ Status CheckEndpoint(const std::string& spec, const std::string& endpoint) {
 Result<std::unique_ptr<ReplayG4Setup>> ReplayG4Setup::Open(const std::string& spec, bool keep) {
   std::unique_ptr<ReplayG4Setup> g(new ReplayG4Setup());
   if (spec == "fs") {
-    char tmpl[] = "/tmp/kvtier-replay-g4-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) {
-      return Status::IOError("--g4 fs: cannot create a temp dir under /tmp; give --g4 fs:DIR");
+    auto made = MakeTempDir("/tmp/kvtier-replay-g4-", keep);
+    if (!made.ok()) {
+      return Status::IOError("--g4 fs: " + made.status().message() + "; or give --g4 fs:DIR");
     }
     g->backend_ = "fs";
     g->kind_ = "fs";
-    g->dir_ = tmpl;
+    g->dir_ = *made;
     g->remove_dir_ = !keep;
   } else if (spec.rfind("fs:", 0) == 0) {
     if (spec.size() == 3) {
@@ -62,10 +64,7 @@ Result<std::unique_ptr<ReplayG4Setup>> ReplayG4Setup::Open(const std::string& sp
 
 ReplayG4Setup::~ReplayG4Setup() {
   redis_.Stop();
-  if (remove_dir_) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  if (remove_dir_) RemoveTempDir(dir_);
 }
 
 std::string ReplayG4Setup::Describe() const {
