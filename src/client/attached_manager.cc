@@ -50,12 +50,13 @@ Result<std::unique_ptr<AttachedManager>> AttachedManager::Create(
   m->reattach_ = std::chrono::milliseconds(service.reattach_ms);
   m->stream_load_bytes_ = StreamLoadBytes(cfg.GetString("transfer.load_stores"));
   m->device_factory_ = std::move(device_backend);
-  // Test hook (tests/service_test.cc): each block a save copies waits this long first, so a
+  // Test hook (tests/service/service_test.cc): each block a save copies waits this long first, so a
   // test can kill an engine in the middle of its saves.
   if (const char* stall = std::getenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS"); stall != nullptr) {
     m->copy_stall_ = std::chrono::milliseconds(std::atoi(stall));
   }
-  // Test hook (tests/service_g4_fetch_test.cc): the engine answers the daemon's G4 offer late.
+  // Test hook (tests/service/service_g4_fetch_test.cc): the engine answers the daemon's G4 offer
+  // late.
   if (const char* d = std::getenv("KVTIER_TEST_ATTACHED_G4_READY_DELAY_MS"); d != nullptr) {
     m->g4_ready_delay_ = std::chrono::milliseconds(std::atoi(d));
   }

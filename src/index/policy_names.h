@@ -10,7 +10,7 @@
 // The index owns the names: the gN.policy keys take their choices and their screen from here
 // (manager_config_keys.cc, policy_config_keys.h; core's Config knows no key nor policy by
 // name), and src/index/eviction_policy.h classifies each PolicyKind through these lists;
-// tests/eviction_policy_test.cc checks that every kind is in exactly one of them.
+// tests/index/eviction_policy_test.cc checks that every kind is in exactly one of them.
 //
 // Thread safety: the lists are constants; the lab switch is an atomic flag.
 #pragma once

@@ -72,9 +72,7 @@ class LoadQueue {
   void TakeDone(uint32_t instance, std::vector<std::string>* to);
 
  private:
-  static bool Matches(uint32_t instance, uint32_t want) {
-    return want == kAll || instance == want;
-  }
+  static bool Matches(uint32_t instance, uint32_t want) { return want == kAll || instance == want; }
 
   std::vector<PlannedLoad> planned_;
   std::vector<std::pair<uint32_t, std::shared_ptr<TransferJob>>> jobs_;  // synchronous only

@@ -141,7 +141,7 @@ int Main(int argc, char** argv) {
 // line and exits 2 instead of aborting with a core dump.
 int main(int argc, char** argv) {
   try {
-    // The test suite's way to reach this net (tests/cli_refusals_test.cc): no input does now.
+    // The test suite's way to reach this net (tests/tools/cli_refusals_test.cc): no input does now.
     if (std::getenv("KVTIER_TEST_THROW_IN_MAIN") != nullptr) {
       throw std::runtime_error("KVTIER_TEST_THROW_IN_MAIN is set");
     }

@@ -120,7 +120,8 @@ Result<std::string> MakeTempDir(const std::string& prefix, bool keep) {
   }
   if (::mkdtemp(tmpl.data()) == nullptr) {
     return Status::IOError("cannot create a temporary directory " + std::string(tmpl.data()) +
-                           ": " + std::strerror(errno) + "; check that directory's permissions and free space");
+                           ": " + std::strerror(errno) +
+                           "; check that directory's permissions and free space");
   }
   if (keep) return std::string(tmpl.data());
   InstallHandlers();

@@ -87,7 +87,7 @@ inline Config SmallConfig(const std::string& g3_dir, uint64_t g2_blocks, uint64_
 class MiniEngine {
  public:
   // `on_device`: G1 is registered as device memory (host memory all the same; for a manager
-  // whose device backend is a host stand-in, tests/host_device_backend.h).
+  // whose device backend is a host stand-in, tests/support/host_device_backend.h).
   MiniEngine(BlockManager* manager, uint32_t g1_blocks, std::string model = "test-model",
              bool on_device = false)
       : manager_(manager), layout_(manager->layout()), model_(std::move(model)) {

@@ -1,6 +1,6 @@
-// What the eviction-policy tests share (tests/eviction_policy_test.cc, the product's policies;
-// tests/lab_policies_test.cc, the lab's): readable block keys, pinning predicates, and TierSim, a
-// tier of fixed capacity driving one policy as its owner would.
+// What the eviction-policy tests share (tests/index/eviction_policy_test.cc, the product's
+// policies; tests/lab/lab_policies_test.cc, the lab's): readable block keys, pinning predicates,
+// and TierSim, a tier of fixed capacity driving one policy as its owner would.
 #pragma once
 
 #include <cstdint>

@@ -894,8 +894,8 @@ TEST(BlockManagerTest, BadCallsGetClearErrors) {
   EXPECT_EQ(BlockManager::Create(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
-// A G3 that cannot open: tests/manager_g3_open_test.cc (an explicit g3.dir fails Create; the
-// default one is left out with a warning, and the manager runs on G2 alone).
+// A G3 that cannot open: tests/manager/manager_g3_open_test.cc (an explicit g3.dir fails Create;
+// the default one is left out with a warning, and the manager runs on G2 alone).
 
 }  // namespace
 }  // namespace kvtier
