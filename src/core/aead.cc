@@ -122,9 +122,8 @@ AeadKey HkdfSha256(std::span<const uint8_t> key_material, std::span<const uint8_
   char digest[] = "SHA256";
   OSSL_PARAM params[] = {
       OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, digest, 0),
-      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY,
-                                        const_cast<uint8_t*>(key_material.data()),
-                                        key_material.size()),
+      OSSL_PARAM_construct_octet_string(
+          OSSL_KDF_PARAM_KEY, const_cast<uint8_t*>(key_material.data()), key_material.size()),
       OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, const_cast<uint8_t*>(salt.data()),
                                         salt.size()),
       OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, const_cast<uint8_t*>(info.data()),

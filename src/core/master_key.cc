@@ -57,7 +57,8 @@ Result<MasterKey> MasterKey::FromBytes(std::span<const uint8_t> bytes, const std
 }
 
 Result<MasterKey> MasterKey::FromHex(std::string_view hex, const std::string& source) {
-  while (!hex.empty() && std::isspace(static_cast<unsigned char>(hex.front()))) hex.remove_prefix(1);
+  while (!hex.empty() && std::isspace(static_cast<unsigned char>(hex.front())))
+    hex.remove_prefix(1);
   while (!hex.empty() && std::isspace(static_cast<unsigned char>(hex.back()))) hex.remove_suffix(1);
   if (hex.size() != 2 * kAeadKeyBytes) {
     return Status::InvalidArgument("at-rest master key from " + source + ": " +
@@ -69,8 +70,8 @@ Result<MasterKey> MasterKey::FromHex(std::string_view hex, const std::string& so
     const int hi = HexDigit(hex[2 * i]), lo = HexDigit(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) {
       OPENSSL_cleanse(key.data(), key.size());
-      return Status::InvalidArgument("at-rest master key from " + source +
-                                     ": not hex digits only" + std::string(kWhatToDo));
+      return Status::InvalidArgument("at-rest master key from " + source + ": not hex digits only" +
+                                     std::string(kWhatToDo));
     }
     key[i] = static_cast<uint8_t>(hi << 4 | lo);
   }

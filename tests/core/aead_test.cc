@@ -38,8 +38,7 @@ std::array<uint8_t, N> Arr(const std::string& h) {
 
 // McGrew and Viega, "The Galois/Counter Mode of Operation", test case 16 (AES-256, 60 bytes of
 // plaintext, 20 of associated data).
-const AeadKey kKey =
-    Arr<32>("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308");
+const AeadKey kKey = Arr<32>("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308");
 const AeadNonce kNonce = Arr<12>("cafebabefacedbaddecaf888");
 const std::vector<uint8_t> kPlain = Hex(
     "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6"
@@ -160,6 +159,8 @@ TEST_F(MasterKeyFile, EachBadFileIsRefusedSayingWhatIsWrong) {
   const std::string good = Write("good", kMasterHex, 0600);
   const std::string link = (dir_ / "link").string();
   ASSERT_EQ(::symlink(good.c_str(), link.c_str()), 0);
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const std::string other = Write("other", kMasterHex, 0600);
   ASSERT_EQ(::chown(other.c_str(), 65534, 65534), 0) << "the tests run as root";
   struct Bad {
@@ -169,6 +170,7 @@ TEST_F(MasterKeyFile, EachBadFileIsRefusedSayingWhatIsWrong) {
       {(dir_ / "missing").string(), "No such file"},
       {link, "a symlink"},
       {dir_.string(), "not a regular file"},
+      {fifo, "not a regular file"},  // opened without blocking, never read
       {other, "owned by uid 65534"},
       {Write("group", kMasterHex, 0640), "mode 0640"},
       {Write("world", kMasterHex, 0604), "mode 0604"},
