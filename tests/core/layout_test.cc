@@ -16,13 +16,12 @@ TEST(LayoutTest, DefaultIsLlama3_8BWithTwoMiBBlocks) {
 // Computed independently (Python hashlib) from the documented canonical serialization.
 TEST(LayoutTest, FingerprintKnownAnswers) {
   EXPECT_EQ(KvLayout{}.Fingerprint(), 0x1c62e317dbe2e2e2ull);
-  KvLayout mla;
-  mla.num_layers = 61;
-  mla.num_planes = 1;
-  mla.num_kv_heads = 1;
-  mla.head_dim = 576;
-  mla.tokens_per_block = 64;
-  mla.dtype = DType::kBf16;
+  const KvLayout mla{.num_layers = 61,
+                     .num_planes = 1,
+                     .num_kv_heads = 1,
+                     .head_dim = 576,
+                     .tokens_per_block = 64,
+                     .dtype = DType::kBf16};
   EXPECT_EQ(mla.Fingerprint(), 0xe66cced9149d3719ull);
 }
 

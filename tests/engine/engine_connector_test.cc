@@ -10,31 +10,14 @@ namespace kvtier::engine {
 namespace {
 
 using testing::RelativeError;
+using testing::Tokens;
 
 constexpr uint32_t kTpb = 16;
 
-std::vector<TokenId> Tokens(uint32_t n, uint32_t seed, uint32_t vocab) {
-  std::vector<TokenId> t(n);
-  uint32_t s = seed;
-  for (TokenId& x : t) {
-    s = s * 1664525u + 1013904223u;
-    x = (s >> 8) % vocab;
-  }
-  return t;
-}
-
 std::unique_ptr<BlockManager> MakeManager(const KvLayout& layout, uint64_t g2_blocks) {
-  ManagerOptions o;
-  o.layout = layout;
-  o.model_id = "random-llama";
-  const uint64_t slot = 4096 + layout.BlockBytes();
-  EXPECT_TRUE(o.config.Set("g2.capacity_bytes", std::to_string(g2_blocks * slot)).ok());
-  EXPECT_TRUE(o.config.Set("g2.lock_memory", "false").ok());
-  EXPECT_TRUE(o.config.Set("g2.prefault_threads", "1").ok());
+  ManagerOptions o = testing::EngineManagerOptions(layout, g2_blocks);
   EXPECT_TRUE(o.config.Set("g3.enabled", "false").ok());
-  auto m = BlockManager::Create(o);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return m.ok() ? std::move(*m) : nullptr;
+  return testing::CreateManager(o);
 }
 
 struct Fixture {

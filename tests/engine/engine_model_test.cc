@@ -22,13 +22,7 @@ LlamaConfig SmallConfig() {
 }
 
 std::vector<TokenId> Prompt(uint32_t n, uint32_t vocab, uint32_t seed = 1) {
-  std::vector<TokenId> t(n);
-  uint32_t s = seed;
-  for (TokenId& x : t) {
-    s = s * 1664525u + 1013904223u;
-    x = (s >> 8) % vocab;
-  }
-  return t;
+  return testing::Tokens(n, seed, vocab);
 }
 
 struct Harness {

@@ -22,16 +22,7 @@ namespace {
 
 using testing::RelativeError;
 using testing::TempDir;
-
-std::vector<TokenId> Tokens(uint32_t n, uint32_t seed, uint32_t vocab) {
-  std::vector<TokenId> t(n);
-  uint32_t s = seed;
-  for (TokenId& x : t) {
-    s = s * 1664525u + 1013904223u;
-    x = (s >> 8) % vocab;
-  }
-  return t;
-}
+using testing::Tokens;
 
 struct Shape {
   const char* name;
@@ -63,13 +54,8 @@ std::vector<Shape> Shapes() {
 // A manager with G2 of g2_blocks blocks and, when g3_dir is set, G3 there.
 std::unique_ptr<BlockManager> MakeManager(const KvLayout& layout, uint64_t g2_blocks,
                                           const std::string& g3_dir) {
-  ManagerOptions o;
-  o.layout = layout;
-  o.model_id = "random-llama";
+  ManagerOptions o = testing::EngineManagerOptions(layout, g2_blocks);
   const uint64_t slot = 4096 + layout.BlockBytes();
-  EXPECT_TRUE(o.config.Set("g2.capacity_bytes", std::to_string(g2_blocks * slot)).ok());
-  EXPECT_TRUE(o.config.Set("g2.lock_memory", "false").ok());
-  EXPECT_TRUE(o.config.Set("g2.prefault_threads", "1").ok());
   EXPECT_TRUE(o.config.Set("g2.staging_slots", "4").ok());
   // A save that finds G2 full waits for a demotion to free a slot, up to max_defer_ms, then is
   // dropped. These tests assert that saves wait rather than drop; on a loaded machine (CI, or
@@ -84,9 +70,7 @@ std::unique_ptr<BlockManager> MakeManager(const KvLayout& layout, uint64_t g2_bl
     EXPECT_TRUE(o.config.Set("g3.capacity_bytes", std::to_string(256 * slot + (1 << 20))).ok());
     EXPECT_TRUE(o.config.Set("g3.admit_min_seen", "1").ok());
   }
-  auto m = BlockManager::Create(o);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return m.ok() ? std::move(*m) : nullptr;
+  return testing::CreateManager(o);
 }
 
 void ExpectSameResult(const RequestOutcome& got, const RequestOutcome& want) {

@@ -13,6 +13,15 @@
 namespace kvtier {
 namespace {
 
+// A configuration of the three settings Validate checks.
+AdmissionFilter::Config FilterConfig(uint32_t min_seen, uint64_t expected, uint64_t sample) {
+  AdmissionFilter::Config c;
+  c.min_seen = min_seen;
+  c.expected_keys = expected;
+  c.sample_size = sample;
+  return c;
+}
+
 // Uniformly random keys, as the hasher makes them.
 class KeySource {
  public:
@@ -25,11 +34,7 @@ class KeySource {
 
 std::unique_ptr<AdmissionFilter> MakeFilter(uint32_t min_seen, uint64_t expected_keys = 1 << 12,
                                             uint64_t sample_size = 0) {
-  AdmissionFilter::Config config;
-  config.min_seen = min_seen;
-  config.expected_keys = expected_keys;
-  config.sample_size = sample_size;
-  auto filter = AdmissionFilter::Create(config);
+  auto filter = AdmissionFilter::Create(FilterConfig(min_seen, expected_keys, sample_size));
   EXPECT_TRUE(filter.ok()) << filter.status().ToString();
   return std::move(filter).value();
 }
@@ -200,20 +205,13 @@ TEST(AdmissionFilterTest, ValidateNamesTheBadField) {
     std::string field;
     std::string value;
   };
-  auto config = [](uint32_t min_seen, uint64_t expected, uint64_t sample) {
-    AdmissionFilter::Config c;
-    c.min_seen = min_seen;
-    c.expected_keys = expected;
-    c.sample_size = sample;
-    return c;
-  };
   const std::vector<Case> cases = {
-      {config(0, 100, 0), "min_seen", "0"},
-      {config(16, 100, 0), "min_seen", "16"},
-      {config(2, 0, 0), "expected_keys", "0"},
-      {config(2, (uint64_t{1} << 32) + 1, 0), "expected_keys", "4294967297"},
-      {config(2, 100, 99), "sample_size", "99"},
-      {config(2, 100, 1), "sample_size", "1"},
+      {FilterConfig(0, 100, 0), "min_seen", "0"},
+      {FilterConfig(16, 100, 0), "min_seen", "16"},
+      {FilterConfig(2, 0, 0), "expected_keys", "0"},
+      {FilterConfig(2, (uint64_t{1} << 32) + 1, 0), "expected_keys", "4294967297"},
+      {FilterConfig(2, 100, 99), "sample_size", "99"},
+      {FilterConfig(2, 100, 1), "sample_size", "1"},
   };
   for (const Case& c : cases) {
     const Status status = c.config.Validate();
@@ -225,22 +223,15 @@ TEST(AdmissionFilterTest, ValidateNamesTheBadField) {
     ASSERT_FALSE(filter.ok());
     EXPECT_EQ(filter.status().code(), StatusCode::kInvalidArgument);
   }
-  EXPECT_NE(config(0, 100, 0).Validate().message().find("1..15"), std::string::npos);
+  EXPECT_NE(FilterConfig(0, 100, 0).Validate().message().find("1..15"), std::string::npos);
 }
 
 TEST(AdmissionFilterTest, ValidateAcceptsTheEdgesOfEachRange) {
   EXPECT_TRUE(AdmissionFilter::Config{}.Validate().ok());
-  auto config = [](uint32_t min_seen, uint64_t expected, uint64_t sample) {
-    AdmissionFilter::Config c;
-    c.min_seen = min_seen;
-    c.expected_keys = expected;
-    c.sample_size = sample;
-    return c;
-  };
-  EXPECT_TRUE(config(1, 1, 0).Validate().ok());
-  EXPECT_TRUE(config(15, 1, 1).Validate().ok());
-  EXPECT_TRUE(config(2, uint64_t{1} << 32, 0).Validate().ok());
-  EXPECT_TRUE(config(2, 100, 100).Validate().ok());
+  EXPECT_TRUE(FilterConfig(1, 1, 0).Validate().ok());
+  EXPECT_TRUE(FilterConfig(15, 1, 1).Validate().ok());
+  EXPECT_TRUE(FilterConfig(2, uint64_t{1} << 32, 0).Validate().ok());
+  EXPECT_TRUE(FilterConfig(2, 100, 100).Validate().ok());
 }
 
 TEST(AdmissionFilterTest, ConcurrentRecordsAreAllCounted) {

@@ -12,16 +12,12 @@
 
 #include "index/adaptive_policy.h"
 #include "index/eviction_policy.h"
+#include "policy_test_util.h"
 
 namespace kvtier {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using policy_test::Mix;
 
 // Block `c`, round `r`: a spread key named by a letter (and a round) for the reader.
 BlockKey K(char c, uint64_t r = 0) {

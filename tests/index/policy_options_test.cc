@@ -91,10 +91,7 @@ TEST(PolicyOptionsTest, ManagerTakesAdaptiveSettingsFromItsConfig) {
   ASSERT_TRUE(config.Set("g2.policy", "adaptive").ok());
   ASSERT_TRUE(config.Set("g2.adaptive.half_life", "4").ok());
   ASSERT_TRUE(config.Set("g2.adaptive.hysteresis", "0.5").ok());
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = config;
+  ManagerOptions o = testing::TestManagerOptions(config);
   auto made = BlockManager::Create(o);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   Status zero = config.Set("g2.adaptive.half_life", "0");
@@ -293,10 +290,7 @@ TEST(PolicyOptionsTest, ManagerWarnsWhenCreditLruSettingsCannotApply) {
   Config config = SmallConfig("", 8, 0);
   ASSERT_TRUE(config.Set("g2.policy", "lru").ok());
   ASSERT_TRUE(config.Set("g2.credit_lru.stale_tail", "0").ok());
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = config;
+  ManagerOptions o = testing::TestManagerOptions(config);
   ::testing::internal::CaptureStderr();
   auto made = BlockManager::Create(o);
   const std::string err = ::testing::internal::GetCapturedStderr();
@@ -316,10 +310,7 @@ TEST(PolicyOptionsTest, ManagerRefusesALabPolicy) {
   const Status set = config.Set("g3.policy", "s3fifo");
   SetLabPolicyNamesAccepted(false);
   ASSERT_TRUE(set.ok()) << set.ToString();
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = config;
+  ManagerOptions o = testing::TestManagerOptions(config);
   auto made = BlockManager::Create(o);
   ASSERT_FALSE(made.ok());
   EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);

@@ -17,17 +17,13 @@
 #include "index/w_tinylfu_policy.h"
 #include "policies/lab_policies.h"
 #include "policies/lineage_lru_policy.h"
+#include "policy_test_util.h"
 #include "sim/policy_sim.h"
 
 namespace kvtier {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using policy_test::Mix;
 
 // Block `c`: a spread key named by a letter for the reader.
 BlockKey K(char c) { return BlockKey{Mix(2 * uint64_t(c)), Mix(2 * uint64_t(c) + 1)}; }

@@ -22,16 +22,13 @@ namespace {
 
 using testing::FaultyG3Manager;
 using testing::KeyContent;
+using testing::MakeTestManager;
 using testing::MiniEngine;
 using testing::Prompt;
 using testing::SmallConfig;
 using testing::TempDirectory;
 using testing::TestLayout;
 using testing::WaitFor;
-
-std::unique_ptr<BlockManager> MakeManager(const Config& config) {
-  return testing::MakeTestManager(config);
-}
 
 // `n` prompts of 65 tokens with the seeds after `seed` (requests "f1".."fn"), then every save
 // and demotion ended: what G2 evicted meanwhile, the oldest blocks first, is in G3.
@@ -43,7 +40,7 @@ void RunFillers(MiniEngine& engine, BlockManager& manager, uint32_t seed, uint32
 }
 
 TEST(BlockManagerTest, SecondRequestLoadsTheFirstOnesPrefixFromG2ByteExact) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(1, 16 * 5 + 3);  // 5 full blocks and a tail
   auto first = engine.Run("a", prompt);
@@ -65,7 +62,7 @@ TEST(BlockManagerTest, StreamingLoadsAreByteExact) {
   Config config = SmallConfig("", 32, 0);
   ASSERT_TRUE(config.Set("transfer.load_stores", "streaming").ok());
   EXPECT_FALSE(config.Set("transfer.load_stores", "sometimes").ok());
-  auto mgr = MakeManager(config);
+  auto mgr = MakeTestManager(config);
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(2, 16 * 7 + 5);
   (void)engine.Run("a", prompt);
@@ -75,7 +72,7 @@ TEST(BlockManagerTest, StreamingLoadsAreByteExact) {
 }
 
 TEST(BlockManagerTest, TheLastPromptTokenIsAlwaysLeftToCompute) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(2, 16 * 4);  // exactly 4 blocks
   engine.Run("a", prompt);
@@ -85,7 +82,7 @@ TEST(BlockManagerTest, TheLastPromptTokenIsAlwaysLeftToCompute) {
 }
 
 TEST(BlockManagerTest, SharedPrefixIsReusedAcrossDifferentPrompts) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);
   engine.Run("a", Prompt(10, 16 * 6, /*shared_prefix=*/16 * 3));
   auto b = engine.Run("b", Prompt(11, 16 * 6, 16 * 3));
@@ -94,7 +91,7 @@ TEST(BlockManagerTest, SharedPrefixIsReusedAcrossDifferentPrompts) {
 }
 
 TEST(BlockManagerTest, TenantsNeverSeeEachOthersBlocks) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(3, 16 * 4 + 1);
   engine.Run("a", prompt, "tenant-a");
@@ -105,7 +102,7 @@ TEST(BlockManagerTest, TenantsNeverSeeEachOthersBlocks) {
 // Prompt embeddings reach the connector with token ids of zeros, and the same text with another
 // image has the same token ids: block_extra (their hashes) must tell them apart.
 TEST(BlockManagerTest, BlockExtrasSeparateEqualTokensWithOtherInputs) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);  // registers G1
   const std::vector<TokenId> zeros(16 * 4 + 1, 0);
   const std::vector<uint32_t> g1 = {0, 1, 2, 3, 4};
@@ -134,7 +131,7 @@ TEST(BlockManagerTest, BlockExtrasSeparateEqualTokensWithOtherInputs) {
 // shows its null block): the connector passes kNoG1Block for them. Commit neither saves nor
 // reuses such a block, and the blocks after it are still saved; a load stops at the first one.
 TEST(BlockManagerTest, BlocksTheEngineDoesNotHoldAreNeitherSavedNorLoaded) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);  // registers G1
   const auto prompt = Prompt(21, 16 * 5 + 1);
   auto commit = [&](const std::string& id, const std::vector<uint32_t>& g1) {
@@ -184,8 +181,8 @@ TEST(BlockManagerTest, BlocksTheEngineDoesNotHoldAreNeitherSavedNorLoaded) {
 // kv_transfer_params' load_tiers / store_tiers: where one request may load from and store to.
 TEST(BlockManagerTest, RequestTierMasksLimitWhereItLoadsFromAndStoresTo) {
   TempDirectory dir;
-  auto mgr = MakeManager(SmallConfig(dir.path(), 12, 64));  // 8 cache slots in G2
-  MiniEngine engine(mgr.get(), 64);                         // registers G1
+  auto mgr = MakeTestManager(SmallConfig(dir.path(), 12, 64));  // 8 cache slots in G2
+  MiniEngine engine(mgr.get(), 64);                             // registers G1
   const std::vector<uint32_t> g1 = {0, 1, 2, 3, 4};
   constexpr uint8_t kG2 = 1u << kTierG2, kG3 = 1u << kTierG3;
   auto run = [&](const std::string& id, const std::vector<TokenId>& prompt, uint8_t load,
@@ -223,7 +220,7 @@ TEST(BlockManagerTest, RequestTierMasksLimitWhereItLoadsFromAndStoresTo) {
 TEST(BlockManagerTest, G2VictimsAreDemotedToG3AndLoadBackExactly) {
   TempDirectory dir;
   // 12 slots: 4 in the staging reserve, 8 for the cache.
-  auto mgr = MakeManager(SmallConfig(dir.path(), 12, 64));
+  auto mgr = MakeTestManager(SmallConfig(dir.path(), 12, 64));
   MiniEngine engine(mgr.get(), 64);
   const auto first = Prompt(20, 16 * 4 + 1);
   engine.Run("p0", first);
@@ -248,7 +245,7 @@ TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
   TempDirectory dir;
   const auto prompt = Prompt(30, 16 * 4 + 1);
   {
-    auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+    auto mgr = MakeTestManager(SmallConfig(dir.path(), 4, 64));
     MiniEngine engine(mgr.get(), 64);
     engine.Run("a", prompt);
     // Push the prompt out of G2 into G3.
@@ -259,7 +256,7 @@ TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
   // before the manager, so they outlive the events its shutdown may still emit.
   std::mutex mu;
   std::vector<KvEvent> events;
-  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  auto mgr = MakeTestManager(SmallConfig(dir.path(), 4, 64));
   mgr->SubscribeEvents([&](std::span<const KvEvent> e) {
     std::lock_guard<std::mutex> lock(mu);
     events.insert(events.end(), e.begin(), e.end());
@@ -281,7 +278,7 @@ TEST(BlockManagerTest, WarmRestartServesWhatG3Held) {
 // every save ends, nothing stays pinned and G2 never holds more than its slots.
 TEST(BlockManagerTest, SavesWaitForSlotsFreedByDemotionInsteadOfDropping) {
   TempDirectory dir;
-  auto mgr = MakeManager(SmallConfig(dir.path(), 12, 64));  // 4 staging + 8 cache slots
+  auto mgr = MakeTestManager(SmallConfig(dir.path(), 12, 64));  // 4 staging + 8 cache slots
   MiniEngine engine(mgr.get(), 64);
   // 16 blocks: 8 find a slot, 8 wait (the bound: at most as many as G2 caches).
   const auto prompt = Prompt(60, 16 * 16 + 1);
@@ -299,7 +296,7 @@ TEST(BlockManagerTest, SavesWaitForSlotsFreedByDemotionInsteadOfDropping) {
 
   // Beyond the bound the excess is dropped and counted, never held.
   TempDirectory dir2;
-  auto bounded = MakeManager(SmallConfig(dir2.path(), 12, 64));
+  auto bounded = MakeTestManager(SmallConfig(dir2.path(), 12, 64));
   MiniEngine e3(bounded.get(), 64);
   e3.Run("bigger", Prompt(61, 16 * 24 + 1));
   bounded->WaitForSaves();
@@ -308,7 +305,7 @@ TEST(BlockManagerTest, SavesWaitForSlotsFreedByDemotionInsteadOfDropping) {
   EXPECT_EQ(s.saved_blocks + s.dropped_saves, 24u);
   EXPECT_EQ(s.pinned_blocks, 0u);
 
-  auto g2_only = MakeManager(SmallConfig("", 8, 0));
+  auto g2_only = MakeTestManager(SmallConfig("", 8, 0));
   MiniEngine e2(g2_only.get(), 64);
   e2.Run("big", prompt);
   g2_only->WaitForSaves();
@@ -327,7 +324,7 @@ TEST(BlockManagerTest, WithG3CommitEvictsNothingAndStartSaveEvictsForItsSaves) {
   for (const bool with_g3 : {true, false}) {
     SCOPED_TRACE(with_g3 ? "G2 + G3" : "G2 only");
     TempDirectory dir;
-    auto mgr = MakeManager(with_g3 ? SmallConfig(dir.path(), 12, 64) : SmallConfig("", 8, 0));
+    auto mgr = MakeTestManager(with_g3 ? SmallConfig(dir.path(), 12, 64) : SmallConfig("", 8, 0));
     MiniEngine engine(mgr.get(), 64);
     engine.Run("fill", Prompt(90, 16 * 8 + 1));  // G2's 8 cache slots
     mgr->WaitForSaves();
@@ -414,13 +411,13 @@ TEST(BlockManagerTest, CleanShutdownWritesG2ToG3SoARestartFindsIt) {
     ASSERT_TRUE(config.Set("g3.flush_on_close", flush ? "true" : "false").ok());
     const auto prompt = Prompt(40, 16 * 4 + 1);
     {
-      auto mgr = MakeManager(config);
+      auto mgr = MakeTestManager(config);
       MiniEngine engine(mgr.get(), 64);
       engine.Run("a", prompt);
       mgr->WaitForSaves();
       ASSERT_EQ(mgr->Stats().g3_blocks, 0u) << "G2 is large enough: nothing was demoted";
     }
-    auto mgr = MakeManager(config);
+    auto mgr = MakeTestManager(config);
     MiniEngine engine(mgr.get(), 64);
     auto r = engine.Run("after-restart", prompt);
     EXPECT_EQ(r.loaded_tokens, flush ? 16u * 4 : 0u);
@@ -433,7 +430,7 @@ TEST(BlockManagerTest, CleanShutdownWritesG2ToG3SoARestartFindsIt) {
 // the bytes; the engine recomputes and the blocks leave the index.
 TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
   TempDirectory dir;
-  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  auto mgr = MakeTestManager(SmallConfig(dir.path(), 4, 64));
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(40, 16 * 4 + 1);
   engine.Run("a", prompt);
@@ -456,7 +453,7 @@ TEST(BlockManagerTest, CorruptG3BlocksAreMissesNeverServed) {
 // next Lookup stops before it instead of offering a load that would fail again, forever.
 TEST(BlockManagerTest, ACorruptG3BlockIsNeverOfferedAgain) {
   TempDirectory dir;
-  auto mgr = MakeManager(SmallConfig(dir.path(), 4, 64));
+  auto mgr = MakeTestManager(SmallConfig(dir.path(), 4, 64));
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(45, 16 * 4 + 1);
   engine.Run("a", prompt);
@@ -686,7 +683,7 @@ TEST(BlockManagerTest, WaitForRequestSavesReturnsWhileOtherRequestsSavesWait) {
 TEST(BlockManagerTest, LookupsNeverFinishedExpireAfterTheIdleTtl) {
   Config config = SmallConfig("", 32, 0);
   ASSERT_TRUE(config.Set("manager.idle_request_ttl_ms", "300").ok());
-  auto mgr = MakeManager(config);
+  auto mgr = MakeTestManager(config);
   MiniEngine engine(mgr.get(), 64);
   constexpr uint32_t kOrphans = 50;
   for (uint32_t i = 0; i < kOrphans; ++i) {
@@ -717,7 +714,7 @@ TEST(BlockManagerTest, LookupsNeverFinishedExpireAfterTheIdleTtl) {
 }
 
 TEST(BlockManagerTest, RequestFinishedHoldsG1BlocksUntilSavesEnd) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(50, 16 * 3 + 1);
   std::vector<uint32_t> g1 = {0, 1, 2, 3};
@@ -735,7 +732,7 @@ TEST(BlockManagerTest, RequestFinishedHoldsG1BlocksUntilSavesEnd) {
 }
 
 TEST(BlockManagerTest, CommittingWhatIsStoredIsDeduplicated) {
-  auto mgr = MakeManager(SmallConfig("", 32, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 32, 0));
   MiniEngine engine(mgr.get(), 64);
   const auto prompt = Prompt(60, 16 * 3 + 1);
   engine.Run("a", prompt);
@@ -755,7 +752,7 @@ TEST(BlockManagerTest, CommittingWhatIsStoredIsDeduplicated) {
 // block ahead of them) are saved to G2, and the next request finds them there.
 TEST(BlockManagerTest, BlocksOnlyG3HoldsAreSavedToG2WhenComputedAgain) {
   TempDirectory dir;
-  auto mgr = MakeManager(SmallConfig(dir.path(), 12, 64));
+  auto mgr = MakeTestManager(SmallConfig(dir.path(), 12, 64));
   MiniEngine engine(mgr.get(), 64);
   const auto first = Prompt(70, 16 * 4 + 1);
   engine.Run("p0", first);
@@ -794,7 +791,7 @@ TEST(BlockManagerTest, BlocksOnlyG3HoldsAreSavedToG2WhenComputedAgain) {
   mgr->RequestFinished("third");
   // The shutdown flush writes the fresh copies to G3: a restart finds them there.
   mgr.reset();
-  auto restarted = MakeManager(SmallConfig(dir.path(), 12, 64));
+  auto restarted = MakeTestManager(SmallConfig(dir.path(), 12, 64));
   auto found = restarted->Lookup({"found", first, "", "", {}}, 0);
   ASSERT_TRUE(found.ok());
   EXPECT_EQ(found->blocks_by_tier[kTierG3], 4u);
@@ -804,7 +801,7 @@ TEST(BlockManagerTest, BlocksOnlyG3HoldsAreSavedToG2WhenComputedAgain) {
 TEST(BlockManagerTest, EventsReportStoresAndRemovals) {
   std::vector<KvEvent> events;  // before the manager: they must outlive it
   std::mutex mu;
-  auto mgr = MakeManager(SmallConfig("", 4, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 4, 0));
   mgr->SubscribeEvents([&](std::span<const KvEvent> e) {
     std::lock_guard<std::mutex> lock(mu);
     events.insert(events.end(), e.begin(), e.end());
@@ -846,7 +843,7 @@ TEST(BlockManagerTest, SavedBlocksEnterTheIndexInPrefixOrderWhateverTheWorkers) 
   std::mutex mu;
   Config config = SmallConfig("", 512, 0);
   ASSERT_TRUE(config.Set("transfer.copy_threads", "4").ok());
-  auto mgr = MakeManager(config);
+  auto mgr = MakeTestManager(config);
   mgr->SubscribeEvents([&](std::span<const KvEvent> e) {
     std::lock_guard<std::mutex> lock(mu);
     events.insert(events.end(), e.begin(), e.end());
@@ -871,7 +868,7 @@ TEST(BlockManagerTest, SavedBlocksEnterTheIndexInPrefixOrderWhateverTheWorkers) 
 }
 
 TEST(BlockManagerTest, BadCallsGetClearErrors) {
-  auto mgr = MakeManager(SmallConfig("", 8, 0));
+  auto mgr = MakeTestManager(SmallConfig("", 8, 0));
   const auto prompt = Prompt(80, 40);
   EXPECT_EQ(mgr->Lookup({"", prompt, "", "", {}}, 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(mgr->Lookup({"x", prompt, "", "", {}}, 5).status().message().find("multiple"),

@@ -29,13 +29,12 @@ using testing::Prompt;
 using testing::TempDirectory;
 
 KvLayout LayoutOf(uint32_t tpb) {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 1;
-  l.head_dim = 8;
-  l.tokens_per_block = tpb;
-  l.dtype = DType::kFp32;
-  return l;  // 2 layers x 2 planes x 8 x 4 B = 128 B per token
+  // 2 layers x 2 planes x 8 x 4 B = 128 B per token
+  return KvLayout{.num_layers = 2,
+                  .num_kv_heads = 1,
+                  .head_dim = 8,
+                  .tokens_per_block = tpb,
+                  .dtype = DType::kFp32};
 }
 
 // G2 of `g2_blocks` slots (their header area included), G3 of `g3_blocks` in `g3_dir` (none

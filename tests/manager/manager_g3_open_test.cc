@@ -32,10 +32,7 @@ using namespace kvtier::testing;
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 ManagerOptions Options(Config config) {
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "g3-open-test";
-  o.config = std::move(config);
+  ManagerOptions o = testing::TestManagerOptions(std::move(config), "g3-open-test");
   return o;
 }
 

@@ -22,6 +22,7 @@
 namespace kvtier {
 namespace {
 
+using testing::MakeTestManager;
 using testing::MiniEngine;
 using testing::Prompt;
 using testing::RedisCommand;
@@ -30,10 +31,6 @@ using testing::SmallConfig;
 using testing::TempDirectory;
 using testing::TestLayout;
 using testing::WaitFor;
-
-std::unique_ptr<BlockManager> MakeManager(const Config& config) {
-  return testing::MakeTestManager(config);
-}
 
 Config FsConfig(const std::string& dir, uint64_t g2_blocks = 64) {
   Config c = SmallConfig("", g2_blocks, 0);
@@ -113,7 +110,7 @@ uint64_t TestNamespace() {
 // Worker A runs `prompt` on a manager over `config` and waits for its saves, so that G4 holds
 // the prompt's blocks; their keys. A is gone when this returns.
 std::vector<BlockKey> SavedByWorkerA(const Config& config, const std::vector<TokenId>& prompt) {
-  auto a = MakeManager(config);
+  auto a = MakeTestManager(config);
   EXPECT_NE(a, nullptr);
   if (a == nullptr) return {};
   MiniEngine ea(a.get(), kG1Blocks);
@@ -128,7 +125,7 @@ std::vector<BlockKey> SavedByWorkerA(const Config& config, const std::vector<Tok
 void CrossWorkerRoundTrip(const Config& config) {
   const std::vector<TokenId> prompt = Prompt(1, 10 * kTpb + 3);
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     ASSERT_NE(a, nullptr);
     MiniEngine ea(a.get(), kG1Blocks);
     auto out = ea.Run("a1", prompt);
@@ -140,7 +137,7 @@ void CrossWorkerRoundTrip(const Config& config) {
     EXPECT_EQ(s.g4_save_failures, 0u);
     EXPECT_EQ(s.pinned_blocks, 0u) << "write-through pins are all dropped";
   }
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   ASSERT_NE(b, nullptr);
   MiniEngine eb(b.get(), kG1Blocks);
   auto lr = b->Lookup({"probe", prompt, "", "", {}}, 0);
@@ -187,12 +184,12 @@ TEST(ManagerG4Fs, ARepeatedLookupReusesTheG4AnswerForASecond) {
   const Config config = PatientReads(FsConfig(dir.path() + "/g4"));
   const std::vector<TokenId> prompt = Prompt(10, 5 * kTpb + 1);
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", prompt);
     a->WaitForSaves();
   }
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   // vLLM asks again for a request it cannot schedule yet: one G4 query, not one per ask.
   for (int i = 0; i < 5; ++i) {
     auto lr = b->Lookup({"waiting", prompt, "", "", {}}, 0);
@@ -213,12 +210,12 @@ TEST(ManagerG4Fs, APartialG4AnswerIsAskedAgainWithin50Ms) {
   TempDirectory dir;
   const Config config = PatientReads(FsConfig(dir.path() + "/g4"));
   const std::vector<TokenId> prompt = Prompt(11, 5 * kTpb + 1);
-  auto a = MakeManager(config);
+  auto a = MakeTestManager(config);
   MiniEngine ea(a.get(), kG1Blocks);
   // The producer has written the first 2 blocks so far.
   ea.Run("a2", std::vector<TokenId>(prompt.begin(), prompt.begin() + 2 * kTpb + 1));
   a->WaitForSaves();
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   auto lr = b->Lookup({"waiting", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
   EXPECT_EQ(lr->blocks_by_tier[kTierG4], 2u);
@@ -247,7 +244,7 @@ TEST(ManagerG4Fs, G4BlocksAreOfferedOnlyWhereLoadingBeatsRecompute) {
   const Config base = FsConfig(dir.path() + "/g4");
   const std::vector<TokenId> prompt = Prompt(12, 6 * kTpb + 1);
   {
-    auto a = MakeManager(base);
+    auto a = MakeTestManager(base);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", prompt);
     a->WaitForSaves();
@@ -269,7 +266,7 @@ TEST(ManagerG4Fs, G4BlocksAreOfferedOnlyWhereLoadingBeatsRecompute) {
     Config config = base;
     ASSERT_TRUE(config.Set("g4.load_gbps", c.load_gbps).ok());
     ASSERT_TRUE(config.Set("g4.recompute_tokens_per_s", c.recompute_tps).ok());
-    auto b = MakeManager(config);
+    auto b = MakeTestManager(config);
     ASSERT_NE(b, nullptr);
     MiniEngine eb(b.get(), kG1Blocks);
     auto out = eb.Run("b", prompt);
@@ -290,12 +287,12 @@ TEST(ManagerG4Fs, TenantsAndModelsNeverShareG4Blocks) {
   const Config config = FsConfig(dir.path() + "/g4");
   const std::vector<TokenId> prompt = Prompt(2, 6 * kTpb + 1);
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", prompt, "tenant-a");
     a->WaitForSaves();
   }
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   EXPECT_EQ(eb.Run("b", prompt, "tenant-b").offered_tokens, 0u) << "another salt: a miss";
   EXPECT_EQ(eb.Run("c", prompt, "tenant-a").loaded_tokens, 6 * kTpb);
@@ -312,7 +309,7 @@ TEST(ManagerG4Fs, CorruptObjectIsRefusedAndTheRestIsRecomputed) {
   const std::string path = FsObjectPath(dir.path() + "/g4", name);
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   FsBackdoor(dir.path() + "/g4").corrupt(name);
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("b", prompt);
   EXPECT_EQ(out.offered_tokens, 8 * kTpb) << "Contains cannot see corruption; the load does";
@@ -324,7 +321,7 @@ TEST(ManagerG4Fs, CorruptObjectIsRefusedAndTheRestIsRecomputed) {
   EXPECT_GE(s.g4_load_failures, 1u);
   EXPECT_EQ(s.pinned_blocks, 0u);
   // B recomputed block 5 and wrote it through: the object is whole again for everyone.
-  auto c = MakeManager(config);
+  auto c = MakeTestManager(config);
   MiniEngine ec(c.get(), kG1Blocks);
   auto healed = ec.Run("c", prompt);
   EXPECT_EQ(healed.loaded_tokens, 8 * kTpb);
@@ -341,7 +338,7 @@ TEST(ManagerG4Redis, CorruptObjectInRedisIsRefused) {
   ASSERT_GT(keys.size(), 0u);
   // Block 0's header: a byte of the token area overwritten in Redis.
   RedisBackdoor(server.port()).corrupt(RemoteObjectName(TestNamespace(), keys[0]));
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("b", prompt);
   EXPECT_EQ(out.loaded_tokens, 0u);
@@ -384,7 +381,7 @@ void CorruptObjectIsDeletedAndNeverOfferedAgain(const Config& config, const G4Ba
   const std::vector<TokenId> prompt = Prompt(13, 6 * kTpb + 5);
   std::vector<BlockKey> keys;
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     ASSERT_NE(a, nullptr);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", prompt);
@@ -394,7 +391,7 @@ void CorruptObjectIsDeletedAndNeverOfferedAgain(const Config& config, const G4Ba
   }
   const std::string bad = RemoteObjectName(TestNamespace(), keys[3]);
   g4.corrupt(bad);
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   ASSERT_NE(b, nullptr);
   MiniEngine eb(b.get(), kG1Blocks);
   LoadOnlyOutcome first = LoadOnly(b.get(), &eb, "b1", prompt);
@@ -423,7 +420,7 @@ void CorruptObjectIsDeletedAndNeverOfferedAgain(const Config& config, const G4Ba
   b->WaitForSaves();
   EXPECT_TRUE(g4.exists(bad));
   EXPECT_EQ(b->Stats().g4_rejected_keys, 0u) << "written again: offerable again";
-  auto c = MakeManager(config);
+  auto c = MakeTestManager(config);
   ASSERT_NE(c, nullptr);
   MiniEngine ec(c.get(), kG1Blocks);
   auto out = ec.Run("c", prompt);
@@ -459,7 +456,7 @@ TEST(ManagerG4Fs, ACorruptObjectThatComesBackIsStillNotOffered) {
   FsBackdoor(g4).corrupt(name);
   const std::string copy = dir.path() + "/corrupt-copy";
   std::filesystem::copy_file(path, copy);
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   EXPECT_EQ(LoadOnly(b.get(), &eb, "b1", prompt).loaded_tokens, 1 * kTpb);
   ASSERT_TRUE(WaitFor([&] { return !std::filesystem::exists(path); }));
@@ -481,7 +478,7 @@ TEST(ManagerG4Fs, AnObjectThatVanishedBeforeItsLoadIsNotOfferedAgain) {
   ASSERT_GT(keys.size(), 2u);
   const std::string name = RemoteObjectName(TestNamespace(), keys[2]);
   const std::string path = FsObjectPath(g4, name);
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   auto lr = b->Lookup({"b1", prompt, "", "", {}}, 0);
   ASSERT_TRUE(lr.ok());
@@ -547,14 +544,14 @@ TEST(ManagerG4Redis, DestroyedWithSavesInFlightItsWriteThroughStillLandsInG4) {
   constexpr uint32_t kManagers = 8;
   constexpr uint32_t kBlocks = 4;
   for (uint32_t i = 0; i < kManagers; ++i) {
-    auto m = MakeManager(config);
+    auto m = MakeTestManager(config);
     ASSERT_NE(m, nullptr);
     // The engine's G1 memory outlives the manager: the saves in flight read it.
     auto e = std::make_unique<MiniEngine>(m.get(), kG1Blocks);
     e->Run("w" + std::to_string(i), Prompt(300 + i, kBlocks * kTpb + 1), "", /*wait_saves=*/false);
     m.reset();  // no WaitForSaves
   }
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   ASSERT_NE(b, nullptr);
   MiniEngine eb(b.get(), kG1Blocks);
   for (uint32_t i = 0; i < kManagers; ++i) {
@@ -578,7 +575,7 @@ TEST(ManagerG4Redis, KilledRestartedPausedServerSurfacesNoErrorAndServesNothingW
   ASSERT_TRUE(server.Start()) << server.error();
   Config config = RedisConfig(server.endpoint(), 16);  // small G2: later prompts evict
   auto events = std::make_shared<EventLog>();
-  auto a = MakeManager(config);
+  auto a = MakeTestManager(config);
   ASSERT_NE(a, nullptr);
   a->SubscribeEvents([events](std::span<const KvEvent> evs) {
     std::lock_guard<std::mutex> l(events->mu);
@@ -636,7 +633,7 @@ TEST(ManagerG4Redis, KilledRestartedPausedServerSurfacesNoErrorAndServesNothingW
 
   // What survived in G4 (written after the restart) is found by a fresh worker, byte-exact.
   // The deadlines bounded the waits above; here they only need to let a loaded machine answer.
-  auto b = MakeManager(PatientReads(config));
+  auto b = MakeTestManager(PatientReads(config));
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("fresh", Prompt(written_after_restart, 6 * kTpb + 1, 0));
   EXPECT_EQ(out.loaded_tokens, 6 * kTpb);
@@ -668,12 +665,12 @@ TEST(ManagerG4Redis, LookupNeverWaitsPastItsDeadlineAndLoadsFailByTheirs) {
   ASSERT_TRUE(config.Set("g4.lookup_deadline_ms", "30").ok());
   const std::vector<TokenId> prompt = Prompt(5, 6 * kTpb + 1);
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", prompt);
     a->WaitForSaves();
   }
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   // Warm B's connections first, so the paused server is met on an open connection.
   ASSERT_TRUE(b->Lookup({"warm", Prompt(77, 3 * kTpb + 1), "", "", {}}, 0).ok());
@@ -718,7 +715,7 @@ TEST(ManagerG4Redis, DownAtStartIsNotAnErrorAndG4JoinsWhenItComesUp) {
   const std::string endpoint = server.endpoint();
   server.Kill();
   Config config = RedisConfig(endpoint);
-  auto a = MakeManager(config);
+  auto a = MakeTestManager(config);
   ASSERT_NE(a, nullptr) << "a server that is down does not stop the worker";
   MiniEngine ea(a.get(), kG1Blocks);
   const std::vector<TokenId> prompt = Prompt(6, 4 * kTpb + 1);
@@ -739,14 +736,14 @@ TEST(ManagerG4RedisCluster, SharesAcrossManagersAndALostNodeIsAMissNotAnError) {
   ASSERT_TRUE(config.Set("g4.cluster", "true").ok());
   const std::vector<TokenId> prompt = Prompt(8, 12 * kTpb + 1);
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", prompt);
     a->WaitForSaves();
     EXPECT_EQ(a->Stats().g4_saved_blocks, 12u);
   }
   {
-    auto b = MakeManager(config);
+    auto b = MakeTestManager(config);
     MiniEngine eb(b.get(), kG1Blocks);
     auto out = eb.Run("b", prompt);
     EXPECT_EQ(out.loaded_tokens, 12 * kTpb) << "blocks spread over 3 nodes, all found";
@@ -756,7 +753,7 @@ TEST(ManagerG4RedisCluster, SharesAcrossManagersAndALostNodeIsAMissNotAnError) {
   // nothing by the RemoteStore contract, so while a node is down the whole G4 lookup is a
   // miss, not just that node's blocks: docs/g4.md, "Not done".)
   cluster.Kill(1);
-  auto c = MakeManager(config);
+  auto c = MakeTestManager(config);
   MiniEngine ec(c.get(), kG1Blocks);
   auto out = ec.Run("c", prompt);
   c->WaitForSaves();  // write-throughs (failing on the dead node) hold pins until they end
@@ -771,14 +768,14 @@ TEST(ManagerG4Fs, LoadsStageThroughThePoolWhenG2HasNoFreeSlot) {
   TempDirectory dir;
   const std::vector<TokenId> prompt = Prompt(9, 6 * kTpb + 1);
   {
-    auto a = MakeManager(FsConfig(dir.path() + "/g4"));
+    auto a = MakeTestManager(FsConfig(dir.path() + "/g4"));
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", prompt);
     a->WaitForSaves();
   }
   // 8 G2 slots: 4 staging, 4 cache. Four G4 blocks stage through free cache slots (and are
   // promoted), the other two through the pool (not promoted).
-  auto b = MakeManager(FsConfig(dir.path() + "/g4", 8));
+  auto b = MakeTestManager(FsConfig(dir.path() + "/g4", 8));
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("b", prompt);
   EXPECT_EQ(out.loaded_tokens, 6 * kTpb);
@@ -798,7 +795,7 @@ TEST(ManagerG4Fs, WithoutWriteThroughBlocksLeavingG2GoToG4) {
   ASSERT_TRUE(config.Set("g4.write_through", "false").ok());
   const std::vector<TokenId> first = Prompt(7, 4 * kTpb + 1);
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", first);
     a->WaitForSaves();
@@ -809,7 +806,7 @@ TEST(ManagerG4Fs, WithoutWriteThroughBlocksLeavingG2GoToG4) {
     EXPECT_GT(s.evicted_blocks_g2, 0u);
     EXPECT_EQ(s.g4_saved_blocks, s.evicted_blocks_g2) << "every block leaving G2 went to G4";
   }
-  auto b = MakeManager(config);
+  auto b = MakeTestManager(config);
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("b", first);
   EXPECT_EQ(out.loaded_tokens, 4 * kTpb);
@@ -832,7 +829,7 @@ TEST(ManagerG4Fs, WithoutWriteThroughG3VictimsAreInG4) {
   ASSERT_TRUE(config.Set("g3.admit_min_seen", "1").ok());
   const std::vector<TokenId> first = Prompt(9, 4 * kTpb + 1);
   {
-    auto a = MakeManager(config);
+    auto a = MakeTestManager(config);
     MiniEngine ea(a.get(), kG1Blocks);
     ea.Run("a", first);
     a->WaitForSaves();
@@ -848,7 +845,7 @@ TEST(ManagerG4Fs, WithoutWriteThroughG3VictimsAreInG4) {
   }
   Config fresh = config;
   ASSERT_TRUE(fresh.Set("g3.dir", dir.path() + "/g3b").ok());  // nothing local
-  auto b = MakeManager(fresh);
+  auto b = MakeTestManager(fresh);
   MiniEngine eb(b.get(), kG1Blocks);
   auto out = eb.Run("b", first);
   EXPECT_EQ(out.loaded_tokens, 4 * kTpb);
@@ -859,10 +856,7 @@ TEST(ManagerG4Fs, WithoutWriteThroughG3VictimsAreInG4) {
 TEST(ManagerG4Config, IncompleteG4ConfigIsRefusedClearly) {
   Config fs = SmallConfig("", 16, 0);
   ASSERT_TRUE(fs.Set("g4.backend", "fs").ok());
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "m";
-  o.config = fs;
+  ManagerOptions o = testing::TestManagerOptions(fs, "m");
   auto m = BlockManager::Create(o);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("g4.dir"), std::string::npos) << m.status().ToString();

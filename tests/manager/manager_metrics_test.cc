@@ -93,10 +93,7 @@ std::map<std::string, double> Parse(const std::string& text) {
 }
 
 std::unique_ptr<BlockManager> Manager(const std::string& dir, uint16_t port) {
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = SmallConfig(dir, 16, 64);
+  ManagerOptions o = testing::TestManagerOptions(SmallConfig(dir, 16, 64));
   EXPECT_TRUE(o.config.Set("metrics.port", std::to_string(port)).ok());
   auto m = BlockManager::Create(o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
@@ -187,10 +184,7 @@ TEST(ManagerMetrics, SecondManagerOnTheSamePortFailsClearly) {
   const uint16_t port = FreePort();
   auto first = Manager(dir1.path(), port);
   ASSERT_NE(first, nullptr);
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = SmallConfig(dir2.path(), 16, 64);
+  ManagerOptions o = testing::TestManagerOptions(SmallConfig(dir2.path(), 16, 64));
   ASSERT_TRUE(o.config.Set("metrics.port", std::to_string(port)).ok());
   auto second = BlockManager::Create(o);
   ASSERT_FALSE(second.ok());
@@ -208,10 +202,7 @@ TEST(ManagerMetrics, SecondManagerOnTheSamePortFailsClearly) {
 
 TEST(ManagerMetrics, OffByDefaultAndBadBindIsRefused) {
   TempDirectory dir;
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = SmallConfig(dir.path(), 16, 64);
+  ManagerOptions o = testing::TestManagerOptions(SmallConfig(dir.path(), 16, 64));
   EXPECT_EQ(o.config.GetUint("metrics.port"), 0u);
   ASSERT_TRUE(o.config.Set("metrics.port", "1").ok());
   ASSERT_TRUE(o.config.Set("metrics.bind", "not-an-ip").ok());

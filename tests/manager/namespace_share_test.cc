@@ -14,15 +14,13 @@ namespace {
 constexpr uint32_t kTpb = 16;
 
 KvLayout SmallLayout() {
-  KvLayout l;
-  l.num_layers = 1;
-  l.num_planes = 1;
-  l.num_kv_heads = 1;
-  l.head_dim = 64;
-  l.tokens_per_block = kTpb;
-  l.dtype = DType::kFp16;
-  l.g1_arrangement = G1Arrangement::kBlockContiguous;
-  return l;
+  return KvLayout{.num_layers = 1,
+                  .num_planes = 1,
+                  .num_kv_heads = 1,
+                  .head_dim = 64,
+                  .tokens_per_block = kTpb,
+                  .dtype = DType::kFp16,
+                  .g1_arrangement = G1Arrangement::kBlockContiguous};
 }
 
 class Tenant {

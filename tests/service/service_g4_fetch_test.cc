@@ -100,14 +100,9 @@ std::vector<std::pair<std::string, std::string>> RedisG4Env(const RedisServer& r
 // when its saves ended (G2; the G4 writes follow).
 void Produce(SplitEngine& e, const std::string& id, uint32_t seed, uint32_t blocks) {
   const KvLayout& l = e.g1.layout;
-  const std::vector<TokenId> prompt = Prompt(seed, blocks * l.tokens_per_block + 1);
-  RequestSpec spec;
-  spec.request_id = id;
-  spec.prompt = prompt;
-  ASSERT_TRUE(e.manager->Lookup(spec, 0).ok());
+  std::vector<TokenId> prompt;
   std::vector<uint32_t> ids;
-  for (uint32_t b = 0; b <= blocks; ++b) ids.push_back(b);
-  ASSERT_TRUE(e.manager->PrepareLoad(id, ids, 0).ok());
+  ASSERT_NO_FATAL_FAILURE(LookUpAndPrepare(*e.manager, l, id, seed, blocks, 0, &prompt, &ids));
   for (uint32_t b = 0; b < blocks; ++b) {
     std::vector<uint8_t> bytes(l.BlockBytes());
     FillBlock(bytes.data(), bytes.size(), seed, b);

@@ -73,10 +73,7 @@ Result<Attached> Attach(const std::string& socket, const std::string& instance,
   Attached e;
   e.id = id;
   const uint32_t blocks = 32;
-  e.g1_bytes.assign(uint64_t{blocks} * id.layout.BlockBytes(), 0);
-  e.g1.layout = id.layout;
-  e.g1.num_blocks = blocks;
-  e.g1.regions = {G1Region{e.g1_bytes.data(), id.layout.BlockBytes()}};
+  e.g1 = ContiguousG1(id.layout, blocks, e.g1_bytes);
   ManagerOptions o;
   o.layout = id.layout;
   o.model_id = id.ModelId();

@@ -112,11 +112,8 @@ TEST(ServiceLease, ABatchThatArrivesAfterItsDeadlineNeverWritesG1) {
   client::AttachedManager* client = attached->get();
   Engine e;
   const KvLayout l = TestLayout();
-  e.g1_bytes.assign(64 * l.BlockBytes(), 0);
-  e.g1.layout = l;
-  e.g1.num_blocks = 64;
+  e.g1 = ContiguousG1(l, 64, e.g1_bytes);
   e.g1.on_device = true;  // host memory the stand-in treats as a device's
-  e.g1.regions = {G1Region{e.g1_bytes.data(), l.BlockBytes()}};
   e.manager = std::move(attached).value();
   ASSERT_TRUE(e.manager->RegisterDeviceMemory(e.g1).ok());
   ASSERT_NE(device, nullptr);
@@ -319,11 +316,7 @@ TEST(ServiceLease, ASaveWhoseDeadlinePassesBetweenBlocksIsRefused) {
   ASSERT_TRUE(attached.ok()) << attached.status().ToString();
   client::AttachedManager* client = attached->get();
   Engine e;
-  const KvLayout l = TestLayout();
-  e.g1_bytes.assign(16 * l.BlockBytes(), 0);
-  e.g1.layout = l;
-  e.g1.num_blocks = 16;
-  e.g1.regions = {G1Region{e.g1_bytes.data(), l.BlockBytes()}};
+  e.g1 = ContiguousG1(TestLayout(), 16, e.g1_bytes);
   e.manager = std::move(attached).value();
   ASSERT_TRUE(e.manager->RegisterDeviceMemory(e.g1).ok());
 

@@ -104,18 +104,29 @@ inline DiskTier::Config TestConfig(const std::string& dir, uint64_t payload_byte
   return c;
 }
 
-// Writes block i from `buffer` (io_bytes long) and waits for the result.
-inline Status WriteBlock(DiskTier* tier, uint64_t i, uint8_t* buffer) {
-  FillTestPayload(i, buffer + kBlockHeaderBytes, tier->payload_bytes());
-  const std::vector<TokenId> tokens = TestTokens(i);
-  DiskOpWaiter waiter;
+// A write of block i in kTestNamespace from `buffer` (io_bytes long, its payload filled here),
+// its tokens put in `tokens` (which must outlive the submission), its result sent to `sink`.
+inline DiskWriteRequest TestWrite(uint64_t i, std::vector<TokenId>& tokens, uint8_t* buffer,
+                                  uint64_t payload_bytes, DiskCompletionSink* sink,
+                                  uint64_t cookie = 0) {
+  FillTestPayload(i, buffer + kBlockHeaderBytes, payload_bytes);
+  tokens = TestTokens(i);
   DiskWriteRequest r;
   r.key = TestKey(i);
   r.parent = TestParent(i);
   r.namespace_id = kTestNamespace;
   r.tokens = tokens;
   r.buffer = buffer;
-  r.sink = &waiter;
+  r.sink = sink;
+  r.cookie = cookie;
+  return r;
+}
+
+// Writes block i from `buffer` (io_bytes long) and waits for the result.
+inline Status WriteBlock(DiskTier* tier, uint64_t i, uint8_t* buffer) {
+  std::vector<TokenId> tokens;
+  DiskOpWaiter waiter;
+  DiskWriteRequest r = TestWrite(i, tokens, buffer, tier->payload_bytes(), &waiter);
   tier->SubmitWrites({&r, 1});
   return waiter.Take(1)[0].status;
 }
@@ -179,6 +190,14 @@ inline DiskTier::Opened OpenOrDie(const DiskTier::Config& config,
   EXPECT_TRUE(opened.ok()) << opened.status().ToString();
   if (!opened.ok()) std::abort();
   return std::move(opened).value();
+}
+
+// Opens a tier with `config`, writes blocks 0..n-1 through one buffer (each write must
+// succeed), and closes it again: the setup of the tests of what a later open finds.
+inline void WriteBlocksAndClose(const DiskTier::Config& config, uint64_t n) {
+  auto opened = OpenOrDie(config);
+  AlignedBuffer buf(opened.tier->io_bytes());
+  for (uint64_t i = 0; i < n; ++i) ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
 }
 
 }  // namespace kvtier::testing

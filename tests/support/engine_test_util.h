@@ -17,10 +17,44 @@
 #include <cmath>
 #include <span>
 
+#include <gtest/gtest.h>
+
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "kvtier/connector.h"
 
 namespace kvtier::engine::testing {
+
+// `n` pseudo-random tokens below `vocab` (a linear congruential sequence from `seed`).
+inline std::vector<TokenId> Tokens(uint32_t n, uint32_t seed, uint32_t vocab) {
+  std::vector<TokenId> t(n);
+  uint32_t s = seed;
+  for (TokenId& x : t) {
+    s = s * 1664525u + 1013904223u;
+    x = (s >> 8) % vocab;
+  }
+  return t;
+}
+
+// Options for a manager of the engine's blocks (`layout`) with a G2 of `g2_blocks` slots,
+// unlocked and prefaulted by one thread, for model "random-llama"; tests add their own settings.
+inline ManagerOptions EngineManagerOptions(const KvLayout& layout, uint64_t g2_blocks) {
+  ManagerOptions o;
+  o.layout = layout;
+  o.model_id = "random-llama";
+  const uint64_t slot = 4096 + layout.BlockBytes();
+  EXPECT_TRUE(o.config.Set("g2.capacity_bytes", std::to_string(g2_blocks * slot)).ok());
+  EXPECT_TRUE(o.config.Set("g2.lock_memory", "false").ok());
+  EXPECT_TRUE(o.config.Set("g2.prefault_threads", "1").ok());
+  return o;
+}
+
+// The manager `o` makes, or nullptr (a failed expectation) when it cannot be created.
+inline std::unique_ptr<BlockManager> CreateManager(const ManagerOptions& o) {
+  auto m = BlockManager::Create(o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(*m) : nullptr;
+}
 
 // A directory under $TMPDIR removed (with its contents) at destruction.
 class TempDir {

@@ -24,12 +24,8 @@
 namespace kvtier::testing {
 
 inline KvLayout TestLayout() {
-  KvLayout l;
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 32;
-  l.tokens_per_block = 16;
-  return l;  // 4 x 2 x 16 x 2 x 32 x 2 B = 32 KiB per block
+  // 4 x 2 x 16 x 2 x 32 x 2 B = 32 KiB per block
+  return KvLayout{.num_layers = 4, .num_kv_heads = 2, .head_dim = 32, .tokens_per_block = 16};
 }
 
 inline uint64_t Mix(uint64_t x) {
@@ -319,13 +315,19 @@ inline int CorruptG3Payloads(const std::string& dir, uint64_t slots = 64) {
   return corrupted;
 }
 
+// Options for a manager of TestLayout() with `config`, for model `model_id`.
+inline ManagerOptions TestManagerOptions(Config config, std::string model_id = "test-model") {
+  ManagerOptions o;
+  o.layout = TestLayout();
+  o.model_id = std::move(model_id);
+  o.config = std::move(config);
+  return o;
+}
+
 // A BlockManager on TestLayout() for model "test-model" with `config`; a test failure and
 // nullptr when it cannot be created.
 inline std::unique_ptr<BlockManager> MakeTestManager(const Config& config) {
-  ManagerOptions o;
-  o.layout = TestLayout();
-  o.model_id = "test-model";
-  o.config = config;
+  ManagerOptions o = TestManagerOptions(config);
   auto m = BlockManager::Create(o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(m).value() : nullptr;

@@ -18,6 +18,14 @@ namespace kvtier::policy_test {
 
 using Predicate = EvictionPolicy::EvictablePredicate;
 
+// A well-mixed 64-bit value of `x` (SplitMix64's finalizer): pseudo-random keys and draws.
+inline uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 inline uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -31,15 +31,13 @@ using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 inline KvLayout TestLayout() {
-  KvLayout l;
-  l.num_layers = 4;
-  l.num_planes = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 16;
-  l.tokens_per_block = 16;
-  l.dtype = DType::kFp16;
-  l.g1_arrangement = G1Arrangement::kBlockContiguous;
-  return l;
+  return KvLayout{.num_layers = 4,
+                  .num_planes = 2,
+                  .num_kv_heads = 2,
+                  .head_dim = 16,
+                  .tokens_per_block = 16,
+                  .dtype = DType::kFp16,
+                  .g1_arrangement = G1Arrangement::kBlockContiguous};
 }
 
 // An engine: an attached manager and a host G1 of `blocks` blocks.
@@ -49,6 +47,16 @@ struct Engine {
   std::unique_ptr<BlockManager> manager;
 };
 
+// G1 of `blocks` blocks of `layout`, block-contiguous in `bytes` (sized here).
+inline G1Memory ContiguousG1(const KvLayout& layout, uint32_t blocks, std::vector<uint8_t>& bytes) {
+  bytes.assign(uint64_t{blocks} * layout.BlockBytes(), 0);
+  G1Memory g1;
+  g1.layout = layout;
+  g1.num_blocks = blocks;
+  g1.regions = {G1Region{bytes.data(), layout.BlockBytes()}};
+  return g1;
+}
+
 // `model`: the model id (each model and layout is a pool of its own in the daemon). `config`:
 // more settings for the engine (after the defaults below).
 inline Result<Engine> TryMakeEngine(
@@ -56,10 +64,7 @@ inline Result<Engine> TryMakeEngine(
     uint32_t blocks = 64, const std::vector<std::pair<std::string, std::string>>& config = {}) {
   Engine e;
   const KvLayout layout = TestLayout();
-  e.g1_bytes.assign(uint64_t{blocks} * layout.BlockBytes(), 0);
-  e.g1.layout = layout;
-  e.g1.num_blocks = blocks;
-  e.g1.regions = {G1Region{e.g1_bytes.data(), layout.BlockBytes()}};
+  e.g1 = ContiguousG1(layout, blocks, e.g1_bytes);
   ManagerOptions o;
   o.layout = layout;
   o.model_id = model;
@@ -105,19 +110,29 @@ inline bool BlockIs(const uint8_t* src, uint64_t bytes, uint32_t seed, uint32_t 
   return std::memcmp(src, want.data(), bytes) == 0;
 }
 
+// The first half of computing prompt `seed` (`blocks` full blocks + 1 token, into `*prompt`)
+// as request `id` of `manager`: its Lookup, and its PrepareLoad into G1 blocks
+// [first, first + blocks] (`*ids`).
+inline void LookUpAndPrepare(BlockManager& manager, const KvLayout& l, const std::string& id,
+                             uint32_t seed, uint32_t blocks, uint32_t first,
+                             std::vector<TokenId>* prompt, std::vector<uint32_t>* ids) {
+  *prompt = Prompt(seed, blocks * l.tokens_per_block + 1);
+  RequestSpec spec;
+  spec.request_id = id;
+  spec.prompt = *prompt;
+  ASSERT_TRUE(manager.Lookup(spec, 0).ok());
+  for (uint32_t b = 0; b < blocks + 1; ++b) ids->push_back(first + b);
+  ASSERT_TRUE(manager.PrepareLoad(id, *ids, 0).ok());
+}
+
 // Computes (fills) and saves prompt `seed` (`blocks` full blocks + 1 token) in G1 blocks
 // [first, first + blocks); waits until its saves are done.
 inline void ComputeAndSave(Engine& e, const std::string& id, uint32_t seed, uint32_t blocks,
                            uint32_t first = 0) {
   const KvLayout& l = e.g1.layout;
-  const std::vector<TokenId> prompt = Prompt(seed, blocks * l.tokens_per_block + 1);
-  RequestSpec spec;
-  spec.request_id = id;
-  spec.prompt = prompt;
-  ASSERT_TRUE(e.manager->Lookup(spec, 0).ok());
+  std::vector<TokenId> prompt;
   std::vector<uint32_t> ids;
-  for (uint32_t b = 0; b < blocks + 1; ++b) ids.push_back(first + b);
-  ASSERT_TRUE(e.manager->PrepareLoad(id, ids, 0).ok());
+  ASSERT_NO_FATAL_FAILURE(LookUpAndPrepare(*e.manager, l, id, seed, blocks, first, &prompt, &ids));
   for (uint32_t b = 0; b < blocks; ++b) {
     FillBlock(e.g1_bytes.data() + uint64_t{first + b} * l.BlockBytes(), l.BlockBytes(), seed, b);
   }

@@ -67,15 +67,7 @@ TEST(DiskFaults, ThousandBitFlipsAndTornWritesServeNothingCorrupt) {
     std::vector<DiskWriteRequest> writes(kBatch);
     const uint64_t first = next;
     for (uint32_t b = 0; b < kBatch; ++b, ++next) {
-      FillTestPayload(next, bufs[b]->data() + kBlockHeaderBytes, kPayload);
-      tokens[b] = TestTokens(next);
-      writes[b].key = TestKey(next);
-      writes[b].parent = TestParent(next);
-      writes[b].namespace_id = kTestNamespace;
-      writes[b].tokens = tokens[b];
-      writes[b].buffer = bufs[b]->data();
-      writes[b].sink = &waiter;
-      writes[b].cookie = next;
+      writes[b] = TestWrite(next, tokens[b], bufs[b]->data(), kPayload, &waiter, next);
     }
     tier->SubmitWrites(writes);
     for (const DiskOpResult& r : waiter.Take(kBatch))
@@ -84,11 +76,7 @@ TEST(DiskFaults, ThousandBitFlipsAndTornWritesServeNothingCorrupt) {
     std::vector<DiskReadRequest> reads(kBatch);
     for (uint32_t b = 0; b < kBatch; ++b) {
       std::memset(bufs[b]->data(), 0, tier->io_bytes());
-      reads[b].key = TestKey(first + b);
-      reads[b].namespace_id = kTestNamespace;
-      reads[b].expected_tokens = tokens[b];
-      reads[b].buffer = bufs[b]->data();
-      reads[b].sink = &waiter;
+      reads[b] = TestRead(first + b, tokens[b], bufs[b]->data(), &waiter);
       reads[b].cookie = b;
     }
     tier->SubmitReads(reads);
@@ -349,12 +337,7 @@ TEST(DiskFaults, ReadErrorsDuringTheOpenScanFreeThoseSlots) {
   TempDir dir;
   DiskTier::Config config = TestConfig(dir.path(), kPayload, 16);
   config.snapshot_on_close = false;
-  {
-    auto opened = OpenOrDie(config);
-    AlignedBuffer buf(opened.tier->io_bytes());
-    for (uint64_t i = 0; i < 10; ++i)
-      ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteBlocksAndClose(config, 10));
   DiskTier::OpenOptions options;
   options.wrap_io = [](std::unique_ptr<DiskIo> io) {
     auto w = std::make_unique<FaultInjectingIo>(std::move(io));

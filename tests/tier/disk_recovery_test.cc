@@ -93,12 +93,7 @@ TEST(DiskRecovery, WithoutSnapshotTheScanFindsEveryCompleteBlock) {
   TempDir dir;
   DiskTier::Config config = TestConfig(dir.path(), kPayload, 64);
   config.snapshot_on_close = false;  // as after a crash
-  {
-    auto opened = OpenOrDie(config);
-    AlignedBuffer buf(opened.tier->io_bytes());
-    for (uint64_t i = 0; i < 40; ++i)
-      ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteBlocksAndClose(config, 40));
   auto opened = OpenOrDie(config);
   const DiskTierStats s = opened.tier->stats();
   EXPECT_FALSE(s.recovered_from_snapshot);
@@ -118,12 +113,7 @@ TEST(DiskRecovery, ScanReportsProgressToTheCallback) {
   TempDir dir;
   DiskTier::Config config = TestConfig(dir.path(), kPayload, 64);
   config.snapshot_on_close = false;
-  {
-    auto opened = OpenOrDie(config);
-    AlignedBuffer buf(opened.tier->io_bytes());
-    for (uint64_t i = 0; i < 10; ++i)
-      ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteBlocksAndClose(config, 10));
   std::vector<std::pair<uint64_t, uint64_t>> calls;
   DiskTier::OpenOptions options;
   options.recovery_progress = [&calls](uint64_t scanned, uint64_t total) {
@@ -148,11 +138,7 @@ TEST(DiskRecovery, ScanReportsProgressToTheCallback) {
 TEST(DiskRecovery, SnapshotIsNeverUsedTwice) {
   TempDir dir;
   DiskTier::Config config = TestConfig(dir.path(), kPayload, 16);
-  {
-    auto opened = OpenOrDie(config);
-    AlignedBuffer buf(opened.tier->io_bytes());
-    for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteBlocksAndClose(config, 4));
   // Restart from the snapshot, change the contents, then "crash" (no snapshot written).
   config.snapshot_on_close = false;
   {
@@ -206,10 +192,7 @@ TEST(DiskRecovery, DamagedOrForeignSnapshotFallsBackToTheScan) {
 TEST(DiskRecovery, SnapshotParserRefusesBadLengths) {
   TempDir dir;
   const std::string path = dir.sub("snap");
-  Snapshot s;
-  s.tier_id = 1;
-  s.geometry_hash = 2;
-  s.next_generation = 3;
+  Snapshot s{.tier_id = 1, .geometry_hash = 2, .next_generation = 3, .files = {}, .blocks = {}};
   s.blocks.push_back(RecoveredBlock{TestKey(1), TestParent(1), 5, 2, 7, TestTokens(1)});
   s.blocks.push_back(RecoveredBlock{TestKey(2), TestParent(2), 5, 3, 8, TestTokens(2)});
   ASSERT_TRUE(WriteSnapshot(path, s).ok());
@@ -242,10 +225,7 @@ TEST(DiskRecovery, SnapshotParserRefusesBadLengths) {
 TEST(DiskRecovery, SnapshotParserRefusesForgedFieldsBehindAValidChecksum) {
   TempDir dir;
   const std::string path = dir.sub("snap");
-  Snapshot s;
-  s.tier_id = 1;
-  s.geometry_hash = 2;
-  s.next_generation = 3;
+  Snapshot s{.tier_id = 1, .geometry_hash = 2, .next_generation = 3, .files = {}, .blocks = {}};
   s.files.push_back(FileIdentity{11, 12, 13, 14});
   s.blocks.push_back(RecoveredBlock{TestKey(1), TestParent(1), 5, 2, 7, TestTokens(1)});
   s.blocks.push_back(RecoveredBlock{TestKey(2), TestParent(2), 5, 3, 8, TestTokens(2)});
@@ -380,11 +360,7 @@ TEST(DiskRecovery, DamagedSuperblockIsReportedThenReformatted) {
 TEST(DiskRecovery, InspectReportsATruncatedFile) {
   TempDir dir;
   DiskTier::Config config = TestConfig(dir.path(), kPayload, 8);
-  {
-    auto opened = OpenOrDie(config);
-    AlignedBuffer buf(opened.tier->io_bytes());
-    for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteBlock(opened.tier.get(), i, buf.data()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteBlocksAndClose(config, 8));
   const DiskGeometry g =
       *DiskGeometry::For(config.capacity_bytes, kPayload, kBlockHeaderBytes, 1, kTestLayout);
   std::filesystem::resize_file(dir.sub("g3-0000.kvt"), g.OffsetOf(5) + 100);
@@ -533,15 +509,7 @@ TEST(DiskRecoveryChild, WriteForever) {
   for (uint64_t round = 0;; ++round) {
     std::vector<DiskWriteRequest> writes(kBatch);
     for (uint32_t b = 0; b < kBatch; ++b) {
-      const uint64_t i = next + b;
-      FillTestPayload(i, bufs[b]->data() + kBlockHeaderBytes, kPayload);
-      tokens[b] = TestTokens(i);
-      writes[b].key = TestKey(i);
-      writes[b].parent = TestParent(i);
-      writes[b].namespace_id = kTestNamespace;
-      writes[b].tokens = tokens[b];
-      writes[b].buffer = bufs[b]->data();
-      writes[b].sink = &waiter;
+      writes[b] = TestWrite(next + b, tokens[b], bufs[b]->data(), kPayload, &waiter);
     }
     tier->SubmitWrites(writes);
     (void)waiter.Take(kBatch);

@@ -20,6 +20,17 @@ using namespace kvtier::testing;
 
 constexpr uint64_t kPayload = 12288;  // 3 pages: slot = 4 pages
 
+// Open options that wrap the tier's I/O in a FaultInjectingIo, left in `*faults`.
+DiskTier::OpenOptions WrapInFaults(FaultInjectingIo** faults) {
+  DiskTier::OpenOptions options;
+  options.wrap_io = [faults](std::unique_ptr<DiskIo> io) {
+    auto w = std::make_unique<FaultInjectingIo>(std::move(io));
+    *faults = w.get();
+    return w;
+  };
+  return options;
+}
+
 class DiskTierBackends : public ::testing::TestWithParam<IoBackend> {};
 
 TEST_P(DiskTierBackends, WriteThenReadEveryBlock) {
@@ -233,12 +244,7 @@ TEST(DiskTier, ForeignTokensOrNamespaceAreAMissAndFreeTheSlot) {
 TEST(DiskTier, RemoveDuringReadDefersSlotReuse) {
   TempDir dir;
   FaultInjectingIo* faults = nullptr;
-  DiskTier::OpenOptions options;
-  options.wrap_io = [&](std::unique_ptr<DiskIo> io) {
-    auto w = std::make_unique<FaultInjectingIo>(std::move(io));
-    faults = w.get();
-    return w;
-  };
+  const DiskTier::OpenOptions options = WrapInFaults(&faults);
   auto opened = OpenOrDie(TestConfig(dir.path(), kPayload, 1), options);
   DiskTier* tier = opened.tier.get();
   AlignedBuffer wbuf(tier->io_bytes()), rbuf(tier->io_bytes());
@@ -271,12 +277,7 @@ TEST(DiskTier, RemoveDuringReadDefersSlotReuse) {
 TEST(DiskTier, FullQueueDropsRequests) {
   TempDir dir;
   FaultInjectingIo* faults = nullptr;
-  DiskTier::OpenOptions options;
-  options.wrap_io = [&](std::unique_ptr<DiskIo> io) {
-    auto w = std::make_unique<FaultInjectingIo>(std::move(io));
-    faults = w.get();
-    return w;
-  };
+  const DiskTier::OpenOptions options = WrapInFaults(&faults);
   DiskTier::Config config = TestConfig(dir.path(), kPayload, 64);
   config.queue_depth = 2;
   config.max_queued = 4;

@@ -285,12 +285,11 @@ TEST(FsStore, SecondProcessReadsWhatTheFirstWrote) {
     Status st;
     (*child)->Get(std::span<RemoteGet>(&g, 1), Soon(), std::span<Status>(&st, 1));
     if (!st.ok() || g.bytes_read != block.size()) _exit(3);
-    ExpectedBlock e;
-    e.layout_fingerprint = 0x1234;
-    e.namespace_id = 99;
-    e.key = key;
-    e.tokens = tokens;
-    e.payload_bytes = 64 * 1024;
+    ExpectedBlock e{.layout_fingerprint = 0x1234,
+                    .namespace_id = 99,
+                    .key = key,
+                    .tokens = tokens,
+                    .payload_bytes = 64 * 1024};
     if (VerifyBlock(std::span<const uint8_t>(dest.data(), g.bytes_read), e) != BlockCheck::kOk) {
       _exit(4);
     }
@@ -364,12 +363,11 @@ TEST(FsStore, TruncatedObjectFailsVerificationAtTheCaller) {
   const auto block = MakeBlock(key, 1, 32 * 1024, tokens);
   const std::string name = RemoteObjectName(1, key);
   ASSERT_TRUE(PutOne(store.get(), name, block).ok());
-  ExpectedBlock e;
-  e.layout_fingerprint = 0x1234;
-  e.namespace_id = 1;
-  e.key = key;
-  e.tokens = tokens;
-  e.payload_bytes = 32 * 1024;
+  ExpectedBlock e{.layout_fingerprint = 0x1234,
+                  .namespace_id = 1,
+                  .key = key,
+                  .tokens = tokens,
+                  .payload_bytes = 32 * 1024};
   std::vector<uint8_t> dest(block.size());
   uint64_t n = 0;
   ASSERT_TRUE(GetOne(store.get(), name, dest, &n).ok());

@@ -28,15 +28,19 @@ G1Memory MakeG1(const KvLayout& l, uint32_t blocks, std::vector<uint8_t>& mem) {
   return g1;
 }
 
+// 3 layers x 2 planes x 2 heads of 64 bf16, G1 arranged as `arrangement`.
+KvLayout CopyLayout(G1Arrangement arrangement) {
+  return KvLayout{.num_layers = 3,
+                  .num_kv_heads = 2,
+                  .head_dim = 64,
+                  .dtype = DType::kBf16,
+                  .g1_arrangement = arrangement};
+}
+
 class BlockCopyTest : public ::testing::TestWithParam<G1Arrangement> {};
 
 TEST_P(BlockCopyTest, GatherScatterRoundTripIsByteExact) {
-  KvLayout l;
-  l.num_layers = 3;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.dtype = DType::kBf16;
-  l.g1_arrangement = GetParam();
+  const KvLayout l = CopyLayout(GetParam());
   std::vector<uint8_t> src_mem, dst_mem;
   G1Memory src = MakeG1(l, 5, src_mem);
   G1Memory dst = MakeG1(l, 5, dst_mem);
@@ -101,12 +105,7 @@ TEST_P(BlockCopyTest, ScatterLayerTouchesOnlyThatLayer) {
 }
 
 TEST_P(BlockCopyTest, BlockPiecesAreTheCanonicalOrderInPlace) {
-  KvLayout l;
-  l.num_layers = 3;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.dtype = DType::kBf16;
-  l.g1_arrangement = GetParam();
+  const KvLayout l = CopyLayout(GetParam());
   std::vector<uint8_t> mem;
   G1Memory g1 = MakeG1(l, 5, mem);
   std::mt19937 rng(7);

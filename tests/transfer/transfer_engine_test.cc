@@ -28,17 +28,8 @@ struct Rig {
   std::unique_ptr<TransferEngine> engine;
 
   explicit Rig(TransferEngine::Config cfg = {}, uint32_t g2_slots = 32) {
-    g1_mem.assign(layout.BlockBytes() * g1_blocks, 0);
-    g1.layout = layout;
-    g1.num_blocks = g1_blocks;
-    const uint64_t chunk = layout.ChunkBytes();
-    for (uint32_t r = 0; r < layout.num_layers * layout.num_planes; ++r) {
-      g1.regions.push_back({g1_mem.data() + r * chunk * g1_blocks, chunk});
-    }
-    HostArena::Config ac;
-    ac.slot_bytes = G2PayloadOffset(layout) + layout.BlockBytes();
-    ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * g2_slots;
-    arena = std::move(HostArena::Create(ac)).value();
+    g1 = testing::HostG1(layout, g1_blocks, g1_mem);
+    arena = testing::G2Arena(layout, g2_slots);
     engine = std::move(TransferEngine::Create(cfg)).value();
     EXPECT_TRUE(engine->RegisterHostArena(arena.get(), layout).ok());
     EXPECT_TRUE(engine->RegisterG1(g1).ok());
@@ -271,6 +262,16 @@ class TransferEngineDiskTest : public ::testing::Test {
     disk_.reset();
     std::filesystem::remove_all(dir_);
   }
+  // Fills G1 blocks 0..n-1 with patterns first_pattern + b; `gathers` takes each to G2 slot b,
+  // `writes` slot b on to G3 as block b.
+  static void FillForG3(Rig& rig, uint32_t n, uint64_t first_pattern,
+                        std::vector<BlockTransfer>* gathers, std::vector<BlockTransfer>* writes) {
+    for (uint32_t b = 0; b < n; ++b) {
+      rig.FillG1(b, first_pattern + b);
+      gathers->push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
+      writes->push_back(DiskMove(BlockTransfer::Op::kG2ToG3, b, 0, b));
+    }
+  }
   static BlockTransfer DiskMove(BlockTransfer::Op op, uint64_t id, uint32_t g1_block,
                                 uint32_t slot) {
     BlockTransfer m = Move(op, g1_block, slot);
@@ -289,11 +290,7 @@ TEST_F(TransferEngineDiskTest, G1ToG3AndBackThroughG2IsByteExact) {
   Rig& rig = *rig_;
   // G1 -> G2 -> G3.
   std::vector<BlockTransfer> gathers, writes;
-  for (uint32_t b = 0; b < 6; ++b) {
-    rig.FillG1(b, 500 + b);
-    gathers.push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
-    writes.push_back(DiskMove(BlockTransfer::Op::kG2ToG3, b, 0, b));
-  }
+  FillForG3(rig, 6, 500, &gathers, &writes);
   ASSERT_TRUE((*rig.engine->Submit(gathers, TransferPriority::kSave))->Wait().ok());
   auto w = rig.engine->Submit(writes, TransferPriority::kSave);
   ASSERT_TRUE(w.ok());
@@ -325,11 +322,7 @@ TEST_F(TransferEngineDiskTest, G1ToG3AndBackThroughG2IsByteExact) {
 TEST_F(TransferEngineDiskTest, StagingPoolSmallerThanTheBatchIsReused) {
   Rig& rig = *rig_;
   std::vector<BlockTransfer> gathers, writes;
-  for (uint32_t b = 0; b < 12; ++b) {
-    rig.FillG1(b, 700 + b);
-    gathers.push_back(Move(BlockTransfer::Op::kG1ToG2, b, b));
-    writes.push_back(DiskMove(BlockTransfer::Op::kG2ToG3, b, 0, b));
-  }
+  FillForG3(rig, 12, 700, &gathers, &writes);
   ASSERT_TRUE((*rig.engine->Submit(gathers, TransferPriority::kSave))->Wait().ok());
   ASSERT_TRUE((*rig.engine->Submit(writes, TransferPriority::kSave))->Wait().ok());
   BlockTransfer pooled = DiskMove(BlockTransfer::Op::kG3ToG1, 0, 0, 0);
@@ -391,10 +384,7 @@ TEST_F(TransferEngineDiskTest, MismatchedDiskGeometryIsRefused) {
   KvLayout other = rig_->layout;
   other.num_layers = 8;
   Rig rig2;
-  HostArena::Config ac;
-  ac.slot_bytes = G2PayloadOffset(other) + other.BlockBytes();
-  ac.capacity_bytes = 4 * ((ac.slot_bytes + 4095) / 4096 * 4096);
-  auto arena = std::move(HostArena::Create(ac)).value();
+  auto arena = testing::G2Arena(other, 4);
   auto engine = std::move(TransferEngine::Create({})).value();
   ASSERT_TRUE(engine->RegisterHostArena(arena.get(), other).ok());
   Status s = engine->RegisterDisk(disk_.get());

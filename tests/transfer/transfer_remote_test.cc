@@ -97,17 +97,8 @@ struct Rig {
   std::unique_ptr<TransferEngine> engine;
 
   explicit Rig(TransferEngine::RemoteConfig rc = {}) {
-    g1_mem.assign(layout.BlockBytes() * g1_blocks, 0);
-    g1.layout = layout;
-    g1.num_blocks = g1_blocks;
-    const uint64_t chunk = layout.ChunkBytes();
-    for (uint32_t r = 0; r < layout.num_layers * layout.num_planes; ++r) {
-      g1.regions.push_back({g1_mem.data() + r * chunk * g1_blocks, chunk});
-    }
-    HostArena::Config ac;
-    ac.slot_bytes = G2PayloadOffset(layout) + layout.BlockBytes();
-    ac.capacity_bytes = (ac.slot_bytes + 4095) / 4096 * 4096 * 32;
-    arena = std::move(HostArena::Create(ac)).value();
+    g1 = testing::HostG1(layout, g1_blocks, g1_mem);
+    arena = testing::G2Arena(layout, 32);
     fs = std::move(OpenFsStore(FsStoreOptions{dir.sub("g4"), {}})).value();
     slow = std::make_unique<SlowStore>(fs.get());
     engine = std::move(TransferEngine::Create({})).value();
@@ -143,6 +134,15 @@ struct Rig {
   }
   static constexpr uint64_t kNs = 0x5151;
   static BlockKey Key(uint64_t id) { return BlockKey{id * 0x9e3779b97f4a7c15ull, id}; }
+  // Fills slots 0..n-1 with blocks first_id + b and returns their puts to G4.
+  std::vector<BlockTransfer> FillSlotsForPuts(uint32_t n, uint64_t first_id) {
+    std::vector<BlockTransfer> puts;
+    for (uint32_t b = 0; b < n; ++b) {
+      FillSlot(b, first_id + b);
+      puts.push_back(RemoteMove(BlockTransfer::Op::kG2ToG4, first_id + b, 0, b));
+    }
+    return puts;
+  }
   static BlockTransfer RemoteMove(BlockTransfer::Op op, uint64_t id, uint32_t g1_block,
                                   uint32_t slot) {
     BlockTransfer m;
@@ -161,11 +161,7 @@ using Op = BlockTransfer::Op;
 
 TEST(TransferRemote, G2ToG4ThenBackToG2AndG1IsByteExact) {
   Rig rig;
-  std::vector<BlockTransfer> puts;
-  for (uint32_t b = 0; b < 6; ++b) {
-    rig.FillSlot(b, 500 + b);
-    puts.push_back(Rig::RemoteMove(Op::kG2ToG4, 500 + b, 0, b));
-  }
+  const std::vector<BlockTransfer> puts = rig.FillSlotsForPuts(6, 500);
   auto job = rig.engine->Submit(puts, TransferPriority::kSave);
   ASSERT_TRUE(job.ok()) << job.status().ToString();
   ASSERT_TRUE((*job)->Wait().ok()) << (*job)->Wait().ToString();
@@ -191,11 +187,7 @@ TEST(TransferRemote, G2ToG4ThenBackToG2AndG1IsByteExact) {
 
 TEST(TransferRemote, CorruptTornForeignAndMissingObjectsAreNeverServed) {
   Rig rig;
-  std::vector<BlockTransfer> puts;
-  for (uint32_t b = 0; b < 4; ++b) {
-    rig.FillSlot(b, 700 + b);
-    puts.push_back(Rig::RemoteMove(Op::kG2ToG4, 700 + b, 0, b));
-  }
+  const std::vector<BlockTransfer> puts = rig.FillSlotsForPuts(4, 700);
   ASSERT_TRUE((*rig.engine->Submit(puts, TransferPriority::kSave))->Wait().ok());
   {  // 700: one payload byte flipped on the shared filesystem
     std::fstream f(rig.PathOf(700), std::ios::in | std::ios::out | std::ios::binary);
@@ -307,11 +299,7 @@ TEST(TransferRemote, ALoadIsCutIntoCallsOfLoadCallBytes) {
     const uint64_t slot_bytes = G2PayloadOffset(SmallLayout()) + SmallLayout().BlockBytes();
     rc.load_call_bytes = call_blocks == 1 ? 1 : call_blocks * slot_bytes;
     Rig rig(rc);
-    std::vector<BlockTransfer> puts;
-    for (uint32_t b = 0; b < 6; ++b) {
-      rig.FillSlot(b, 700 + b);
-      puts.push_back(Rig::RemoteMove(Op::kG2ToG4, 700 + b, 0, b));
-    }
+    const std::vector<BlockTransfer> puts = rig.FillSlotsForPuts(6, 700);
     auto saved = rig.engine->Submit(puts, TransferPriority::kSave);
     ASSERT_TRUE(saved.ok() && (*saved)->Wait().ok());
     const int calls_before = rig.slow->calls.load();
@@ -330,10 +318,7 @@ TEST(TransferRemote, ALoadIsCutIntoCallsOfLoadCallBytes) {
 
 TEST(TransferRemote, G4MovesNeedAStoreAndValidConfig) {
   KvLayout l = SmallLayout();
-  HostArena::Config ac;
-  ac.slot_bytes = G2PayloadOffset(l) + l.BlockBytes();
-  ac.capacity_bytes = 8 * ((ac.slot_bytes + 4095) / 4096 * 4096);
-  auto arena = std::move(HostArena::Create(ac)).value();
+  auto arena = testing::G2Arena(l, 8);
   auto engine = std::move(TransferEngine::Create({})).value();
   ASSERT_TRUE(engine->RegisterHostArena(arena.get(), l).ok());
   auto job = engine->Submit({Rig::RemoteMove(Op::kG4ToG2, 1, 0, 0)}, TransferPriority::kLoad);
