@@ -255,23 +255,28 @@ void RemoteG1Backend::Deliver(const std::shared_ptr<Batch>& batch) {
   }
 }
 
+std::pair<std::shared_ptr<RemoteG1Backend::Batch>, RemoteG1Backend::Part*>
+RemoteG1Backend::FindPart(uint64_t batch_id, uint32_t instance) {
+  auto it = open_.find(batch_id);
+  if (it == open_.end()) return {nullptr, nullptr};
+  Part* part = nullptr;
+  for (Part& p : it->second->parts) {
+    if (p.instance == instance) part = &p;
+  }
+  return {it->second, part};
+}
+
 void RemoteG1Backend::OnLayer(uint32_t instance, uint64_t batch_id, uint32_t layer) {
   std::shared_ptr<Batch> batch;
   {
     MutexLock lock(&mu_);
-    auto it = open_.find(batch_id);
-    Part* part = nullptr;
-    if (it != open_.end()) {
-      for (Part& p : it->second->parts) {
-        if (p.instance == instance) part = &p;
-      }
-    }
+    auto [found, part] = FindPart(batch_id, instance);
     if (part == nullptr || part->ended || layer != part->layers_done || layer >= num_layers_) {
       ++stats_.stray_reports;
       return;
     }
     part->layers_done = layer + 1;
-    batch = it->second;
+    batch = std::move(found);
   }
   Deliver(batch);
 }
@@ -280,27 +285,21 @@ void RemoteG1Backend::OnDone(uint32_t instance, uint64_t batch_id, const Status&
   std::shared_ptr<Batch> batch;
   {
     MutexLock lock(&mu_);
-    auto it = open_.find(batch_id);
-    Part* part = nullptr;
-    if (it != open_.end()) {
-      for (Part& p : it->second->parts) {
-        if (p.instance == instance) part = &p;
-      }
-    }
+    auto [found, part] = FindPart(batch_id, instance);
     if (part == nullptr || part->ended) {
       ++stats_.stray_reports;
       return;
     }
     // An engine that says Ok must have reported every layer of a load.
     Status end = status;
-    if (end.ok() && it->second->dir == CopyDirection::kHostToDevice &&
+    if (end.ok() && found->dir == CopyDirection::kHostToDevice &&
         part->layers_done != num_layers_) {
       end = Status::IOError("the engine reported a load done after " +
                             std::to_string(part->layers_done) + " of " +
                             std::to_string(num_layers_) + " layers");
     }
-    EndPart(it->second.get(), part, end);
-    batch = it->second;
+    EndPart(found.get(), part, end);
+    batch = std::move(found);
   }
   Deliver(batch);
 }

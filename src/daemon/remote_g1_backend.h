@@ -25,6 +25,7 @@
 #include <memory>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/mutex.h"
@@ -129,6 +130,11 @@ class RemoteG1Backend final : public DeviceCopyBackend {
   void Deliver(const std::shared_ptr<Batch>& batch) EXCLUDES(mu_);
   // Marks `part` ended with `status`.
   void EndPart(Batch* batch, Part* part, const Status& status) REQUIRES(mu_);
+  // The open batch `batch_id` and `instance`'s part of it; a null part when there is none
+  // (the batch ended, or the engine never had a part in it). The batch stays open while mu_
+  // is held.
+  std::pair<std::shared_ptr<Batch>, Part*> FindPart(uint64_t batch_id, uint32_t instance)
+      REQUIRES(mu_);
   // REQUIRES: mu_ held (static: the annotation cannot name it).
   static bool Ended(const Batch& b);
   uint32_t ReadyLayers(const Batch& b) const REQUIRES(mu_);

@@ -440,17 +440,8 @@ void DiskTier::Enqueue(std::vector<Task>* tasks) {
   // only when it may already be waiting and nobody before us has woken it.
   if (accepted > 0 && was_empty && io_thread_sleeping_.load()) io_->Wake();
   for (size_t i = accepted; i < tasks->size(); ++i) {
-    Task& t = (*tasks)[i];
-    Status s = closed ? Status::Unavailable("G3 is closed")
-                      : Status::ResourceExhausted("G3 request queue is full");
-    if (t.kind == TaskKind::kWrite) {
-      ReleaseWriteSlot(t.slot);
-      Bump(counters_->writes_rejected);
-    } else {
-      EndRead(t.slot, t.generation, /*drop=*/false);
-      Bump(counters_->reads_rejected);
-    }
-    Deliver(t.sink, t.cookie, std::move(s));
+    Reject((*tasks)[i], closed ? Status::Unavailable("G3 is closed")
+                               : Status::ResourceExhausted("G3 request queue is full"));
   }
 }
 

@@ -348,6 +348,9 @@ class DiskTier {
   Status Recover(std::vector<RecoveredBlock>* recovered, const ScanProgress& progress);
   void Deliver(DiskCompletionSink* sink, uint64_t cookie, Status status, uint32_t slot = 0,
                uint64_t generation = 0);
+  // A read or write task that will not run: its slot is given back (a write's) or its read
+  // ended (kept), the rejection counted, and `status` delivered.
+  void Reject(Task& task, Status status) EXCLUDES(mu_);
   // Queues accepted tasks for the I/O thread; rejects (and undoes) what does not fit.
   void Enqueue(std::vector<Task>* tasks) EXCLUDES(mu_, queue_mu_);
   Status RunControl(Control* control) EXCLUDES(queue_mu_);

@@ -139,14 +139,7 @@ void DiskTier::StartTasks() {
     const bool probe = t.kind == TaskKind::kProbeWrite || t.kind == TaskKind::kProbeRead;
     if (!probe) queued_.fetch_sub(1, std::memory_order_relaxed);
     if (!probe && quarantined()) {
-      if (t.kind == TaskKind::kWrite) {
-        ReleaseWriteSlot(t.slot);
-        Bump(counters_->writes_rejected);
-      } else {
-        EndRead(t.slot, t.generation, /*drop=*/false);
-        Bump(counters_->reads_rejected);
-      }
-      Deliver(t.sink, t.cookie, Status::Unavailable("G3 is quarantined"));
+      Reject(t, Status::Unavailable("G3 is quarantined"));
       continue;
     }
     const uint32_t id = free_task_ids_.back();
@@ -312,14 +305,7 @@ void DiskTier::FailBacklog(const Status& status) {
       continue;
     }
     queued_.fetch_sub(1, std::memory_order_relaxed);
-    if (t.kind == TaskKind::kWrite) {
-      ReleaseWriteSlot(t.slot);
-      Bump(counters_->writes_rejected);
-    } else {
-      EndRead(t.slot, t.generation, /*drop=*/false);
-      Bump(counters_->reads_rejected);
-    }
-    Deliver(t.sink, t.cookie, status);
+    Reject(t, status);
   }
   backlog_.swap(keep);
 }
@@ -468,6 +454,17 @@ void DiskTier::FinishProbeRound() {
   }
   for (Control* c : probe_waiters_) CompleteControl(c, result);
   probe_waiters_.clear();
+}
+
+void DiskTier::Reject(Task& t, Status status) {
+  if (t.kind == TaskKind::kWrite) {
+    ReleaseWriteSlot(t.slot);
+    Bump(counters_->writes_rejected);
+  } else {
+    EndRead(t.slot, t.generation, /*drop=*/false);
+    Bump(counters_->reads_rejected);
+  }
+  Deliver(t.sink, t.cookie, std::move(status));
 }
 
 }  // namespace kvtier
