@@ -40,17 +40,11 @@ struct Reap {
 // Runs this binary again as a child with `role` (ServiceHostileChild.Run below).
 pid_t Spawn(const std::string& role, const std::string& socket, const std::string& arg = "0",
             const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("KVTIER_TEST_HOSTILE_ROLE", role.c_str(), 1);
-    ::setenv("KVTIER_TEST_HOSTILE_SOCKET", socket.c_str(), 1);
-    ::setenv("KVTIER_TEST_HOSTILE_ARG", arg.c_str(), 1);
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    ::execl("/proc/self/exe", "service_hostile_test", "--gtest_filter=ServiceHostileChild.Run",
-            static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
+  std::vector<std::pair<std::string, std::string>> all = {{"KVTIER_TEST_HOSTILE_ROLE", role},
+                                                          {"KVTIER_TEST_HOSTILE_SOCKET", socket},
+                                                          {"KVTIER_TEST_HOSTILE_ARG", arg}};
+  all.insert(all.end(), env.begin(), env.end());
+  return SpawnSelf("service_hostile_test", "ServiceHostileChild.Run", all);
 }
 
 // Drops to uid/gid 65534 with no supplementary groups; false when not permitted.
@@ -59,6 +53,17 @@ bool BecomeNobody() {
 }
 
 constexpr int kNoSetuid = 10;
+
+// A fresh directory TempDir(`tag`) that all may enter, with a directory "sock" of mode `mode`
+// owned by uid 65534 in it; `*socket` is the socket path there. Wrap in ASSERT_NO_FATAL_FAILURE.
+void SocketInNobodysDir(const std::string& tag, mode_t mode, std::string* socket) {
+  const std::string dir = TempDir(tag);
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  const std::string sock_dir = dir + "/sock";
+  ASSERT_EQ(::mkdir(sock_dir.c_str(), mode), 0);
+  ASSERT_EQ(::chown(sock_dir.c_str(), kNobody, kNobody), 0);
+  *socket = sock_dir + "/kvtier.sock";
+}
 
 // The child side. Roles:
 //   stall      commits prompt ARG (32 blocks), starts its saves with its copies stalled, and
@@ -171,9 +176,8 @@ Result<Engine> EngineSavingSlowly(const std::string& socket, uint32_t seed) {
 // lends them to the next engine. The detached engine must not write them any more: B's blocks,
 // saved into those slots afterwards, load byte for byte.
 TEST(ServiceHostile, DetachedEngineWritesNoSlotTheDaemonGaveBack) {
-  const std::string dir = TempDir("detach");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("detach");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/20000));
   Engine b = MakeEngine(socket, "engine-b");
   // A commits 16 blocks; its copies take 100 ms a block.
@@ -201,9 +205,8 @@ TEST(ServiceHostile, DetachedEngineWritesNoSlotTheDaemonGaveBack) {
 // WaitForSaves is: a daemon stopped (SIGSTOP) in the middle of them holds the engine's exit no
 // longer than service.call_timeout_ms plus four leases.
 TEST(ServiceHostile, StoppedDaemonHoldsTheAttachedDestructorNoLongerThanItsBound) {
-  const std::string dir = TempDir("dtor");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("dtor");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/500));
   Result<Engine> a = EngineSavingSlowly(socket, 7);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
@@ -237,12 +240,10 @@ int NewestConnectionTo(pid_t daemon) {
 // (misses, not hits that fail to load) and attaches again with a new data connection: its
 // prompt loads byte for byte again within a few seconds.
 TEST(ServiceHostile, CutDataConnectionDetachesAndAttachesAgain) {
-  const std::string dir = TempDir("cut");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("cut");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-req", 3, 4);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-req", 3, 4);
   bool bytes_ok = false;
   ASSERT_EQ(LookupAndLoad(a, "a-load", 3, 4, 8, &bytes_ok), 4u * 16);
   const int data = NewestConnectionTo(daemon.pid());
@@ -262,9 +263,8 @@ TEST(ServiceHostile, CutDataConnectionDetachesAndAttachesAgain) {
 // Finding 7: an engine stopped (SIGSTOP) with saves lent to it holds up no other engine's
 // WaitForSaves.
 TEST(ServiceHostile, StoppedEngineDoesNotDelayAnothersWaitForSaves) {
-  const std::string dir = TempDir("waitsaves");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("waitsaves");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/20000));
   Engine b = MakeEngine(socket, "engine-b");
   const uint64_t saved = b.manager->Stats().saved_blocks;
@@ -288,12 +288,10 @@ TEST(ServiceHostile, StoppedEngineDoesNotDelayAnothersWaitForSaves) {
 // Finding 8: a second engine process given an instance name that a live engine holds is
 // refused at start, with the reason.
 TEST(ServiceHostile, SecondEngineWithTheSameInstanceNameIsRefused) {
-  const std::string dir = TempDir("samename");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("samename");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
-  Engine a = MakeEngine(socket, "shared-name");
-  ComputeAndSave(a, "a-req", 4, 2);
+  Engine a = EngineThatSaved(socket, "shared-name", "a-req", 4, 2);
   EXPECT_EQ(WaitExit(Spawn("same-name", socket)), 0)
       << "a second engine process joined a live engine's instance";
   // The first engine is untouched.
@@ -307,12 +305,8 @@ TEST(ServiceHostile, SecondEngineWithTheSameInstanceNameIsRefused) {
 // id, no instance), and the engine refuses to start, naming the uid it found.
 TEST(ServiceHostile, ListenerOfAnotherUidHearsNothing) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a listener as uid 65534";
-  const std::string dir = TempDir("fake");
-  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
-  const std::string sock_dir = dir + "/sock";
-  ASSERT_EQ(::mkdir(sock_dir.c_str(), 0755), 0);
-  ASSERT_EQ(::chown(sock_dir.c_str(), kNobody, kNobody), 0);
-  const std::string socket = sock_dir + "/kvtier.sock";
+  std::string socket;
+  ASSERT_NO_FATAL_FAILURE(SocketInNobodysDir("fake", 0755, &socket));
   int ready[2], heard[2];
   ASSERT_EQ(::pipe(ready), 0);
   ASSERT_EQ(::pipe(heard), 0);
@@ -365,12 +359,8 @@ TEST(ServiceHostile, ListenerOfAnotherUidHearsNothing) {
 // once the flood is gone.
 TEST(ServiceHostile, FloodOfSilentConnectionsUnderALowThreadLimit) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run the daemon as uid 65534";
-  const std::string dir = TempDir("flood");
-  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
-  const std::string sock_dir = dir + "/sock";
-  ASSERT_EQ(::mkdir(sock_dir.c_str(), 0700), 0);
-  ASSERT_EQ(::chown(sock_dir.c_str(), kNobody, kNobody), 0);
-  const std::string socket = sock_dir + "/kvtier.sock";
+  std::string socket;
+  ASSERT_NO_FATAL_FAILURE(SocketInNobodysDir("flood", 0700, &socket));
   const pid_t daemon = ::fork();
   if (daemon == 0) {
     // Few threads for uid 65534 (RLIMIT_NPROC counts that uid's threads); the flooding child
@@ -412,14 +402,12 @@ TEST(ServiceHostile, FloodOfSilentConnectionsUnderALowThreadLimit) {
 // cannot join another uid's instance to look its prompts up.
 TEST(ServiceHostile, AllowedGroupAttachesButCannotJoinAnotherUidsInstance) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run an engine as uid 65534";
-  const std::string dir = TempDir("gids");
+  ServedDir served("gids");
+  auto& [dir, socket, daemon] = served;
   ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(
       daemon.Start(1000, "", "", {{"KVTIER_SERVICE_ALLOWED_GIDS", std::to_string(kNobody)}}));
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-req", 60, 4);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-req", 60, 4);
   const int code = WaitExit(Spawn("other-uid", socket, "60"));
   if (code == kNoSetuid) GTEST_SKIP() << "setuid(65534) is not permitted here";
   EXPECT_NE(code, 2) << "service.allowed_gids did not let uid 65534 attach";
@@ -431,9 +419,8 @@ TEST(ServiceHostile, AllowedGroupAttachesButCannotJoinAnotherUidsInstance) {
 // byte (the daemon reads nothing of it); an allowed peer announcing a Hello larger than any
 // real one is refused without its payload being read.
 TEST(ServiceHostile, UnallowedPeersAndOversizedHellosAreRefusedUnread) {
-  const std::string dir = TempDir("unread");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("unread");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
   {
     Result<UniqueFd> c = proto::ConnectUnix(socket);
@@ -493,9 +480,8 @@ TEST(ServiceHostile, TenThousandDistinctSaltsKeepTheDaemonsMemoryBounded) {
   // touched: RSS says nothing there. HasherCacheBound (identity_test) checks the bound itself.
   GTEST_SKIP() << "the daemon's RSS is not its heap under a sanitizer";
 #endif
-  const std::string dir = TempDir("salts");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("salts");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
   Engine a = MakeEngine(socket, "engine-a");
   const std::vector<TokenId> prompt = Prompt(70, 2 * 16 + 1);
@@ -529,9 +515,8 @@ TEST(ServiceHostile, TenThousandDistinctSaltsKeepTheDaemonsMemoryBounded) {
 // lookup connections of its ended instances at once, so its G2 share and G3 directory go
 // with it: the new model attaches without waiting for them.
 TEST(ServiceHostile, ClosingAPoolEndsItsLookupConnections) {
-  const std::string dir = TempDir("poolclose");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("poolclose");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, dir + "/g3"));
   std::optional<Engine> a(MakeEngine(socket, "engine-a", 64, "model-a"));
   ComputeAndSave(*a, "a-req", 80, 2);

@@ -37,16 +37,10 @@ using namespace service_test;  // NOLINT: the helpers of every service test
 
 // Runs this binary again as a child engine with `role`; returns its pid.
 pid_t SpawnEngine(const std::string& role, const std::string& socket, const std::string& arg) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("KVTIER_TEST_SERVICE_ROLE", role.c_str(), 1);
-    ::setenv("KVTIER_TEST_SERVICE_SOCKET", socket.c_str(), 1);
-    ::setenv("KVTIER_TEST_SERVICE_ARG", arg.c_str(), 1);
-    ::execl("/proc/self/exe", "service_test", "--gtest_filter=ServiceChild.Run",
-            static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
+  return SpawnSelf("service_test", "ServiceChild.Run",
+                   {{"KVTIER_TEST_SERVICE_ROLE", role},
+                    {"KVTIER_TEST_SERVICE_SOCKET", socket},
+                    {"KVTIER_TEST_SERVICE_ARG", arg}});
 }
 
 // The child side. Roles:
@@ -81,12 +75,10 @@ TEST(ServiceChild, Run) {
 // Two engine processes on one daemon: B's first request for a prefix A computed loads it from
 // the shared G2, byte for byte.
 TEST(Service, SecondEngineLoadsWhatTheFirstSaved) {
-  const std::string dir = TempDir("share");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("share");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-req", 7, 8);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-req", 7, 8);
   EXPECT_EQ(a.manager->Stats().saved_blocks, 8u);
   EXPECT_EQ(WaitExit(SpawnEngine("load", socket, "7")), 0) << "B did not load A's prefix intact";
   // A prompt nobody computed is a miss for B.
@@ -103,9 +95,8 @@ TEST(Service, SecondEngineLoadsWhatTheFirstSaved) {
 // instance name: misses while that engine is not attached, then the request entry its Lookup
 // makes is the one the engine's own PrepareLoad finds and loads from.
 TEST(Service, SchedulerLookupsGoStraightToTheDaemon) {
-  const std::string dir = TempDir("lookup");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("lookup");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
   Config config;
   ASSERT_TRUE(config.Set("service.socket", socket).ok());
@@ -130,8 +121,7 @@ TEST(Service, SchedulerLookupsGoStraightToTheDaemon) {
   EXPECT_EQ((*sched)->Lookup(spec, 0).status().code(), StatusCode::kInvalidArgument);
   spec.request_id = "sched-1";
 
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-req", 21, 6);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-req", 21, 6);
   Engine b = MakeEngine(socket, "engine-b");
   std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past service.reattach_ms
   auto found = (*sched)->Lookup(spec, 0);
@@ -200,14 +190,12 @@ void ScribbleOverG2(const std::string& socket) {
 // G3, and what G3 is given on to G4) and restarts, and only the blocks saved after the scribble
 // come back.
 TEST(Service, BlockChangedAfterItsCommitIsNeverPersisted) {
-  const std::string dir = TempDir("checksum");
-  const std::string socket = dir + "/sock/kvtier.sock";
+  ServedDir served("checksum");
+  auto& [dir, socket, daemon] = served;
   const std::string g3 = dir + "/g3", g4 = dir + "/g4";
-  Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, g3, g4));
   {
-    Engine a = MakeEngine(socket, "engine-a");
-    ComputeAndSave(a, "a1", 31, 4);
+    Engine a = EngineThatSaved(socket, "engine-a", "a1", 31, 4);
     ASSERT_NO_FATAL_FAILURE(ScribbleOverG2(socket));
     // Saved after the scribble: its checksum is of its own bytes.
     ComputeAndSave(a, "a2", 32, 3, 20);
@@ -239,16 +227,14 @@ TEST(Service, BlockChangedAfterItsCommitIsNeverPersisted) {
 // issue 42 carve: that path did not pass the commit checksum, so G4 took the scribbled bytes,
 // checksummed them as its own, and served them after a restart.)
 TEST(Service, BlockChangedAfterItsCommitIsNotEvictedIntoG4) {
-  const std::string dir = TempDir("checksum-g4");
-  const std::string socket = dir + "/sock/kvtier.sock";
+  ServedDir served("checksum-g4");
+  auto& [dir, socket, daemon] = served;
   const std::string g4 = dir + "/g4";
   const std::vector<std::pair<std::string, std::string>> small_g2 = {
       {"KVTIER_G2_CAPACITY_BYTES", "384KiB"}};
-  Daemon daemon(socket);
   ASSERT_NO_FATAL_FAILURE(daemon.Start(1000, "", g4, small_g2));
   {
-    Engine a = MakeEngine(socket, "engine-a");
-    ComputeAndSave(a, "a1", 41, 4);
+    Engine a = EngineThatSaved(socket, "engine-a", "a1", 41, 4);
     ASSERT_NO_FATAL_FAILURE(ScribbleOverG2(socket));
     // Saved after the scribble: they push a1's blocks out of G2, to G4 if anywhere.
     for (uint32_t i = 0; i < 8; ++i) ComputeAndSave(a, "a" + std::to_string(i + 2), 42 + i, 4, 20);
@@ -268,14 +254,12 @@ TEST(Service, BlockChangedAfterItsCommitIsNotEvictedIntoG4) {
 // An engine stopped (SIGSTOP) with saves lent to it: the other engine's lookups, saves and
 // loads go on (well within 5 s: the stopped engine holds its lent saves for ever).
 TEST(Service, StoppedEngineDoesNotStallTheOthers) {
-  const std::string dir = TempDir("stop");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("stop");
+  auto& [dir, socket, daemon] = served;
   // A lease longer than the child's stalled batches (8 blocks x 100 ms), so they are lent, not
   // refused as late.
   ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/10000));
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-warm", 41, 2, 0);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-warm", 41, 2, 0);
   const uint64_t saved = a.manager->Stats().saved_blocks;
   ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "100", 1);
   pid_t child = SpawnEngine("stall", socket, "42");
@@ -313,9 +297,8 @@ TEST(Service, StoppedEngineDoesNotStallTheOthers) {
 // directory has been opened to it.
 TEST(Service, ClientOfAnotherUidIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a client as uid 65534";
-  const std::string dir = TempDir("uid");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("uid");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
   ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
   ASSERT_EQ(::chmod((dir + "/sock").c_str(), 0755), 0);
@@ -335,18 +318,15 @@ TEST(Service, ClientOfAnotherUidIsRefused) {
   }
   EXPECT_EQ(WaitExit(pid), 0) << "a client of uid 65534 was not refused";
   // The daemon's own engines are still served.
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-req", 44, 2);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-req", 44, 2);
   EXPECT_EQ(a.manager->Stats().saved_blocks, 2u);
 }
 
 TEST(Service, EngineKilledMidSaveLosesOnlyItsUnfinishedSaves) {
-  const std::string dir = TempDir("kill");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("kill");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start(/*lease_ms=*/500));
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-req", 3, 8, 0);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-req", 3, 8, 0);
   const ManagerStats before = a.manager->Stats();
 
   ::setenv("KVTIER_TEST_ATTACHED_COPY_STALL_MS", "20", 1);
@@ -387,12 +367,10 @@ TEST(Service, EngineKilledMidSaveLosesOnlyItsUnfinishedSaves) {
 // kill -9 of the daemon: the engine's calls turn into misses (never an error, never a hang),
 // then it attaches again by itself once a daemon is back, and reuses again.
 TEST(Service, DaemonKilledTurnsCallsIntoMissesThenReattaches) {
-  const std::string dir = TempDir("daemon");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("daemon");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
-  Engine a = MakeEngine(socket, "engine-a");
-  ComputeAndSave(a, "a-req", 5, 8);
+  Engine a = EngineThatSaved(socket, "engine-a", "a-req", 5, 8);
   const uint64_t saved_before = a.manager->Stats().saved_blocks;
   ASSERT_EQ(saved_before, 8u);
   daemon.Kill(SIGKILL);
@@ -427,9 +405,8 @@ TEST(Service, DaemonKilledTurnsCallsIntoMissesThenReattaches) {
 
 // A peer that sends garbage is cut off; the daemon keeps serving the others.
 TEST(Service, BadFramesEndOnlyTheirConnection) {
-  const std::string dir = TempDir("bad");
-  const std::string socket = dir + "/sock/kvtier.sock";
-  Daemon daemon(socket);
+  ServedDir served("bad");
+  auto& [dir, socket, daemon] = served;
   ASSERT_NO_FATAL_FAILURE(daemon.Start());
   Engine a = MakeEngine(socket, "engine-a");
   uint32_t seed = 99;

@@ -149,6 +149,16 @@ inline void ComputeAndSave(Engine& e, const std::string& id, uint32_t seed, uint
   }
 }
 
+// An engine attached to the daemon on `socket` as `name` (MakeEngine) that has computed and saved
+// prompt `seed` as request `id` (ComputeAndSave, whose failures are the caller's test's).
+inline Engine EngineThatSaved(const std::string& socket, const std::string& name,
+                              const std::string& id, uint32_t seed, uint32_t blocks,
+                              uint32_t first = 0) {
+  Engine e = MakeEngine(socket, name);
+  ComputeAndSave(e, id, seed, blocks, first);
+  return e;
+}
+
 // Looks prompt `seed` up and loads what is found into G1 blocks from `first`; returns the
 // tokens loaded intact, and checks every loaded block's bytes.
 inline uint32_t LookupAndLoad(Engine& e, const std::string& id, uint32_t seed, uint32_t blocks,
@@ -316,6 +326,31 @@ inline std::string TempDir(const std::string& tag) {
     made.dirs.push_back(dir);
   }
   return dir;
+}
+
+// A `kvtier serve` on a socket in a fresh directory TempDir(`tag`), not started yet (the test
+// starts it: daemon.Start(...)). Members in the order a test used to declare them, so the
+// daemon is killed before the paths go.
+struct ServedDir {
+  explicit ServedDir(const std::string& tag)
+      : dir(TempDir(tag)), socket(dir + "/sock/kvtier.sock"), daemon(socket) {}
+  const std::string dir;
+  const std::string socket;
+  Daemon daemon;
+};
+
+// Runs this binary again (as `argv0`) with only the test `test` (a gtest filter) and `env`
+// set in the child; returns its pid.
+inline pid_t SpawnSelf(const char* argv0, const std::string& test,
+                       const std::vector<std::pair<std::string, std::string>>& env) {
+  const std::string filter = "--gtest_filter=" + test;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    ::execl("/proc/self/exe", argv0, filter.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
 }
 
 }  // namespace kvtier::service_test
