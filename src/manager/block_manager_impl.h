@@ -231,9 +231,6 @@ class BlockManagerImpl {
   }
   // StoredEvent of the block the G2 slot holds (its namespace and tokens from slots_).
   KvEvent G2StoredEvent(uint32_t slot, const BlockKey& key, const BlockKey& parent) const;
-  // Moves the ids of `instance` (kAllInstances: all) from `from` to `to`, in order.
-  static void TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from, uint32_t instance,
-                           std::vector<std::string>* to);
   // Ends one save of `request_id` (its G1 block is no longer read).
   void EndSave(const std::string& request_id, const BlockKey& key) EXCLUDES(mu_);
   // Drops n of the request's save holds; erases a finished request left with none.

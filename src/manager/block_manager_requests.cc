@@ -93,7 +93,7 @@ FinishedRequests BlockManagerImpl::Finished(uint32_t instance) {
     }
   }
   retiring_.resize(kept);
-  TakeInstance(&saves_done_, instance, &f.saves_done);
+  TakeIdsOf(&saves_done_, instance, &f.saves_done);
   loads_.TakeDone(instance, &f.loads_done);
   for (const std::string& id : f.loads_done) {
     Request* r = requests_.Find(id);
@@ -103,15 +103,6 @@ FinishedRequests BlockManagerImpl::Finished(uint32_t instance) {
     retiring_.emplace_back(r->instance, id);
   }
   return f;
-}
-
-void BlockManagerImpl::TakeInstance(std::vector<std::pair<uint32_t, std::string>>* from,
-                                    uint32_t instance, std::vector<std::string>* to) {
-  std::erase_if(*from, [&](std::pair<uint32_t, std::string>& e) {
-    if (!Matches(e.first, instance)) return false;
-    to->push_back(std::move(e.second));
-    return true;
-  });
 }
 
 void BlockManagerImpl::AdoptInstance(uint32_t instance) {
@@ -151,7 +142,7 @@ size_t BlockManagerImpl::ForgetInstance(uint32_t instance) {
   {
     MutexLock lock(&mu_);
     std::vector<std::string> unused;
-    TakeInstance(&saves_done_, instance, &unused);
+    TakeIdsOf(&saves_done_, instance, &unused);
     loads_.TakeDone(instance, &unused);
   }
   return ids.size();

@@ -37,15 +37,16 @@ void LoadQueue::Done(uint32_t instance, std::string request_id) {
 }
 
 void LoadQueue::TakeDone(uint32_t instance, std::vector<std::string>* to) {
-  std::vector<std::pair<uint32_t, std::string>> kept;
-  for (auto& [owner, id] : done_) {
-    if (Matches(owner, instance)) {
-      to->push_back(std::move(id));
-    } else {
-      kept.emplace_back(owner, std::move(id));
-    }
-  }
-  done_.swap(kept);
+  TakeIdsOf(&done_, instance, to);
+}
+
+void TakeIdsOf(std::vector<std::pair<uint32_t, std::string>>* from, uint32_t instance,
+               std::vector<std::string>* to) {
+  std::erase_if(*from, [&](std::pair<uint32_t, std::string>& e) {
+    if (instance != LoadQueue::kAll && e.first != instance) return false;
+    to->push_back(std::move(e.second));
+    return true;
+  });
 }
 
 }  // namespace kvtier

@@ -45,6 +45,11 @@ struct PlannedLoad {
   bool async = false;           // PrepareLoad's async_load: a batch WaitLayer does not wait on
 };
 
+// Moves the request ids of `instance` (UINT32_MAX: every instance) from `from` to `to`, in
+// order; the others stay. For the (instance, request id) lists of the reports Finished gives.
+void TakeIdsOf(std::vector<std::pair<uint32_t, std::string>>* from, uint32_t instance,
+               std::vector<std::string>* to);
+
 class LoadQueue {
  public:
   // Every instance (TakePlanned, JobsOf, TakeDone).

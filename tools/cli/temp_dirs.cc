@@ -1,6 +1,5 @@
 #include "cli/temp_dirs.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
